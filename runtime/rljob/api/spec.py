@@ -1,0 +1,391 @@
+"""`RLJob.spec`: what a researcher writes. Defaults make a ten-line YAML valid.
+
+Field descriptions become the CRD's schema descriptions (`kubectl explain`).
+Cross-field rules are `Rule`s: they become CEL validations in the CRD and are
+enforced by these models with the same messages.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel, Rule
+
+# Reward functions: a built-in name or an importable `module:function`.
+REWARD_PATTERN = r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+# Kubernetes resource quantities (cpu "500m", memory "4Gi").
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# DNS-1123 label: names of PVCs, queues, priority classes, schedulers.
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+DEFAULT_ASCEND_RESOURCE = "huawei.com/Ascend910"
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class ModelSpec(ApiModel):
+    path: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Policy model: a local/PVC directory or a hub name; "
+        "'random:DIR' builds a randomly initialised model from the transformers config in DIR.",
+    )
+    tokenizer: str | None = Field(
+        None,
+        max_length=512,
+        description="Tokenizer path or name; defaults to model.path. 'builtin:char' is a "
+        "character tokenizer built in code.",
+    )
+    pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim holding the model, mounted read-only at /models.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Parameter dtype on the accelerator (CPU runs use float32)."
+    )
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.path
+
+
+class DatasetSpec(ApiModel):
+    path: str = Field(
+        min_length=1, max_length=512, description="JSONL or Parquet file of prompts."
+    )
+    format: Literal["auto", "jsonl", "parquet"] = Field(
+        "auto", description="File format; auto picks by file extension."
+    )
+    prompt_key: str = Field("prompt", min_length=1, max_length=128)
+    answer_key: str = Field("answer", min_length=1, max_length=128)
+    pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim holding the dataset, mounted read-only at /data.",
+    )
+
+
+class AlgorithmSpec(ApiModel):
+    name: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm.")
+    group_size: int = Field(
+        8, ge=1, le=1024, description="Responses sampled per prompt (G in GRPO)."
+    )
+    lr: float = Field(1e-6, gt=0, le=1, description="Actor learning rate.")
+    kl_coef: float = Field(
+        0.001, ge=0, description="Weight of the k3 KL estimate to the reference policy."
+    )
+    clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")
+    global_batch_size: int = Field(
+        32, ge=1, le=65536, description="Prompts per optimizer step."
+    )
+    micro_batch_size: int = Field(
+        8, ge=1, le=65536, description="Samples (responses) per forward/backward micro-step."
+    )
+    max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
+    seed: int = Field(0, ge=0, description="Seed for sampling and initialisation.")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.global_batch_size * self.group_size
+
+    rules = (
+        Rule(
+            cel="self.name != 'grpo' || self.groupSize >= 2",
+            message="algorithm.groupSize must be at least 2 when algorithm.name is grpo "
+            "(group-relative advantages need two or more responses per prompt)",
+            check=lambda a: a.name != "grpo" or a.group_size >= 2,
+            field_path=".groupSize",
+        ),
+        Rule(
+            cel="(self.globalBatchSize * self.groupSize) % self.microBatchSize == 0",
+            message="algorithm.microBatchSize must divide algorithm.globalBatchSize × "
+            "algorithm.groupSize (the samples trained per step)",
+            check=lambda a: a.samples_per_step % a.micro_batch_size == 0,
+            field_path=".microBatchSize",
+        ),
+    )
+
+
+class WorkflowSpec(ApiModel):
+    mode: Literal["sync", "periodic", "async"] = Field(
+        "async",
+        description="sync: generate then train; periodic: on-policy producer/consumer "
+        "(staleness 0); async: rollouts run up to maxStaleness steps ahead.",
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="async only: how many optimizer steps a sample's weights may lag "
+        "the trainer (default 1).",
+    )
+    weight_sync: Literal["sync", "async"] = Field(
+        "async",
+        description="async: rollouts receive new weights into host memory while generating "
+        "and swap at an iteration boundary; sync: generation waits for the new weights.",
+    )
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound in force: k in async (default 1), 0 for the on-policy modes."""
+        if self.mode != "async":
+            return 0
+        return 1 if self.max_staleness is None else self.max_staleness
+
+    rules = (
+        Rule(
+            cel="!has(self.maxStaleness) || self.mode == 'async'",
+            message="workflow.maxStaleness is only allowed when workflow.mode is async "
+            "(sync and periodic are on-policy: staleness is always 0)",
+            check=lambda w: w.max_staleness is None or w.mode == "async",
+            field_path=".maxStaleness",
+        ),
+    )
+
+
+class AutoscalingSpec(ApiModel):
+    enabled: bool = Field(
+        False,
+        description="Add a rollout replica when generation lags training by more than "
+        "one more replica would save.",
+    )
+    interval_seconds: int = Field(30, ge=1, le=86400, description="How often to decide.")
+    cooldown_seconds: int = Field(
+        300, ge=0, le=86400, description="Minimum time between two scale decisions."
+    )
+    consecutive_steps: int = Field(
+        3, ge=1, le=1000, description="Steps the gap must persist before scaling."
+    )
+    allow_scale_in: bool = Field(False, description="Also remove replicas when they idle.")
+
+
+class RolloutSpec(ApiModel):
+    replicas: int = Field(1, ge=1, le=1024, description="Rollout replicas (scale subresource).")
+    min_replicas: int = Field(1, ge=1, le=1024)
+    max_replicas: int | None = Field(
+        None, ge=1, le=1024, description="Upper bound for kubectl scale and the autoscaler."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers generate (CPU/tests); vllm: vLLM / vLLM-Ascend."
+    )
+    tensor_parallel: int = Field(1, ge=1, le=64, description="Tensor-parallel size per replica.")
+    npus_per_replica: int = Field(1, ge=1, le=64, description="Accelerators per rollout replica.")
+    max_new_tokens: int = Field(256, ge=1, le=262144, description="Generation length cap.")
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+
+    rules = (
+        Rule(
+            cel="self.minReplicas <= self.replicas",
+            message="rollout.replicas must be at least rollout.minReplicas",
+            check=lambda r: r.min_replicas <= r.replicas,
+            field_path=".replicas",
+        ),
+        Rule(
+            cel="!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+            message="rollout.replicas must be at most rollout.maxReplicas "
+            "(raise rollout.maxReplicas to scale further)",
+            check=lambda r: r.max_replicas is None or r.replicas <= r.max_replicas,
+            field_path=".replicas",
+        ),
+        Rule(
+            cel="!self.autoscaling.enabled || has(self.maxReplicas)",
+            message="rollout.maxReplicas is required when rollout.autoscaling.enabled is true",
+            check=lambda r: not r.autoscaling.enabled or r.max_replicas is not None,
+            field_path=".maxReplicas",
+        ),
+        Rule(
+            cel="self.npusPerReplica % self.tensorParallel == 0",
+            message="rollout.npusPerReplica must be a multiple of rollout.tensorParallel",
+            check=lambda r: r.npus_per_replica % r.tensor_parallel == 0,
+            field_path=".npusPerReplica",
+        ),
+    )
+
+
+class ParallelismSpec(ApiModel):
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel size.")
+
+
+class TrainerSpec(ApiModel):
+    num_nodes: int = Field(1, ge=1, le=4096, description="Trainer pods (one per node).")
+    npus_per_node: int = Field(
+        1, ge=1, le=64, description="Accelerators per trainer pod (processes per node on CPU)."
+    )
+    engine: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: DDP (CPU/gloo, NPU/hccl); megatron: Megatron-core."
+    )
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    checkpoint_every: int = Field(
+        50, ge=1, description="Save a checkpoint every N optimizer steps."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.npus_per_node
+
+    rules = (
+        Rule(
+            cel="self.engine == 'megatron' || (self.parallelism.tp == 1 && self.parallelism.pp == 1)",
+            message="trainer.parallelism.tp and trainer.parallelism.pp above 1 need "
+            "trainer.engine: megatron (the torch engine is data-parallel only)",
+            check=lambda t: t.engine == "megatron" or (t.parallelism.tp, t.parallelism.pp) == (1, 1),
+            field_path=".parallelism",
+        ),
+        Rule(
+            cel="(self.numNodes * self.npusPerNode) % (self.parallelism.tp * self.parallelism.pp) == 0",
+            message="trainer.parallelism.tp × trainer.parallelism.pp must divide "
+            "trainer.numNodes × trainer.npusPerNode",
+            check=lambda t: t.world_size % (t.parallelism.tp * t.parallelism.pp) == 0,
+            field_path=".parallelism",
+        ),
+    )
+
+
+class RewardSpec(ApiModel):
+    name: str = Field(
+        "exact_match",
+        max_length=256,
+        pattern=REWARD_PATTERN,
+        description="A built-in verifier name or a custom 'module:function' on the image.",
+    )
+
+
+class ComputeResources(ApiModel):
+    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+
+
+class RedisSpec(ApiModel):
+    image: str = Field("redis:7.2", min_length=1, max_length=512)
+    resources: ComputeResources = Field(
+        default_factory=lambda: ComputeResources(cpu="1", memory="4Gi"),
+        description="Requests and limits of each storage unit.",
+    )
+    persistence: bool = Field(False, description="Keep each unit's data on a PVC.")
+
+
+class TransferQueueSpec(ApiModel):
+    storage_units: int = Field(
+        1, ge=1, le=64, description="Redis storage units; rows shard over them by index."
+    )
+    lease_seconds: int = Field(
+        60,
+        ge=1,
+        le=86400,
+        description="A claimed row returns to its task if not acked within this time.",
+    )
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+
+
+class HcclSpec(ApiModel):
+    socket_ifname: str | None = Field(
+        None, max_length=64, description="HCCL_SOCKET_IFNAME, e.g. eth0."
+    )
+    connect_timeout_seconds: int = Field(
+        1200, ge=1, le=7200, description="HCCL_CONNECT_TIMEOUT."
+    )
+    exec_timeout_seconds: int = Field(1800, ge=1, le=17340, description="HCCL_EXEC_TIMEOUT.")
+    if_base_port: int | None = Field(
+        None, ge=1024, le=65000, description="HCCL_IF_BASE_PORT: first of the ports HCCL uses."
+    )
+
+
+class AcceleratorSpec(ApiModel):
+    type: Literal["cpu", "ascend", "gpu"] = Field("cpu", description="Device kind.")
+    resource_name: str | None = Field(
+        None,
+        max_length=253,
+        description=f"Extended resource to request; default {DEFAULT_ASCEND_RESOURCE} "
+        f"for ascend, {DEFAULT_GPU_RESOURCE} for gpu.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the job's pods must match."
+    )
+    hccl: HcclSpec = Field(default_factory=HcclSpec)
+
+    @property
+    def resource(self) -> str | None:
+        """The extended resource the pods request, or None on CPU."""
+        if self.type == "cpu":
+            return None
+        if self.resource_name:
+            return self.resource_name
+        return DEFAULT_ASCEND_RESOURCE if self.type == "ascend" else DEFAULT_GPU_RESOURCE
+
+    rules = (
+        Rule(
+            cel="self.type != 'cpu' || !has(self.resourceName)",
+            message="accelerator.resourceName needs accelerator.type ascend or gpu",
+            check=lambda a: a.type != "cpu" or a.resource_name is None,
+            field_path=".resourceName",
+        ),
+    )
+
+
+class SchedulingSpec(ApiModel):
+    scheduler_name: str | None = Field(
+        None, max_length=63, pattern=DNS_LABEL_PATTERN, description="e.g. volcano."
+    )
+    queue: str | None = Field(
+        None, max_length=63, pattern=DNS_LABEL_PATTERN, description="Volcano queue."
+    )
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+
+    rules = (
+        Rule(
+            cel="!has(self.queue) || (has(self.schedulerName) && self.schedulerName == 'volcano')",
+            message="scheduling.queue needs scheduling.schedulerName: volcano",
+            check=lambda s: s.queue is None or s.scheduler_name == "volcano",
+            field_path=".queue",
+        ),
+    )
+
+
+class RunPolicySpec(ApiModel):
+    backoff_limit: int = Field(
+        3, ge=0, le=1000, description="Trainer gang restarts before the job fails."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Fail the job after this many seconds of running."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the finished job's children after this many seconds."
+    )
+
+
+class RLJobSpec(ApiModel):
+    model: ModelSpec
+    dataset: DatasetSpec
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    workflow: WorkflowSpec = Field(default_factory=WorkflowSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    transfer_queue: TransferQueueSpec = Field(default_factory=TransferQueueSpec)
+    accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+    image: str = Field(
+        "rljob/runtime:0.1.0",
+        min_length=1,
+        max_length=512,
+        description="Runtime image of the TransferQueue controller, rollout and trainer pods.",
+    )
+    suspend: bool = Field(False, description="Delete the job's pods, keeping its data and status.")
+
+    rules = (
+        Rule(
+            cel="self.accelerator.type != 'cpu' || self.trainer.engine == 'torch'",
+            message="trainer.engine megatron needs accelerator.type ascend or gpu",
+            check=lambda s: s.accelerator.type != "cpu" or s.trainer.engine == "torch",
+            field_path=".trainer.engine",
+        ),
+    )

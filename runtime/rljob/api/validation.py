@@ -1,0 +1,231 @@
+"""Offline validation of RLJob YAML with the apiserver's wording.
+
+`kubectl apply` reports schema errors as `FIELD: Invalid value: VALUE: DETAIL`,
+enum errors as `Unsupported value`, unknown fields as `unknown field "PATH"`
+and CEL rules with their message. `check_documents` reports the same problems
+for the same input, one line each, so a file that passes here is accepted by a
+cluster with the CRD installed (and the other way round).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .base import DEFER_RULES, rule_failures
+from .resource import API_VERSION, KIND, RLJob
+
+
+class YamlLoader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-6` as a float, as Kubernetes' YAML decoder does
+    (PyYAML follows YAML 1.1 strictly and would read it as a string)."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem: where (document) and what (apiserver wording)."""
+
+    document: int  # 1-based position in the file
+    text: str
+
+
+class RLJobError(ValueError):
+    """An RLJob document that a cluster would reject; str() lists every problem."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p.text}" for p in problems))
+
+
+_KUBE_TYPES = {
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "str": "string",
+    "dict": "object",
+    "list": "array",
+    "NoneType": "null",
+}
+
+
+def _wire_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return _KUBE_TYPES.get(type(value).__name__, "string")
+
+
+def _quote(value: Any) -> str:
+    """A value as the apiserver prints it in `Invalid value: ...`."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, int) else format(value, "g")
+    return json.dumps(_wire_type(value))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+_EXPECTED_TYPE = {
+    "int_type": "integer",
+    "int_from_float": "integer",
+    "float_type": "number",
+    "bool_type": "boolean",
+    "string_type": "string",
+    "dict_type": "object",
+    "model_type": "object",
+    "model_attributes_type": "object",
+    "list_type": "array",
+    "datetime_type": "string",
+}
+_BOUNDS = {
+    "greater_than_equal": ("ge", "greater than or equal to"),
+    "greater_than": ("gt", "greater than"),
+    "less_than_equal": ("le", "less than or equal to"),
+    "less_than": ("lt", "less than"),
+}
+
+
+def _describe(err: dict[str, Any]) -> str:
+    """One pydantic error in the apiserver's words."""
+    kind, loc, value, ctx = err["type"], err["loc"], err.get("input"), err.get("ctx", {})
+    # pydantic reports a failing union member's loc with the member type name;
+    # the wire path has only field names and list indices.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and p[:1].isupper() and p != "RLJob"))
+    if loc and loc[-1] in ("[key]",):
+        loc = loc[:-1]
+    field = _path(loc)
+    if kind == "missing":
+        return f"{field}: Required value"
+    if kind == "extra_forbidden":
+        return f'unknown field "{field}"'
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        supported = ", ".join(json.dumps(a) for a in allowed)
+        return f"{field}: Unsupported value: {_quote(value)}: supported values: {supported}"
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        bound = ctx[key]
+        bound = int(bound) if float(bound).is_integer() else bound
+        return f"{field}: Invalid value: {_quote(value)}: {field} in body should be {words} {bound}"
+    if kind == "string_too_short":
+        return (f"{field}: Invalid value: {_quote(value)}: {field} in body should be at least "
+                f"{ctx['min_length']} chars long")
+    if kind == "string_too_long":
+        return f"{field}: Too long: may not be more than {ctx['max_length']} bytes"
+    if kind == "too_long":
+        return f"{field}: Too many: {ctx.get('actual_length')}: must have at most {ctx['max_length']} items"
+    if kind == "string_pattern_mismatch":
+        return (f"{field}: Invalid value: {_quote(value)}: {field} in body should match "
+                f"'{ctx['pattern']}'")
+    if kind in _EXPECTED_TYPE:
+        got = _wire_type(value)
+        return (f"{field}: Invalid value: {json.dumps(got)}: {field} in body must be of type "
+                f"{_EXPECTED_TYPE[kind]}: {json.dumps(got)}")
+    if kind == "rule":  # a cross-field rule raised during parsing (not deferred)
+        return f"{field}: Invalid value: \"object\": {err['msg']}"
+    return f"{field}: Invalid value: {_quote(value)}: {err['msg']}"
+
+
+def check_document(doc: Any, index: int = 1) -> list[Problem]:
+    """Every problem the apiserver would report for one RLJob document."""
+    if not isinstance(doc, dict):
+        return [Problem(index, f"document {index} is a {_wire_type(doc)}, not an RLJob object")]
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if kind is None or api_version is None:
+        missing = " and ".join(k for k in ("apiVersion", "kind") if doc.get(k) is None)
+        return [Problem(index, f"document {index}: {missing} not set: an RLJob starts with "
+                               f"'apiVersion: {API_VERSION}' and 'kind: {KIND}'")]
+    if kind != KIND:
+        return [Problem(index, f"document {index}: kind {kind!r} is not an RLJob; this checks "
+                               f"kind: {KIND} documents only")]
+    if api_version != API_VERSION:
+        return [Problem(index, f"document {index}: apiVersion {api_version!r} is not served: "
+                               f"use apiVersion: {API_VERSION}")]
+    problems: list[Problem] = []
+    meta = doc.get("metadata") or {}
+    if isinstance(meta, dict) and not meta.get("name") and not meta.get("generateName"):
+        problems.append(Problem(index, "metadata.name: Required value: name or generateName "
+                                       "is required"))
+    try:
+        job = RLJob.model_validate_json(
+            json.dumps(doc, default=str), strict=True, context={DEFER_RULES: True}
+        )
+    except ValidationError as exc:
+        # Unknown fields are rejected by the decoder before schema validation,
+        # as the apiserver does with strict field validation.
+        errors = exc.errors(include_url=False)
+        unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+        for err in unknown or errors:
+            problems.append(Problem(index, _describe(err)))
+        return problems
+    for failure in rule_failures(job, ""):
+        field = failure.field or "<nil>"
+        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}'))
+    return problems
+
+
+def parse_documents(text: str, source: str) -> list[Any]:
+    """YAML documents of a file; raises RLJobError on malformed YAML."""
+    try:
+        return [d for d in yaml.load_all(text, Loader=YamlLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RLJobError(source, [Problem(0, f"malformed YAML: {where}{problem}")]) from None
+
+
+def check_text(text: str, source: str) -> list[Problem]:
+    try:
+        docs = parse_documents(text, source)
+    except RLJobError as exc:
+        return exc.problems
+    if not docs:
+        return [Problem(0, "no YAML documents found")]
+    return [p for i, d in enumerate(docs, 1) for p in check_document(d, i)]
+
+
+def load_rljob(path: str) -> RLJob:
+    """The single RLJob in a YAML file, with defaults applied; RLJobError if invalid."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise RLJobError(path, [Problem(0, f"cannot read: {exc.strerror}")]) from None
+    docs = parse_documents(text, path)
+    if len(docs) != 1:
+        raise RLJobError(path, [Problem(0, f"expected one RLJob document, found {len(docs)}")])
+    problems = check_document(docs[0])
+    if problems:
+        raise RLJobError(path, problems)
+    return RLJob.model_validate_json(json.dumps(docs[0], default=str), strict=True)

@@ -1,0 +1,122 @@
+"""RLJob documents shared by the unit tests (models, `rljob validate`) and the
+cluster tests (the real apiserver), so both are checked against one list."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+TEN_LINE_YAML = """\
+apiVersion: rljob.dev/v1alpha1
+kind: RLJob
+metadata:
+  name: minimal
+spec:
+  model:
+    path: Qwen/Qwen2.5-0.5B-Instruct
+  dataset:
+    path: /data/gsm8k.jsonl
+"""
+
+
+def minimal(name: str = "minimal") -> dict[str, Any]:
+    return {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+                 "dataset": {"path": "/data/gsm8k.jsonl"}},
+    }
+
+
+def _merge(dst: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            dst.pop(key, None)
+        elif isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = value
+
+
+@dataclass(frozen=True)
+class Invalid:
+    id: str
+    patch: dict[str, Any]  # merged into minimal(); None deletes a key
+    expect: str  # the problem line, as the apiserver and `rljob validate` print it
+
+    def document(self) -> dict[str, Any]:
+        doc = minimal(f"bad-{self.id}")
+        _merge(doc, copy.deepcopy(self.patch))
+        return doc
+
+
+ASCEND = {"accelerator": {"type": "ascend"}}
+
+INVALID = [
+    Invalid("grpo-group-of-one", {"spec": {"algorithm": {"groupSize": 1}}},
+            'spec.algorithm.groupSize: Invalid value: "object": algorithm.groupSize must be at '
+            "least 2 when algorithm.name is grpo"),
+    Invalid("micro-batch-does-not-divide",
+            {"spec": {"algorithm": {"globalBatchSize": 3, "groupSize": 4, "microBatchSize": 5}}},
+            'spec.algorithm.microBatchSize: Invalid value: "object": algorithm.microBatchSize '
+            "must divide algorithm.globalBatchSize × algorithm.groupSize"),
+    Invalid("staleness-in-sync-mode", {"spec": {"workflow": {"mode": "sync", "maxStaleness": 2}}},
+            'spec.workflow.maxStaleness: Invalid value: "object": workflow.maxStaleness is only '
+            "allowed when workflow.mode is async"),
+    Invalid("replicas-below-min", {"spec": {"rollout": {"replicas": 2, "minReplicas": 3}}},
+            'spec.rollout.replicas: Invalid value: "object": rollout.replicas must be at least '
+            "rollout.minReplicas"),
+    Invalid("replicas-above-max", {"spec": {"rollout": {"replicas": 5, "maxReplicas": 4}}},
+            'spec.rollout.replicas: Invalid value: "object": rollout.replicas must be at most '
+            "rollout.maxReplicas"),
+    Invalid("autoscaling-without-max", {"spec": {"rollout": {"autoscaling": {"enabled": True}}}},
+            'spec.rollout.maxReplicas: Invalid value: "object": rollout.maxReplicas is required '
+            "when rollout.autoscaling.enabled is true"),
+    Invalid("npus-not-multiple-of-tp",
+            {"spec": {"rollout": {"tensorParallel": 4, "npusPerReplica": 6}}},
+            'spec.rollout.npusPerReplica: Invalid value: "object": rollout.npusPerReplica must '
+            "be a multiple of rollout.tensorParallel"),
+    Invalid("tp-needs-megatron",
+            {"spec": {**ASCEND, "trainer": {"npusPerNode": 8, "parallelism": {"tp": 2}}}},
+            'spec.trainer.parallelism: Invalid value: "object": trainer.parallelism.tp and '
+            "trainer.parallelism.pp above 1 need trainer.engine: megatron"),
+    Invalid("parallelism-does-not-divide",
+            {"spec": {**ASCEND, "trainer": {"engine": "megatron", "npusPerNode": 6,
+                                            "parallelism": {"tp": 4}}}},
+            'spec.trainer.parallelism: Invalid value: "object": trainer.parallelism.tp × '
+            "trainer.parallelism.pp must divide trainer.numNodes × trainer.npusPerNode"),
+    Invalid("megatron-on-cpu", {"spec": {"trainer": {"engine": "megatron"}}},
+            'spec.trainer.engine: Invalid value: "object": trainer.engine megatron needs '
+            "accelerator.type ascend or gpu"),
+    Invalid("queue-without-volcano", {"spec": {"scheduling": {"queue": "research"}}},
+            'spec.scheduling.queue: Invalid value: "object": scheduling.queue needs '
+            "scheduling.schedulerName: volcano"),
+    Invalid("resource-name-on-cpu", {"spec": {"accelerator": {"resourceName": "huawei.com/Ascend910"}}},
+            'spec.accelerator.resourceName: Invalid value: "object": accelerator.resourceName '
+            "needs accelerator.type ascend or gpu"),
+    Invalid("name-too-long", {"metadata": {"name": "a" * 41}},
+            'Invalid value: "object": metadata.name must be at most 40 characters'),
+    Invalid("unknown-mode", {"spec": {"workflow": {"mode": "fast"}}},
+            'spec.workflow.mode: Unsupported value: "fast": supported values: "sync", '
+            '"periodic", "async"'),
+    Invalid("zero-learning-rate", {"spec": {"algorithm": {"lr": 0}}},
+            "spec.algorithm.lr: Invalid value: 0: spec.algorithm.lr in body should be greater "
+            "than 0"),
+    Invalid("clip-ratio-above-one", {"spec": {"algorithm": {"clipRatio": 1.5}}},
+            "spec.algorithm.clipRatio: Invalid value: 1.5: spec.algorithm.clipRatio in body "
+            "should be less than 1"),
+    Invalid("replicas-zero", {"spec": {"rollout": {"replicas": 0}}},
+            "spec.rollout.replicas: Invalid value: 0: spec.rollout.replicas in body should be "
+            "greater than or equal to 1"),
+    Invalid("group-size-as-string", {"spec": {"algorithm": {"groupSize": "8"}}},
+            'spec.algorithm.groupSize: Invalid value: "string": spec.algorithm.groupSize in '
+            'body must be of type integer: "string"'),
+    Invalid("missing-model", {"spec": {"model": None}},
+            "spec.model: Required value"),
+    Invalid("unknown-field", {"spec": {"rollout": {"replica": 3}}},
+            'unknown field "spec.rollout.replica"'),
+    Invalid("reward-with-space", {"spec": {"reward": {"name": "my reward"}}},
+            'spec.reward.name: Invalid value: "my reward": spec.reward.name in body should match'),
+]
