@@ -85,5 +85,44 @@ def validate(
         raise typer.Exit(1)
 
 
+worker_app = typer.Typer(help="Pod entrypoints of the job's components.", no_args_is_help=True)
+app.add_typer(worker_app, name="worker")
+
+
+@worker_app.command("transferqueue")
+def worker_transferqueue(
+    listen: str = typer.Option("0.0.0.0:50051", help="gRPC listen address."),
+    job: str = typer.Option("rljob", help="Job name: prefixes every storage key."),
+    redis: list[str] = typer.Option(
+        [], "--redis", help="Redis URL of a storage unit, once per unit; none = memory units."),
+    memory_units: int = typer.Option(1, help="In-process memory units when no --redis is given."),
+    password_env: str = typer.Option(
+        "RLJOB_TQ_PASSWORD", help="Environment variable holding the Redis password."),
+    lease_seconds: float = typer.Option(60.0, help="Claims expire after this many seconds."),
+    max_row_bytes: int = typer.Option(64 << 20, help="Largest row accepted, bytes."),
+    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+    log_level: str = typer.Option("INFO", help="Log level."),
+) -> None:
+    """Run the TransferQueue controller (gRPC, health, metrics) until SIGTERM."""
+    import asyncio
+    import logging
+    import os
+
+    from .transferqueue.service import TransferQueueService, UnitConfig, serve
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    password = os.environ.get(password_env) or None
+    if redis:
+        units = [UnitConfig("redis", url, password) for url in redis]
+    else:
+        units = [UnitConfig("memory") for _ in range(memory_units)]
+    try:
+        service = TransferQueueService(job, units, lease_seconds, max_row_bytes)
+    except Exception as exc:  # bad URL, unreachable config: one clear line
+        typer.echo(f"transferqueue: {exc}", err=True)
+        raise typer.Exit(2) from None
+    asyncio.run(serve(service, listen, metrics_port))
+
+
 def main() -> None:
     app()

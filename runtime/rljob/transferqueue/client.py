@@ -1,0 +1,350 @@
+"""TransferQueue clients: control calls to the controller, data straight to the units.
+
+A write is: allocate rows (new ones) → put cells on their storage units in one
+batch per unit → tell the controller (notify-written). A read is: claim (a
+lease with row metadata) → get cells from the units → ack after use.
+`AsyncTransferQueueClient` is the same over grpc.aio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from .proto import transferqueue_pb2 as pb
+from .proto import transferqueue_pb2_grpc as pbg
+from .schema import ColumnError, ColumnSpec, decode, encode
+from .service import GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
+from .storage import StorageUnit, connect
+
+_POLICY_PB = {v: k for k, v in POLICY.items() if k}
+_STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
+
+
+class TransferQueueError(RuntimeError):
+    """The controller refused a request; `code` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _wrap(exc: grpc.RpcError) -> TransferQueueError:
+    return TransferQueueError(exc.code(), exc.details())
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a task consumes and produces (registration)."""
+
+    name: str
+    consumes: Sequence[str] = ()
+    produces: Sequence[ColumnSpec] = ()
+
+    def to_pb(self) -> pb.TaskSpec:
+        return pb.TaskSpec(name=self.name, consumes=list(self.consumes),
+                           produces=[column_to_pb(c) for c in self.produces])
+
+
+@dataclass
+class Batch:
+    """A claimed set of rows: metadata, and the columns once fetched."""
+
+    task: str
+    lease: str
+    rows: list[pb.RowMeta]
+    data: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def indices(self) -> list[int]:
+        return [r.index for r in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _claim_request(task: str, count: int, *, min_count: int | None, policy: str,
+                   token_budget: int | None, dp_size: int, wait: float,
+                   partition: int | None, min_version: int | None, on_stale: str,
+                   stale_producer: str | None) -> pb.ClaimRequest:
+    if policy not in _POLICY_PB:
+        raise ValueError(f"unknown claim policy {policy!r}: use {sorted(_POLICY_PB)}")
+    return pb.ClaimRequest(
+        task=task, count=count, min_count=min_count or 0, policy=_POLICY_PB[policy],
+        token_budget=token_budget or 0, dp_size=dp_size, wait_seconds=wait,
+        has_partition=partition is not None, partition=partition or 0,
+        has_min_version=min_version is not None, min_version=min_version or 0,
+        on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "")
+
+
+class _Data:
+    """Cell encoding and unit routing, shared by the sync and async clients."""
+
+    def __init__(self, address: str, password: str | None):
+        self.address = address
+        self.password = password if password is not None else os.environ.get("RLJOB_TQ_PASSWORD")
+        self.job = ""
+        self.columns: dict[str, ColumnSpec] = {}
+        self.units: list[StorageUnit] = []
+        self.max_row_bytes = 0
+
+    def set_layout(self, layout: pb.LayoutResponse) -> None:
+        self.job = layout.job
+        self.max_row_bytes = layout.max_row_bytes
+        self.set_columns(layout.columns)
+        for u in self.units:
+            u.close()
+        self.units = [connect(u.backend, u.address or self.address, job=layout.job,
+                              password=self.password, unit=u.id)
+                      for u in sorted(layout.units, key=lambda u: u.id)]
+
+    def set_columns(self, columns) -> None:
+        self.columns = {c.name: column_from_pb(c) for c in columns}
+
+    def column(self, name: str) -> ColumnSpec:
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise ColumnError(f"unknown column {name!r}: register a task that produces it "
+                              f"(known: {sorted(self.columns)})") from None
+
+    def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
+                    length_column: str | None):
+        """Per-unit cell lists, per-row lengths and bytes; raises before any write."""
+        n = len(indices)
+        for name, values in columns.items():
+            if len(values) != n:
+                raise ColumnError(f"column {name!r} has {len(values)} values for {n} rows")
+        specs = {name: self.column(name) for name in columns}
+        per_unit: dict[int, list[tuple[int, str, Any]]] = {}
+        lengths = [0] * n
+        nbytes = [0] * n
+        for name, values in columns.items():
+            for r, (idx, value) in enumerate(zip(indices, values)):
+                data, length = encode(specs[name], value)
+                nbytes[r] += len(data)
+                if name == length_column:
+                    lengths[r] = length
+                per_unit.setdefault(idx % len(self.units), []).append((idx, name, data))
+        too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
+        if too_big:
+            raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
+                              f"{self.max_row_bytes}")
+        return per_unit, lengths, nbytes
+
+    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
+        specs = [self.column(c) for c in columns]
+        by_unit: dict[int, list[int]] = {}
+        for pos, row in enumerate(rows):
+            by_unit.setdefault(row.unit, []).append(pos)
+        out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
+        for unit, positions in by_unit.items():
+            cells = self.units[unit].get([rows[p].index for p in positions], columns)
+            for p, values in zip(positions, cells):
+                for spec, value in zip(specs, values):
+                    if value is None:
+                        raise TransferQueueError(
+                            grpc.StatusCode.DATA_LOSS,
+                            f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
+                    out[spec.name][p] = decode(spec, value)
+        return out
+
+    def close(self) -> None:
+        for u in self.units:
+            u.close()
+
+
+class TransferQueueClient:
+    """Blocking client. Thread-safe for concurrent claims (gRPC channels are)."""
+
+    def __init__(self, address: str, password: str | None = None):
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.TransferQueueControllerStub(self._channel)
+        self._data = _Data(address, password)
+        self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
+
+    def _call(self, method, request, timeout: float | None = 60.0):
+        try:
+            return method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _wrap(exc) from None
+
+    @property
+    def columns(self) -> dict[str, ColumnSpec]:
+        return self._data.columns
+
+    def register(self, *tasks: Task) -> None:
+        resp = self._call(self._stub.RegisterTasks,
+                          pb.RegisterTaskRequest(tasks=[t.to_pb() for t in tasks]))
+        self._data.set_columns(resp.columns)
+
+    def allocate(self, partition: int, count: int, group_size: int = 1) -> pb.AllocateResponse:
+        return self._call(self._stub.Allocate, pb.AllocateRequest(
+            partition=partition, count=count, group_size=group_size))
+
+    def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
+              versions: Sequence[int] | None = None, length_column: str | None = None,
+              lengths: Sequence[int] | None = None) -> int:
+        """Write columns of existing rows, then notify; returns rows newly ready."""
+        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+        for unit, cells in per_unit.items():
+            self._data.units[unit].put(cells)
+        resp = self._call(self._stub.NotifyWritten, pb.NotifyWrittenRequest(
+            indices=list(indices), columns=list(columns),
+            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
+            versions=list(versions or []), nbytes=nbytes))
+        return resp.newly_ready
+
+    def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *, group_size: int = 1,
+            **kwargs) -> list[int]:
+        """Append new rows to `partition`; returns their global indices."""
+        n = len(next(iter(columns.values())))
+        self._data.encode_rows(list(range(n)), columns, None)  # validate before allocating
+        alloc = self.allocate(partition, n, group_size)
+        self.write(alloc.indices, columns, **kwargs)
+        return list(alloc.indices)
+
+    def claim(self, task: str, count: int, *, min_count: int | None = None, policy: str = "fifo",
+              token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
+              partition: int | None = None, min_version: int | None = None,
+              on_stale: str = "discard", stale_producer: str | None = None) -> Batch:
+        req = _claim_request(task, count, min_count=min_count, policy=policy,
+                             token_budget=token_budget, dp_size=dp_size, wait=wait,
+                             partition=partition, min_version=min_version, on_stale=on_stale,
+                             stale_producer=stale_producer)
+        resp = self._call(self._stub.Claim, req, timeout=wait + 60.0)
+        return Batch(task, resp.lease, list(resp.rows))
+
+    def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
+        batch.data.update(self._data.read(batch.rows, columns))
+        return batch
+
+    def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
+        batch = self.claim(task, count, **kwargs)
+        return self.get(batch, columns) if batch.rows else batch
+
+    def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
+        if not batch.lease:
+            return 0
+        return self._call(self._stub.Ack, pb.AckRequest(
+            task=batch.task, lease=batch.lease, indices=list(indices or []))).acked
+
+    def release(self, batch: Batch) -> int:
+        if not batch.lease:
+            return 0
+        return self._call(self._stub.Release, pb.ReleaseRequest(
+            task=batch.task, lease=batch.lease)).released
+
+    def report_metrics(self, **fields: Any) -> None:
+        self._call(self._stub.ReportMetrics, pb.JobMetrics(**fields))
+
+    def stats(self) -> pb.StatsResponse:
+        return self._call(self._stub.Stats, pb.StatsRequest())
+
+    def close(self) -> None:
+        self._data.close()
+        self._channel.close()
+
+    def __enter__(self) -> TransferQueueClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncTransferQueueClient:
+    """asyncio client: control over grpc.aio, storage I/O in worker threads."""
+
+    def __init__(self, address: str, password: str | None = None):
+        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.TransferQueueControllerStub(self._channel)
+        self._data = _Data(address, password)
+
+    @classmethod
+    async def connect(cls, address: str, password: str | None = None) -> AsyncTransferQueueClient:
+        client = cls(address, password)
+        layout = await client._call(client._stub.Layout, pb.LayoutRequest())
+        await asyncio.to_thread(client._data.set_layout, layout)
+        return client
+
+    async def _call(self, method, request, timeout: float | None = 60.0):
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _wrap(exc) from None
+
+    async def register(self, *tasks: Task) -> None:
+        resp = await self._call(self._stub.RegisterTasks,
+                                pb.RegisterTaskRequest(tasks=[t.to_pb() for t in tasks]))
+        self._data.set_columns(resp.columns)
+
+    async def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
+                    versions: Sequence[int] | None = None, length_column: str | None = None,
+                    lengths: Sequence[int] | None = None) -> int:
+        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+        await asyncio.gather(*(asyncio.to_thread(self._data.units[u].put, cells)
+                               for u, cells in per_unit.items()))
+        resp = await self._call(self._stub.NotifyWritten, pb.NotifyWrittenRequest(
+            indices=list(indices), columns=list(columns),
+            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
+            versions=list(versions or []), nbytes=nbytes))
+        return resp.newly_ready
+
+    async def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *,
+                  group_size: int = 1, **kwargs) -> list[int]:
+        n = len(next(iter(columns.values())))
+        self._data.encode_rows(list(range(n)), columns, None)
+        alloc = await self._call(self._stub.Allocate, pb.AllocateRequest(
+            partition=partition, count=n, group_size=group_size))
+        await self.write(alloc.indices, columns, **kwargs)
+        return list(alloc.indices)
+
+    async def claim(self, task: str, count: int, *, min_count: int | None = None,
+                    policy: str = "fifo", token_budget: int | None = None, dp_size: int = 1,
+                    wait: float = 0.0, partition: int | None = None,
+                    min_version: int | None = None, on_stale: str = "discard",
+                    stale_producer: str | None = None) -> Batch:
+        req = _claim_request(task, count, min_count=min_count, policy=policy,
+                             token_budget=token_budget, dp_size=dp_size, wait=wait,
+                             partition=partition, min_version=min_version, on_stale=on_stale,
+                             stale_producer=stale_producer)
+        resp = await self._call(self._stub.Claim, req, timeout=wait + 60.0)
+        return Batch(task, resp.lease, list(resp.rows))
+
+    async def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
+        batch.data.update(await asyncio.to_thread(self._data.read, batch.rows, columns))
+        return batch
+
+    async def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
+        batch = await self.claim(task, count, **kwargs)
+        return await self.get(batch, columns) if batch.rows else batch
+
+    async def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
+        if not batch.lease:
+            return 0
+        resp = await self._call(self._stub.Ack, pb.AckRequest(
+            task=batch.task, lease=batch.lease, indices=list(indices or [])))
+        return resp.acked
+
+    async def release(self, batch: Batch) -> int:
+        if not batch.lease:
+            return 0
+        resp = await self._call(self._stub.Release, pb.ReleaseRequest(
+            task=batch.task, lease=batch.lease))
+        return resp.released
+
+    async def report_metrics(self, **fields: Any) -> None:
+        await self._call(self._stub.ReportMetrics, pb.JobMetrics(**fields))
+
+    async def stats(self) -> pb.StatsResponse:
+        return await self._call(self._stub.Stats, pb.StatsRequest())
+
+    async def close(self) -> None:
+        self._data.close()
+        await self._channel.close()

@@ -1,0 +1,333 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ColumnKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COLUMN_KIND_UNSPECIFIED: _ClassVar[ColumnKind]
+    TENSOR: _ClassVar[ColumnKind]
+    SCALAR: _ClassVar[ColumnKind]
+    JSON: _ClassVar[ColumnKind]
+
+class StalePolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STALE_POLICY_UNSPECIFIED: _ClassVar[StalePolicy]
+    DISCARD: _ClassVar[StalePolicy]
+    REGENERATE: _ClassVar[StalePolicy]
+
+class ClaimPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLAIM_POLICY_UNSPECIFIED: _ClassVar[ClaimPolicy]
+    FIFO: _ClassVar[ClaimPolicy]
+    GROUP: _ClassVar[ClaimPolicy]
+    TOKEN_BALANCED: _ClassVar[ClaimPolicy]
+COLUMN_KIND_UNSPECIFIED: ColumnKind
+TENSOR: ColumnKind
+SCALAR: ColumnKind
+JSON: ColumnKind
+STALE_POLICY_UNSPECIFIED: StalePolicy
+DISCARD: StalePolicy
+REGENERATE: StalePolicy
+CLAIM_POLICY_UNSPECIFIED: ClaimPolicy
+FIFO: ClaimPolicy
+GROUP: ClaimPolicy
+TOKEN_BALANCED: ClaimPolicy
+
+class ColumnSpec(_message.Message):
+    __slots__ = ("name", "kind", "dtype", "trailing_shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: ColumnKind
+    dtype: str
+    trailing_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ColumnKind, str]] = ..., dtype: _Optional[str] = ..., trailing_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TaskSpec(_message.Message):
+    __slots__ = ("name", "consumes", "produces")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONSUMES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    consumes: _containers.RepeatedScalarFieldContainer[str]
+    produces: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
+    def __init__(self, name: _Optional[str] = ..., consumes: _Optional[_Iterable[str]] = ..., produces: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ...) -> None: ...
+
+class RegisterTaskRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskSpec]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ...) -> None: ...
+
+class RegisterTaskResponse(_message.Message):
+    __slots__ = ("columns", "units")
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
+    units: _containers.RepeatedCompositeFieldContainer[StorageUnitInfo]
+    def __init__(self, columns: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., units: _Optional[_Iterable[_Union[StorageUnitInfo, _Mapping]]] = ...) -> None: ...
+
+class StorageUnitInfo(_message.Message):
+    __slots__ = ("id", "backend", "address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    backend: str
+    address: str
+    def __init__(self, id: _Optional[int] = ..., backend: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class LayoutRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LayoutResponse(_message.Message):
+    __slots__ = ("job", "units", "columns", "max_row_bytes")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    units: _containers.RepeatedCompositeFieldContainer[StorageUnitInfo]
+    columns: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
+    max_row_bytes: int
+    def __init__(self, job: _Optional[str] = ..., units: _Optional[_Iterable[_Union[StorageUnitInfo, _Mapping]]] = ..., columns: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., max_row_bytes: _Optional[int] = ...) -> None: ...
+
+class AllocateRequest(_message.Message):
+    __slots__ = ("partition", "count", "group_size")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    count: int
+    group_size: int
+    def __init__(self, partition: _Optional[int] = ..., count: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+
+class AllocateResponse(_message.Message):
+    __slots__ = ("indices", "groups")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NotifyWrittenRequest(_message.Message):
+    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NotifyWrittenResponse(_message.Message):
+    __slots__ = ("newly_ready",)
+    NEWLY_READY_FIELD_NUMBER: _ClassVar[int]
+    newly_ready: int
+    def __init__(self, newly_ready: _Optional[int] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    HAS_MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ON_STALE_FIELD_NUMBER: _ClassVar[int]
+    STALE_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    count: int
+    min_count: int
+    token_budget: int
+    policy: ClaimPolicy
+    dp_size: int
+    wait_seconds: float
+    has_partition: bool
+    partition: int
+    has_min_version: bool
+    min_version: int
+    on_stale: StalePolicy
+    stale_producer: str
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ...) -> None: ...
+
+class RowMeta(_message.Message):
+    __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    partition: int
+    unit: int
+    length: int
+    version: int
+    group: int
+    rank: int
+    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ("lease", "rows", "lease_seconds")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease: str
+    rows: _containers.RepeatedCompositeFieldContainer[RowMeta]
+    lease_seconds: float
+    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("task", "lease", "indices")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    lease: str
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, task: _Optional[str] = ..., lease: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("acked",)
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    acked: int
+    def __init__(self, acked: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("task", "lease")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    lease: str
+    def __init__(self, task: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class TaskStats(_message.Message):
+    __slots__ = ("name", "ready", "claimed", "acked", "expired", "stale_discarded", "stale_regenerated", "acked_per_second")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    STALE_DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    STALE_REGENERATED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ready: int
+    claimed: int
+    acked: int
+    expired: int
+    stale_discarded: int
+    stale_regenerated: int
+    acked_per_second: float
+    def __init__(self, name: _Optional[str] = ..., ready: _Optional[int] = ..., claimed: _Optional[int] = ..., acked: _Optional[int] = ..., expired: _Optional[int] = ..., stale_discarded: _Optional[int] = ..., stale_regenerated: _Optional[int] = ..., acked_per_second: _Optional[float] = ...) -> None: ...
+
+class JobMetrics(_message.Message):
+    __slots__ = ("step", "gen_seconds", "train_seconds", "staleness_mean", "staleness_max", "tokens_per_second", "samples_per_second", "reward_mean", "timestamp", "source")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MAX_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    gen_seconds: float
+    train_seconds: float
+    staleness_mean: float
+    staleness_max: int
+    tokens_per_second: float
+    samples_per_second: float
+    reward_mean: float
+    timestamp: float
+    source: str
+    def __init__(self, step: _Optional[int] = ..., gen_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., reward_mean: _Optional[float] = ..., timestamp: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+
+class MetricsAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("tasks", "rows", "partitions", "cleared_partitions", "bytes_written", "metrics")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
+    rows: int
+    partitions: int
+    cleared_partitions: int
+    bytes_written: int
+    metrics: JobMetrics
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ...) -> None: ...
+
+class Cell(_message.Message):
+    __slots__ = ("index", "column", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    column: str
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., column: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutRequest(_message.Message):
+    __slots__ = ("unit", "cells")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
+    unit: int
+    cells: _containers.RepeatedCompositeFieldContainer[Cell]
+    def __init__(self, unit: _Optional[int] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
+
+class PutResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("unit", "indices", "columns")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    unit: int
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, unit: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("cells",)
+    CELLS_FIELD_NUMBER: _ClassVar[int]
+    cells: _containers.RepeatedCompositeFieldContainer[Cell]
+    def __init__(self, cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...

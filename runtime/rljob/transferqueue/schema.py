@@ -1,0 +1,128 @@
+"""Columns and their wire encoding.
+
+Cells are stored as raw bytes: tensors as their little-endian buffer (dtype
+fixed per column, first dimension variable per row, no padding), scalars as a
+0-d buffer of the column dtype, JSON/text as UTF-8. Decoding tensors is a
+`numpy.frombuffer` view: no copy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KINDS = ("tensor", "scalar", "json")
+DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16",
+          "float32", "float64")
+
+
+class ColumnError(ValueError):
+    """A value that does not fit its column (kind, dtype or shape)."""
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    kind: str = "tensor"
+    dtype: str = ""
+    trailing_shape: tuple[int, ...] = ()
+
+    def check(self) -> None:
+        if not self.name or ":" in self.name:
+            raise ColumnError(f"column name {self.name!r} must be non-empty and without ':'")
+        if self.kind not in KINDS:
+            raise ColumnError(f"column {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if self.kind in ("tensor", "scalar") and self.dtype not in DTYPES:
+            raise ColumnError(f"column {self.name!r}: dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.kind == "json" and self.dtype:
+            raise ColumnError(f"column {self.name!r}: json columns take no dtype")
+
+    def describe(self) -> str:
+        if self.kind == "json":
+            return "json"
+        shape = ",".join(str(d) for d in ("N", *self.trailing_shape))
+        return f"{self.kind}[{self.dtype}]({shape})" if self.kind == "tensor" else f"scalar[{self.dtype}]"
+
+
+def tensor(name: str, dtype: str, *trailing: int) -> ColumnSpec:
+    return ColumnSpec(name, "tensor", dtype, tuple(trailing))
+
+
+def scalar(name: str, dtype: str = "float32") -> ColumnSpec:
+    return ColumnSpec(name, "scalar", dtype)
+
+
+def json_column(name: str) -> ColumnSpec:
+    return ColumnSpec(name, "json")
+
+
+def _numpy_dtype(dtype: str) -> np.dtype:
+    # numpy has no bfloat16: its cells travel as raw 16-bit words
+    return np.dtype("uint16") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")
+
+
+def _as_numpy(col: ColumnSpec, value: Any) -> np.ndarray:
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        want = getattr(torch, col.dtype)
+        if value.dtype != want:
+            raise ColumnError(f"column {col.name!r} holds {col.dtype}, got torch {value.dtype}")
+        t = value.detach().cpu().contiguous()
+        if col.dtype == "bfloat16":
+            t = t.view(torch.int16)
+        return t.numpy()
+    arr = np.asarray(value)
+    if col.dtype == "bfloat16":
+        raise ColumnError(f"column {col.name!r} holds bfloat16: pass a torch tensor")
+    if arr.dtype != np.dtype(col.dtype):
+        if col.kind == "scalar" and arr.ndim == 0 and np.can_cast(arr.dtype, col.dtype, "same_kind"):
+            return arr.astype(col.dtype)
+        raise ColumnError(f"column {col.name!r} holds {col.dtype}, got {arr.dtype}")
+    return arr
+
+
+def encode(col: ColumnSpec, value: Any) -> tuple[memoryview | bytes, int]:
+    """(cell bytes, length) of one row's value; length is the first dimension."""
+    if col.kind == "json":
+        try:
+            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ColumnError(f"column {col.name!r} holds JSON: {exc}") from None
+        return data, len(value) if isinstance(value, (str, list)) else 0
+    arr = _as_numpy(col, value)
+    if col.kind == "scalar":
+        if arr.ndim != 0:
+            raise ColumnError(f"column {col.name!r} is scalar, got shape {tuple(arr.shape)}")
+        return arr.tobytes(), 1
+    if arr.ndim != 1 + len(col.trailing_shape) or tuple(arr.shape[1:]) != col.trailing_shape:
+        raise ColumnError(f"column {col.name!r} takes shape (N,{','.join(map(str, col.trailing_shape))}), "
+                          f"got {tuple(arr.shape)}")
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return memoryview(arr).cast("B"), int(arr.shape[0])
+
+
+def decode(col: ColumnSpec, data: bytes | memoryview) -> Any:
+    """The row's value: numpy view for tensors, Python number, or JSON value."""
+    if col.kind == "json":
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    arr = np.frombuffer(data, dtype=_numpy_dtype(col.dtype))
+    if col.kind == "scalar":
+        return arr[0].item()
+    return arr.reshape(-1, *col.trailing_shape)
+
+
+def to_torch(col: ColumnSpec, arr: np.ndarray):
+    """A numpy cell as a torch tensor sharing its memory where possible."""
+    import torch
+
+    if not arr.flags.writeable:
+        arr = arr.copy()  # torch tensors must be writable; one copy per cell
+    t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if col.dtype == "bfloat16" else t

@@ -1,0 +1,298 @@
+"""The TransferQueue controller as a gRPC service (the pod entrypoint).
+
+`rljob worker transferqueue` runs `serve()`: the controller RPCs, the storage
+service for memory units, the gRPC health service for probes, and a Prometheus
+endpoint. The controller state machine is synchronous and every RPC runs on
+one asyncio loop, so each request is applied atomically; long-poll claims wait
+on a condition that writes, releases and lease expiry signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from .controller import ClaimRequest, Cleared, Controller, TaskSpec, TQError
+from .proto import transferqueue_pb2 as pb
+from .proto import transferqueue_pb2_grpc as pbg
+from .schema import ColumnError, ColumnSpec
+from .storage.base import StorageUnit, connect
+from .storage.memory import MemoryUnit
+
+log = logging.getLogger("rljob.transferqueue")
+
+KIND_TO_PB = {"tensor": pb.TENSOR, "scalar": pb.SCALAR, "json": pb.JSON}
+PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
+POLICY = {pb.CLAIM_POLICY_UNSPECIFIED: "fifo", pb.FIFO: "fifo", pb.GROUP: "group",
+          pb.TOKEN_BALANCED: "token_balanced"}
+STALE = {pb.STALE_POLICY_UNSPECIFIED: "discard", pb.DISCARD: "discard",
+         pb.REGENERATE: "regenerate"}
+GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
+             "not_found": grpc.StatusCode.NOT_FOUND,
+             "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION}
+GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
+                ("grpc.max_receive_message_length", 1 << 30)]
+DEFAULT_MAX_ROW_BYTES = 64 << 20
+
+
+def column_to_pb(c: ColumnSpec) -> pb.ColumnSpec:
+    return pb.ColumnSpec(name=c.name, kind=KIND_TO_PB[c.kind], dtype=c.dtype,
+                         trailing_shape=list(c.trailing_shape))
+
+
+def column_from_pb(c: pb.ColumnSpec) -> ColumnSpec:
+    if c.kind not in PB_TO_KIND:
+        raise ColumnError(f"column {c.name!r}: kind must be TENSOR, SCALAR or JSON")
+    return ColumnSpec(c.name, PB_TO_KIND[c.kind], c.dtype, tuple(c.trailing_shape))
+
+
+@dataclass
+class UnitConfig:
+    backend: str  # memory | redis
+    address: str = ""  # redis URL (without password) for redis units
+    password: str | None = None
+
+
+@dataclass
+class JobMetricsStore:
+    latest: pb.JobMetrics = field(default_factory=pb.JobMetrics)
+
+
+class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServiceServicer):
+    def __init__(self, job: str, units: list[UnitConfig], lease_seconds: float = 60.0,
+                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, public_address: str = ""):
+        if not units:
+            raise ValueError("at least one storage unit is needed")
+        self.job = job
+        self.unit_configs = units
+        self.max_row_bytes = max_row_bytes
+        self.public_address = public_address
+        self.controller = Controller(len(units), lease_seconds)
+        self.units: list[StorageUnit] = []
+        for u in units:
+            if u.backend == "memory":
+                self.units.append(MemoryUnit(max_cell_bytes=max_row_bytes))
+            else:
+                self.units.append(connect(u.backend, u.address, job=job, password=u.password))
+        self.metrics = JobMetricsStore()
+        self._changed: asyncio.Condition | None = None
+
+    # ---- helpers ------------------------------------------------------------
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def _signal(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _fail(self, context, exc: Exception):
+        code = GRPC_CODE.get(getattr(exc, "code", ""), grpc.StatusCode.INVALID_ARGUMENT)
+        await context.abort(code, str(exc))
+
+    def _clear(self, cleared: list[Cleared]) -> None:
+        for c in cleared:
+            by_unit: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
+            for unit, index, columns in c.cells:
+                by_unit.setdefault(unit, []).append((index, columns))
+            for unit, cells in by_unit.items():
+                self.units[unit].delete(cells)
+            log.info("cleared partition %d (%d rows)", c.partition, len(c.cells))
+
+    def unit_infos(self) -> list[pb.StorageUnitInfo]:
+        out = []
+        for i, u in enumerate(self.unit_configs):
+            # memory units are served by this process: clients use the controller's address
+            address = u.address if u.backend != "memory" else ""
+            out.append(pb.StorageUnitInfo(id=i, backend=u.backend, address=address))
+        return out
+
+    # ---- controller RPCs -----------------------------------------------------
+    async def Layout(self, request, context):
+        return pb.LayoutResponse(job=self.job, units=self.unit_infos(),
+                                 columns=[column_to_pb(c) for c in self.controller.columns.values()],
+                                 max_row_bytes=self.max_row_bytes)
+
+    async def RegisterTasks(self, request, context):
+        try:
+            specs = [TaskSpec(t.name, frozenset(t.consumes),
+                              tuple(column_from_pb(c) for c in t.produces))
+                     for t in request.tasks]
+            self.controller.register(specs)
+        except (TQError, ColumnError) as exc:
+            await self._fail(context, exc)
+        await self._signal()
+        return pb.RegisterTaskResponse(
+            columns=[column_to_pb(c) for c in self.controller.columns.values()],
+            units=self.unit_infos())
+
+    async def Allocate(self, request, context):
+        try:
+            rows = self.controller.allocate(request.partition, request.count, request.group_size)
+        except TQError as exc:
+            await self._fail(context, exc)
+        return pb.AllocateResponse(indices=[r.index for r in rows], groups=[r.group for r in rows])
+
+    async def NotifyWritten(self, request, context):
+        too_big = [i for i, n in zip(request.indices, request.nbytes) if n > self.max_row_bytes]
+        if too_big:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
+        try:
+            n = self.controller.notify_written(
+                list(request.indices), list(request.columns), list(request.lengths) or None,
+                list(request.versions) or None, list(request.nbytes) or None)
+        except TQError as exc:
+            await self._fail(context, exc)
+        if n:
+            await self._signal()
+        return pb.NotifyWrittenResponse(newly_ready=n)
+
+    async def Claim(self, request, context):
+        req = ClaimRequest(
+            task=request.task, count=request.count,
+            min_count=request.min_count or None, policy=POLICY.get(request.policy, "?"),
+            token_budget=request.token_budget or None, dp_size=max(request.dp_size, 1),
+            partition=request.partition if request.has_partition else None,
+            min_version=request.min_version if request.has_min_version else None,
+            on_stale=STALE.get(request.on_stale, "discard"),
+            stale_producer=request.stale_producer or None)
+        deadline = time.monotonic() + max(request.wait_seconds, 0.0)
+        try:
+            while True:
+                claim = self.controller.claim(req)
+                if claim is not None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    # out of time: hand over whatever is ready (maybe nothing)
+                    claim = self.controller.claim(
+                        ClaimRequest(**{**req.__dict__, "min_count": 1}))
+                    break
+                async with self.changed:
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), min(remaining, 0.5))
+                    except TimeoutError:
+                        pass
+        except TQError as exc:
+            await self._fail(context, exc)
+        if claim is None:
+            return pb.ClaimResponse(lease="", lease_seconds=self.controller.lease_seconds)
+        return pb.ClaimResponse(
+            lease=claim.lease, lease_seconds=self.controller.lease_seconds,
+            rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
+                             version=r.version, group=r.group, rank=r.rank) for r in claim.rows])
+
+    async def Ack(self, request, context):
+        try:
+            n, cleared = self.controller.ack(request.task, request.lease,
+                                             list(request.indices) or None)
+        except TQError as exc:
+            await self._fail(context, exc)
+        self._clear(cleared)
+        return pb.AckResponse(acked=n)
+
+    async def Release(self, request, context):
+        try:
+            n = self.controller.release(request.task, request.lease)
+        except TQError as exc:
+            await self._fail(context, exc)
+        await self._signal()
+        return pb.ReleaseResponse(released=n)
+
+    async def ReportMetrics(self, request, context):
+        latest = pb.JobMetrics()
+        latest.CopyFrom(request)
+        if not latest.timestamp:
+            latest.timestamp = time.time()
+        self.metrics.latest = latest
+        return pb.MetricsAck()
+
+    async def Stats(self, request, context):
+        ctl = self.controller
+        return pb.StatsResponse(
+            tasks=[pb.TaskStats(**s) for s in ctl.task_stats()],
+            rows=len(ctl.rows), partitions=len(ctl.partitions),
+            cleared_partitions=ctl.cleared_partitions, bytes_written=ctl.bytes_written,
+            metrics=self.metrics.latest)
+
+    # ---- storage service (memory units) --------------------------------------
+    def _memory_unit(self, unit: int) -> MemoryUnit:
+        if not 0 <= unit < len(self.units) or not isinstance(self.units[unit], MemoryUnit):
+            raise TQError(f"unit {unit} is not a memory unit of this controller")
+        return self.units[unit]  # type: ignore[return-value]
+
+    async def Put(self, request, context):
+        try:
+            self._memory_unit(request.unit).put([(c.index, c.column, c.data) for c in request.cells])
+        except (TQError, ValueError) as exc:
+            await self._fail(context, exc)
+        return pb.PutResponse()
+
+    async def Get(self, request, context):
+        try:
+            unit = self._memory_unit(request.unit)
+        except TQError as exc:
+            await self._fail(context, exc)
+        values = unit.get(list(request.indices), list(request.columns))
+        cells = [pb.Cell(index=i, column=c, data=v)
+                 for i, row in zip(request.indices, values)
+                 for c, v in zip(request.columns, row) if v is not None]
+        return pb.GetResponse(cells=cells)
+
+    # ---- background -----------------------------------------------------------
+    async def reap_leases(self, interval: float = 0.25) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            if self.controller.expire():
+                await self._signal()
+
+
+async def serve(service: TransferQueueService, listen: str, metrics_port: int | None = None,
+                grace: float = 5.0, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then stop accepting and drain for `grace` seconds."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pbg.add_TransferQueueControllerServicer_to_server(service, server)
+    pbg.add_StorageServiceServicer_to_server(service, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {listen}")
+    if not service.public_address:
+        host = listen.rsplit(":", 1)[0]
+        service.public_address = f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+    if metrics_port is not None:
+        from .metrics import start_metrics_server
+
+        start_metrics_server(service, metrics_port)
+    await server.start()
+    for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reaper = asyncio.create_task(service.reap_leases())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("transferqueue %s listening on %s (%d %s units)", service.job, service.public_address,
+             len(service.units), service.unit_configs[0].backend)
+    if ready is not None:
+        ready.set()
+    print(f"transferqueue listening on {service.public_address}", flush=True)
+    await stop.wait()
+    log.info("shutting down: draining for %.1fs", grace)
+    for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reaper.cancel()
+    await server.stop(grace)
+    for u in service.units:
+        u.close()

@@ -1,0 +1,82 @@
+"""In-process storage unit (embedded runs, unit tests), and its remote view:
+other processes reach a memory unit through the controller's StorageService."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from .base import Buffer, StorageUnit, register_backend
+
+
+class MemoryUnit(StorageUnit):
+    backend = "memory"
+
+    def __init__(self, max_cell_bytes: int | None = None):
+        self._cells: dict[tuple[int, str], bytes] = {}
+        self._lock = threading.Lock()
+        self.max_cell_bytes = max_cell_bytes
+
+    def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
+        if self.max_cell_bytes is not None:
+            for index, column, data in cells:
+                if len(data) > self.max_cell_bytes:
+                    raise ValueError(f"cell ({index}, {column!r}) is {len(data)} bytes, over the "
+                                     f"{self.max_cell_bytes}-byte row limit")
+        with self._lock:
+            for index, column, data in cells:
+                self._cells[(index, column)] = bytes(data)
+
+    def get(self, indices: Sequence[int], columns: Sequence[str]) -> list[list[Buffer | None]]:
+        with self._lock:
+            return [[self._cells.get((i, c)) for c in columns] for i in indices]
+
+    def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
+        with self._lock:
+            for index, columns in cells:
+                for c in columns:
+                    self._cells.pop((index, c), None)
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+
+class RemoteMemoryUnit(StorageUnit):
+    """A memory unit in another process, over the StorageService gRPC API."""
+
+    backend = "memory"
+
+    def __init__(self, address: str, unit: int = 0, **_):
+        import grpc
+
+        from ..proto import transferqueue_pb2 as pb
+        from ..proto import transferqueue_pb2_grpc as pbg
+
+        self._pb = pb
+        self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+        self._stub = pbg.StorageServiceStub(self._channel)
+        self.unit = unit
+
+    def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
+        pb = self._pb
+        self._stub.Put(pb.PutRequest(unit=self.unit, cells=[
+            pb.Cell(index=i, column=c, data=bytes(d)) for i, c, d in cells]))
+
+    def get(self, indices: Sequence[int], columns: Sequence[str]) -> list[list[Buffer | None]]:
+        resp = self._stub.Get(self._pb.GetRequest(unit=self.unit, indices=list(indices),
+                                                  columns=list(columns)))
+        found = {(c.index, c.column): c.data for c in resp.cells}
+        return [[found.get((i, c)) for c in columns] for i in indices]
+
+    def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
+        raise NotImplementedError("memory units are cleared by the controller that hosts them")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+# gRPC caps messages at 4 MiB by default; cells can be larger.
+_GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
+                 ("grpc.max_receive_message_length", 1 << 30)]
+
+register_backend("memory", RemoteMemoryUnit)
