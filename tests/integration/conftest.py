@@ -1,0 +1,104 @@
+"""Real redis-server and `rljob worker transferqueue` processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.cluster.controlplane import free_port
+
+PASSWORD = "tq-test-password"
+
+
+class RedisServer:
+    def __init__(self, workdir: Path):
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed: run the README test command "
+                               "(it installs Debian's redis-server)")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--requirepass", PASSWORD, "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.client = redis.Redis.from_url(self.url, password=PASSWORD)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+class TQServer:
+    def __init__(self, units: list[RedisServer] | None, lease_seconds: float = 60.0,
+                 max_row_bytes: int | None = None, job: str | None = None):
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "rljob", "worker", "transferqueue",
+                "--listen", self.address, "--lease-seconds", str(lease_seconds),
+                "--metrics-port", str(self.metrics_port), "--job", job or f"job{self.port}"]
+        for u in units or []:
+            args += ["--redis", u.url]
+        if not units:
+            args += ["--memory-units", "2"]
+        if max_row_bytes:
+            args += ["--max-row-bytes", str(max_row_bytes)]
+        env = dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD)
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        if "listening" not in line:
+            rest = self.proc.stdout.read() if self.proc.poll() is not None else ""
+            raise RuntimeError(f"transferqueue did not start: {line}{rest}")
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_units(tmp_path_factory):
+    servers = [RedisServer(tmp_path_factory.mktemp(f"redis{i}")) for i in range(2)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _password(monkeypatch):
+    monkeypatch.setenv("RLJOB_TQ_PASSWORD", PASSWORD)
+
+
+@pytest.fixture
+def tq(redis_units):
+    server = TQServer(redis_units)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def tq_memory():
+    server = TQServer(None)
+    yield server
+    server.stop()

@@ -1,0 +1,265 @@
+"""TransferQueue against real redis-server and controller processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rljob.transferqueue import (
+    AsyncTransferQueueClient,
+    Task,
+    TransferQueueClient,
+    TransferQueueError,
+    json_column,
+    scalar,
+    tensor,
+)
+from rljob.transferqueue.schema import ColumnError
+from rljob.transferqueue.storage.base import cell_key
+from tests.integration.conftest import TQServer
+
+DRIVER = Task("driver", (), [json_column("prompt"), tensor("prompt_ids", "int32")])
+ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"), scalar("reward"),
+                                           tensor("logp", "float32")])
+TRAIN = Task("train", ["response_ids", "reward"])
+
+
+def prompts(n):
+    return {"prompt": [f"p{i}" for i in range(n)],
+            "prompt_ids": [np.arange(i % 5 + 1, dtype=np.int32) for i in range(n)]}
+
+
+def respond(client, batch, version=0):
+    n = len(batch)
+    ids = [np.full(r.index % 7 + 1, r.index, dtype=np.int32) for r in batch.rows]
+    return client.write(batch.indices, {
+        "response_ids": ids, "reward": [float(r.index) for r in batch.rows],
+        "logp": [np.zeros(len(x), np.float32) for x in ids]},
+        versions=[version] * n, length_column="response_ids")
+
+
+@pytest.fixture(params=["redis", "memory"])
+def server(request, redis_units):
+    s = TQServer(redis_units if request.param == "redis" else None)
+    yield s
+    s.stop()
+
+
+def test_round_trip_streams_rows_through_tasks_and_clears(server, redis_units):
+    with TransferQueueClient(server.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        idx = c.put(0, prompts(8), length_column="prompt_ids")
+        assert idx == list(range(8))
+        b = c.claim_get("rollout", 8, ["prompt", "prompt_ids"])
+        assert b.data["prompt"] == [f"p{i}" for i in range(8)]
+        assert [len(x) for x in b.data["prompt_ids"]] == [i % 5 + 1 for i in range(8)]
+        assert b.data["prompt_ids"][3].dtype == np.int32
+        assert c.claim("train", 1).rows == []  # nothing ready yet for train
+        assert respond(c, b) == 8
+        c.ack(b)
+        t = c.claim_get("train", 8, ["response_ids", "reward"])
+        assert [r.length for r in t.rows] == [i % 7 + 1 for i in range(8)]
+        assert t.data["reward"] == [float(i) for i in range(8)]
+        # zero-copy: a read-only view straight over the received buffer
+        assert not t.data["response_ids"][0].flags.writeable
+        assert c.stats().rows == 8
+        c.ack(t)
+        st = c.stats()
+        assert st.rows == 0 and st.cleared_partitions == 1
+    if isinstance(server, TQServer) and "--redis" in server.proc.args:
+        for r in redis_units:
+            assert r.client.dbsize() == 0, "cleared partition left cells in redis"
+
+
+def test_tasks_are_independent(tq):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, Task("a", ["prompt"]), Task("b", ["prompt"]))
+        c.put(0, prompts(6))
+        got_a = c.claim("a", 10)
+        got_b = c.claim("b", 10)
+        assert got_a.indices == got_b.indices == list(range(6))
+        c.ack(got_a)
+        assert c.claim("a", 10).rows == []
+        assert c.stats().rows == 6  # b has not acked yet: nothing cleared
+        c.ack(got_b)
+        assert c.stats().rows == 0
+
+
+def test_group_policy_claims_complete_groups_only(tq):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        idx = c.put(0, prompts(8), group_size=4)
+        b = c.claim("rollout", 8)
+        first = [r for r in b.rows if r.index in idx[:4]]
+        # only group 0 (rows 0-3) and one row of group 1 get responses
+        partial = type(b)("rollout", b.lease, first + [b.rows[4]])
+        respond(c, partial)
+        assert c.claim("train", 8, policy="group").indices == idx[:4]
+        c.release(b)
+
+
+def test_token_balanced_claims_split_lengths_over_ranks(tq):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        c.put(0, prompts(16))
+        b = c.claim("rollout", 16)
+        lengths = [1, 50, 3, 40, 2, 30, 8, 25, 9, 12, 7, 5, 33, 4, 6, 10]
+        c.write(b.indices, {"response_ids": [np.zeros(n, np.int32) for n in lengths],
+                            "reward": [0.0] * 16}, length_column="response_ids")
+        t = c.claim("train", 16, policy="token_balanced", dp_size=4)
+        sums = [sum(r.length for r in t.rows if r.rank == k) for k in range(4)]
+        counts = [sum(1 for r in t.rows if r.rank == k) for k in range(4)]
+        assert counts == [4, 4, 4, 4]
+        # total 245 (61.25 per rank); round-robin by index would give 45..96
+        assert max(sums) - min(sums) <= 0.15 * sum(lengths) / 4, sums
+        budget = c.claim("train", 16, token_budget=1)  # rows are leased already
+        assert budget.rows == []
+
+
+def test_staleness_filter_discards_or_regenerates_and_counts(tq):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        c.put(0, prompts(4))
+        b = c.claim("rollout", 4)
+        c.write(b.indices[:2], {"response_ids": [np.zeros(2, np.int32)] * 2, "reward": [1.0, 1.0]},
+                versions=[0, 0])
+        c.write(b.indices[2:], {"response_ids": [np.zeros(2, np.int32)] * 2, "reward": [1.0, 1.0]},
+                versions=[3, 3])
+        c.ack(b)
+        fresh = c.claim("train", 4, min_version=2, min_count=1, on_stale="regenerate",
+                        stale_producer="rollout")
+        assert fresh.indices == [2, 3]
+        again = c.claim("rollout", 4, min_count=1)
+        assert again.indices == [0, 1]  # stale rows went back to be generated again
+        stats = {s.name: s for s in c.stats().tasks}
+        assert stats["train"].stale_regenerated == 2
+        c.write(again.indices, {"response_ids": [np.zeros(2, np.int32)] * 2,
+                                "reward": [0.0, 0.0]}, versions=[1, 1])
+        c.ack(again)
+        assert c.claim("train", 4, min_version=2, min_count=1).rows == []
+        stats = {s.name: s for s in c.stats().tasks}
+        assert stats["train"].stale_discarded == 2  # counted, never silent
+
+
+def test_unacked_rows_return_after_the_lease_and_acked_never_do(redis_units):
+    server = TQServer(redis_units, lease_seconds=1.0)
+    try:
+        with TransferQueueClient(server.address) as c:
+            c.register(DRIVER, Task("t", ["prompt"]))
+            c.put(0, prompts(4))
+            first = c.claim("t", 4)
+            c.ack(first, first.indices[:2])
+            assert c.claim("t", 4, min_count=1).rows == []
+            time.sleep(1.6)
+            again = c.claim("t", 4, min_count=1)
+            assert again.indices == first.indices[2:]
+            with pytest.raises(TransferQueueError) as err:
+                c.ack(first)  # the old lease is gone
+            assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert {s.name: s.expired for s in c.stats().tasks}["t"] == 2
+    finally:
+        server.stop()
+
+
+def test_long_poll_claim_wakes_on_write(tq):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, Task("t", ["prompt"]))
+        result = {}
+
+        def consumer():
+            t0 = time.monotonic()
+            result["batch"] = c.claim("t", 2, wait=10)
+            result["waited"] = time.monotonic() - t0
+
+        th = threading.Thread(target=consumer)
+        th.start()
+        time.sleep(0.3)
+        c.put(0, prompts(2))
+        th.join(15)
+        assert len(result["batch"]) == 2
+        assert result["waited"] < 5
+
+
+def test_bad_requests_get_clear_errors_and_change_nothing(redis_units):
+    server = TQServer(redis_units, max_row_bytes=1024)
+    try:
+        with TransferQueueClient(server.address) as c:
+            c.register(DRIVER, ROLLOUT)
+            c.put(0, prompts(2))
+            before = c.stats()
+            with pytest.raises(TransferQueueError, match="unknown task 'nobody'") as err:
+                c.claim("nobody", 1)
+            assert err.value.code == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(ColumnError, match="unknown column 'nope'"):
+                c.write([0], {"nope": [1]})
+            with pytest.raises(ColumnError, match="holds int32, got float64"):
+                c.write([0], {"response_ids": [np.zeros(3)]})
+            with pytest.raises(ColumnError, match="larger than max_row_bytes=1024"):
+                c.put(0, {"prompt": ["x"], "prompt_ids": [np.zeros(1000, np.int32)]})
+            with pytest.raises(TransferQueueError, match="already declared as tensor") as err:
+                c.register(Task("other", (), [scalar("response_ids", "int64")]))
+            assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            with pytest.raises(TransferQueueError, match="consumes undeclared column"):
+                c.register(Task("late", ["missing_col"]))
+            with pytest.raises(TransferQueueError, match="unknown row index"):
+                c.write([999], {"reward": [1.0]})
+            after = c.stats()
+            assert after == before
+            assert {s.name for s in after.tasks} == {"driver", "rollout"}
+    finally:
+        server.stop()
+
+
+def test_health_metrics_and_graceful_shutdown(redis_units):
+    server = TQServer(redis_units)
+    with grpc.insecure_channel(server.address) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    with TransferQueueClient(server.address) as c:
+        c.register(DRIVER)
+        c.put(0, prompts(3))
+        c.report_metrics(step=4, gen_seconds=2.5, train_seconds=1.5, tokens_per_second=900.0)
+        assert c.stats().metrics.step == 4
+    body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    assert 'rljob_tq_rows{job="' in body and "} 3.0" in body
+    assert "rljob_job_gen_seconds" in body
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=20) == 0
+
+
+def test_async_client_round_trip(tq):
+    async def main():
+        c = await AsyncTransferQueueClient.connect(tq.address)
+        await c.register(DRIVER, ROLLOUT, TRAIN)
+        await c.put(0, prompts(4))
+        b = await c.claim_get("rollout", 4, ["prompt"], wait=1)
+        assert b.data["prompt"] == ["p0", "p1", "p2", "p3"]
+        await c.write(b.indices, {"response_ids": [np.ones(2, np.int32)] * 4,
+                                  "reward": [1.0] * 4})
+        await c.ack(b)
+        waiting = asyncio.create_task(c.claim_get("train", 4, ["reward"], wait=5))
+        t = await waiting
+        assert t.data["reward"] == [1.0] * 4
+        assert await c.ack(t) == 4
+        await c.close()
+
+    asyncio.run(main())
+
+
+def test_cells_shard_over_units_by_index(tq, redis_units):
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, Task("t", ["prompt"]))
+        idx = c.put(7, prompts(4))
+        job = c._data.job
+        for i in idx:
+            owner = redis_units[i % 2].client
+            other = redis_units[(i + 1) % 2].client
+            assert owner.exists(cell_key(job, i, "prompt")) and not other.exists(cell_key(job, i, "prompt"))
