@@ -1,0 +1,153 @@
+"""The TransferQueue controller state machine, with a fake clock (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rljob.transferqueue.controller import (
+    ClaimRequest,
+    Conflict,
+    Controller,
+    NotFound,
+    TaskSpec,
+    TQError,
+)
+from rljob.transferqueue.schema import json_column, scalar, tensor
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(units=2, lease=10.0):
+    clock = Clock()
+    c = Controller(units, lease, clock)
+    c.register([
+        TaskSpec("driver", frozenset(), (json_column("prompt"),)),
+        TaskSpec("rollout", frozenset({"prompt"}), (tensor("resp", "int32"), scalar("reward"))),
+        TaskSpec("adv", frozenset({"reward"}), (scalar("advantage"),)),
+        TaskSpec("train", frozenset({"resp", "advantage"})),
+    ])
+    return c, clock
+
+
+def claim(c, task, count, **kw):
+    return c.claim(ClaimRequest(task, count, **kw))
+
+
+def test_rows_become_ready_per_task_as_columns_arrive():
+    c, _ = make()
+    rows = c.allocate(0, 4, group_size=2)
+    assert [r.unit for r in rows] == [0, 1, 0, 1] and [r.group for r in rows] == [0, 0, 1, 1]
+    assert c.notify_written([0, 1, 2, 3], ["prompt"]) == 4  # ready for rollout only
+    assert claim(c, "adv", 1) is None
+    got = claim(c, "rollout", 4)
+    assert [r.index for r in got.rows] == [0, 1, 2, 3]
+    c.notify_written([0, 1], ["resp", "reward"], lengths=[5, 7], versions=[0, 0])
+    assert claim(c, "train", 1) is None  # advantage missing
+    # group policy: group 0 complete for adv, group 1 not
+    adv = claim(c, "adv", 4, policy="group", min_count=1)
+    assert [r.index for r in adv.rows] == [0, 1]
+
+
+def test_ack_is_final_and_release_returns_rows():
+    c, _ = make()
+    c.allocate(0, 3)
+    c.notify_written([0, 1, 2], ["prompt"])
+    got = claim(c, "rollout", 3)
+    assert c.release("rollout", got.lease) == 3
+    again = claim(c, "rollout", 3)
+    assert [r.index for r in again.rows] == [0, 1, 2]
+    n, cleared = c.ack("rollout", again.lease, [0])
+    assert n == 1 and cleared == []
+    c.release("rollout", again.lease)
+    assert [r.index for r in claim(c, "rollout", 3, min_count=1).rows] == [1, 2]
+    with pytest.raises(Conflict, match="is not held"):
+        c.ack("rollout", again.lease)
+
+
+def test_leases_expire_back_to_ready():
+    c, clock = make(lease=5.0)
+    c.allocate(0, 2)
+    c.notify_written([0, 1], ["prompt"])
+    first = claim(c, "rollout", 2)
+    clock.t = 4.9
+    assert claim(c, "rollout", 1) is None
+    clock.t = 5.0
+    second = claim(c, "rollout", 2)
+    assert [r.index for r in second.rows] == [0, 1]
+    assert c.tasks["rollout"].expired == 2
+    with pytest.raises(Conflict):
+        c.ack("rollout", first.lease)
+
+
+def test_partition_cleared_when_every_consumer_acked():
+    c, _ = make()
+    c.allocate(0, 2)
+    c.allocate(1, 2)
+    c.notify_written([0, 1, 2, 3], ["prompt", "resp", "reward", "advantage"])
+    cleared = []
+    for task in ("rollout", "adv", "train"):
+        got = claim(c, task, 2, partition=0)
+        _, cl = c.ack(task, got.lease)
+        cleared += cl
+    assert [cl.partition for cl in cleared] == [0]
+    assert sorted(i for _, i, _ in cleared[0].cells) == [0, 1]
+    assert set(c.rows) == {2, 3} and c.cleared_partitions == 1
+
+
+def test_token_budget_and_balanced_ranks():
+    c, _ = make()
+    c.allocate(0, 6)
+    c.notify_written(list(range(6)), ["prompt", "resp", "advantage"], lengths=[4, 4, 4, 4, 4, 4])
+    got = claim(c, "train", 6, token_budget=10, min_count=1)
+    assert len(got.rows) == 2
+    bal = claim(c, "train", 4, policy="token_balanced", dp_size=2)
+    assert sorted(r.rank for r in bal.rows) == [0, 0, 1, 1]
+
+
+def test_bad_requests_change_nothing():
+    c, _ = make()
+    c.allocate(0, 2)
+    snapshot = {i: (set(r.written), r.length) for i, r in c.rows.items()}
+    with pytest.raises(NotFound, match="unknown column"):
+        c.notify_written([0, 1], ["prompt", "bogus"])
+    with pytest.raises(NotFound, match="unknown row"):
+        c.notify_written([0, 99], ["prompt"])
+    with pytest.raises(TQError, match="lengths has 1 entries for 2 rows"):
+        c.notify_written([0, 1], ["prompt"], lengths=[3])
+    assert {i: (set(r.written), r.length) for i, r in c.rows.items()} == snapshot
+    with pytest.raises(NotFound, match="unknown task"):
+        claim(c, "ghost", 1)
+    with pytest.raises(TQError, match="unknown claim policy"):
+        claim(c, "rollout", 1, policy="random")
+    with pytest.raises(TQError, match="not a multiple of group_size"):
+        c.allocate(0, 3, group_size=2)
+    with pytest.raises(Conflict, match="already declared"):
+        c.register([TaskSpec("x", frozenset(), (scalar("resp", "int32"),))])
+    assert "x" not in c.tasks
+
+
+def test_late_registered_task_sees_existing_rows():
+    c, _ = make()
+    c.allocate(0, 2)
+    c.notify_written([0, 1], ["prompt"])
+    c.register([TaskSpec("audit", frozenset({"prompt"}))])
+    assert [r.index for r in claim(c, "audit", 2).rows] == [0, 1]
+
+
+def test_regenerate_clears_producer_and_downstream_columns():
+    c, _ = make()
+    c.allocate(0, 1)
+    c.notify_written([0], ["prompt", "resp", "reward", "advantage"], versions=[0])
+    got = claim(c, "train", 1, min_version=1, on_stale="regenerate", stale_producer="rollout",
+                min_count=1)
+    assert got is None
+    row = c.rows[0]
+    assert row.written == {"prompt"}  # resp, reward and advantage must be made again
+    assert [r.index for r in claim(c, "rollout", 1).rows] == [0]
+    assert c.tasks["train"].stale_regenerated == 1
