@@ -124,5 +124,27 @@ def worker_transferqueue(
     asyncio.run(serve(service, listen, metrics_port))
 
 
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("transferqueue")
+def bench_transferqueue(
+    redis: str = typer.Option(None, help="Use this Redis URL instead of starting a redis-server."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    quick: bool = typer.Option(False, help="A quarter of the data: a faster, noisier run."),
+) -> None:
+    """put+get MB/s and claim latency of TransferQueue next to raw Redis."""
+    import json
+
+    from .bench import transferqueue as bench
+
+    results = bench.run(redis, quick=quick)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 def main() -> None:
     app()

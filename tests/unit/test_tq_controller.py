@@ -151,3 +151,29 @@ def test_regenerate_clears_producer_and_downstream_columns():
     assert row.written == {"prompt"}  # resp, reward and advantage must be made again
     assert [r.index for r in claim(c, "rollout", 1).rows] == [0]
     assert c.tasks["train"].stale_regenerated == 1
+
+
+def test_independent_flows_clear_independently():
+    c = Controller(1, 10.0, Clock())
+    c.register([TaskSpec("pa", frozenset(), (tensor("a", "uint8"),)),
+                TaskSpec("ca", frozenset({"a"})),
+                TaskSpec("pb", frozenset(), (tensor("b", "uint8"),)),
+                TaskSpec("cb", frozenset({"b"}))])
+    start = c.reserve(4)
+    c.notify_written([start, start + 1], ["a"], create=True, partition=0)
+    c.notify_written([start + 2, start + 3], ["b"], create=True, partition=1)
+    got = claim(c, "ca", 4, min_count=1)
+    _, cleared = c.ack("ca", got.lease)
+    assert [cl.partition for cl in cleared] == [0]  # cb never needed flow a's rows
+    assert set(c.rows) == {start + 2, start + 3}
+
+
+def test_reserved_indices_create_rows_once():
+    c, _ = make()
+    start = c.reserve(2)
+    c.notify_written([start, start + 1], ["prompt"], create=True, partition=3, group_size=2)
+    assert c.rows[start].group == c.rows[start + 1].group and c.rows[start].partition == 3
+    with pytest.raises(Conflict, match="not reserved"):
+        c.notify_written([start], ["prompt"], create=True, partition=3)
+    with pytest.raises(Conflict, match="not reserved"):
+        c.notify_written([start + 99], ["prompt"], create=True, partition=3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from .service import GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
 from .storage import StorageUnit, connect
 
 _POLICY_PB = {v: k for k, v in POLICY.items() if k}
+RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
 _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
 
 
@@ -60,6 +62,7 @@ class Batch:
     lease: str
     rows: list[pb.RowMeta]
     data: dict[str, list[Any]] = field(default_factory=dict)
+    lease_seconds: float = 0.0
 
     @property
     def indices(self) -> list[int]:
@@ -69,10 +72,11 @@ class Batch:
         return len(self.rows)
 
 
-def _claim_request(task: str, count: int, *, min_count: int | None, policy: str,
-                   token_budget: int | None, dp_size: int, wait: float,
-                   partition: int | None, min_version: int | None, on_stale: str,
-                   stale_producer: str | None) -> pb.ClaimRequest:
+def _claim_request(task: str, count: int, *, min_count: int | None = None, policy: str = "fifo",
+                   token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
+                   partition: int | None = None, min_version: int | None = None,
+                   on_stale: str = "discard", stale_producer: str | None = None,
+                   ack: Batch | None = None) -> pb.ClaimRequest:
     if policy not in _POLICY_PB:
         raise ValueError(f"unknown claim policy {policy!r}: use {sorted(_POLICY_PB)}")
     return pb.ClaimRequest(
@@ -80,7 +84,8 @@ def _claim_request(task: str, count: int, *, min_count: int | None, policy: str,
         token_budget=token_budget or 0, dp_size=dp_size, wait_seconds=wait,
         has_partition=partition is not None, partition=partition or 0,
         has_min_version=min_version is not None, min_version=min_version or 0,
-        on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "")
+        on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "",
+        ack_lease=ack.lease if ack is not None and ack.task == task else "")
 
 
 class _Data:
@@ -93,6 +98,8 @@ class _Data:
         self.columns: dict[str, ColumnSpec] = {}
         self.units: list[StorageUnit] = []
         self.max_row_bytes = 0
+        self._pool: list[int] = []  # reserved row indices not used yet
+        self._lock = threading.Lock()
 
     def set_layout(self, layout: pb.LayoutResponse) -> None:
         self.job = layout.job
@@ -137,6 +144,27 @@ class _Data:
             raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
                               f"{self.max_row_bytes}")
         return per_unit, lengths, nbytes
+
+    def take_reserved(self, n: int) -> list[int] | None:
+        """n reserved indices from the local pool, or None if it must be refilled."""
+        with self._lock:
+            if len(self._pool) < n:
+                return None
+            out, self._pool = self._pool[:n], self._pool[n:]
+            return out
+
+    def refill(self, resp: pb.ReserveResponse) -> None:
+        with self._lock:
+            self._pool.extend(range(resp.start, resp.start + resp.count))
+
+    @staticmethod
+    def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
+                       length_column=None, create=False, partition=0, group_size=1):
+        return pb.NotifyWrittenRequest(
+            indices=list(indices), columns=list(columns),
+            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
+            versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
+            group_size=group_size)
 
     def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
         specs = [self.column(c) for c in columns]
@@ -195,31 +223,44 @@ class TransferQueueClient:
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         for unit, cells in per_unit.items():
             self._data.units[unit].put(cells)
-        resp = self._call(self._stub.NotifyWritten, pb.NotifyWrittenRequest(
-            indices=list(indices), columns=list(columns),
-            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
-            versions=list(versions or []), nbytes=nbytes))
-        return resp.newly_ready
+        return self._call(self._stub.NotifyWritten, self._data.notify_request(
+            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
+            length_column=length_column)).newly_ready
+
+    def _reserve(self, n: int) -> list[int]:
+        while (got := self._data.take_reserved(n)) is None:
+            self._data.refill(self._call(self._stub.Reserve,
+                                         pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
+        return got
 
     def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *, group_size: int = 1,
-            **kwargs) -> list[int]:
-        """Append new rows to `partition`; returns their global indices."""
+            versions: Sequence[int] | None = None, length_column: str | None = None,
+            lengths: Sequence[int] | None = None) -> list[int]:
+        """Append new rows to `partition` (one controller round trip); returns their indices."""
         n = len(next(iter(columns.values())))
-        self._data.encode_rows(list(range(n)), columns, None)  # validate before allocating
-        alloc = self.allocate(partition, n, group_size)
-        self.write(alloc.indices, columns, **kwargs)
-        return list(alloc.indices)
+        if n % max(group_size, 1):
+            raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
+        indices = self._reserve(n)
+        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+        for unit, cells in per_unit.items():
+            self._data.units[unit].put(cells)
+        self._call(self._stub.NotifyWritten, self._data.notify_request(
+            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
+            length_column=length_column, create=True, partition=partition,
+            group_size=group_size))
+        return indices
 
-    def claim(self, task: str, count: int, *, min_count: int | None = None, policy: str = "fifo",
-              token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
-              partition: int | None = None, min_version: int | None = None,
-              on_stale: str = "discard", stale_producer: str | None = None) -> Batch:
-        req = _claim_request(task, count, min_count=min_count, policy=policy,
-                             token_budget=token_budget, dp_size=dp_size, wait=wait,
-                             partition=partition, min_version=min_version, on_stale=on_stale,
-                             stale_producer=stale_producer)
-        resp = self._call(self._stub.Claim, req, timeout=wait + 60.0)
-        return Batch(task, resp.lease, list(resp.rows))
+    def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
+        """Lease up to `count` ready rows of `task` (metadata only; see `get`).
+
+        Options: min_count (wait for this many, default count), wait (seconds to
+        long-poll), policy (fifo | group | token_balanced), token_budget,
+        dp_size, partition, min_version with on_stale (discard | regenerate)
+        and stale_producer, ack (a previous Batch of this task to ack first).
+        """
+        req = _claim_request(task, count, **kwargs)
+        resp = self._call(self._stub.Claim, req, timeout=req.wait_seconds + 60.0)
+        return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(self._data.read(batch.rows, columns))
@@ -234,6 +275,11 @@ class TransferQueueClient:
             return 0
         return self._call(self._stub.Ack, pb.AckRequest(
             task=batch.task, lease=batch.lease, indices=list(indices or []))).acked
+
+    def extend(self, batch: Batch) -> float:
+        """Keep the batch's lease alive (call well within lease_seconds)."""
+        return self._call(self._stub.Extend, pb.ExtendRequest(
+            task=batch.task, lease=batch.lease)).lease_seconds
 
     def release(self, batch: Batch) -> int:
         if not batch.lease:
@@ -288,34 +334,45 @@ class AsyncTransferQueueClient:
                     versions: Sequence[int] | None = None, length_column: str | None = None,
                     lengths: Sequence[int] | None = None) -> int:
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
-        await asyncio.gather(*(asyncio.to_thread(self._data.units[u].put, cells)
-                               for u, cells in per_unit.items()))
-        resp = await self._call(self._stub.NotifyWritten, pb.NotifyWrittenRequest(
-            indices=list(indices), columns=list(columns),
-            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
-            versions=list(versions or []), nbytes=nbytes))
+        await self._store(per_unit)
+        resp = await self._call(self._stub.NotifyWritten, self._data.notify_request(
+            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
+            length_column=length_column))
         return resp.newly_ready
 
-    async def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *,
-                  group_size: int = 1, **kwargs) -> list[int]:
-        n = len(next(iter(columns.values())))
-        self._data.encode_rows(list(range(n)), columns, None)
-        alloc = await self._call(self._stub.Allocate, pb.AllocateRequest(
-            partition=partition, count=n, group_size=group_size))
-        await self.write(alloc.indices, columns, **kwargs)
-        return list(alloc.indices)
+    async def _store(self, per_unit) -> None:
+        await asyncio.gather(*(asyncio.to_thread(self._data.units[u].put, cells)
+                               for u, cells in per_unit.items()))
 
-    async def claim(self, task: str, count: int, *, min_count: int | None = None,
-                    policy: str = "fifo", token_budget: int | None = None, dp_size: int = 1,
-                    wait: float = 0.0, partition: int | None = None,
-                    min_version: int | None = None, on_stale: str = "discard",
-                    stale_producer: str | None = None) -> Batch:
-        req = _claim_request(task, count, min_count=min_count, policy=policy,
-                             token_budget=token_budget, dp_size=dp_size, wait=wait,
-                             partition=partition, min_version=min_version, on_stale=on_stale,
-                             stale_producer=stale_producer)
-        resp = await self._call(self._stub.Claim, req, timeout=wait + 60.0)
-        return Batch(task, resp.lease, list(resp.rows))
+    async def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *,
+                  group_size: int = 1, versions: Sequence[int] | None = None,
+                  length_column: str | None = None,
+                  lengths: Sequence[int] | None = None) -> list[int]:
+        n = len(next(iter(columns.values())))
+        if n % max(group_size, 1):
+            raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
+        while (indices := self._data.take_reserved(n)) is None:
+            self._data.refill(await self._call(self._stub.Reserve,
+                                               pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
+        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+        await self._store(per_unit)
+        await self._call(self._stub.NotifyWritten, self._data.notify_request(
+            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
+            length_column=length_column, create=True, partition=partition,
+            group_size=group_size))
+        return indices
+
+    async def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
+        """Lease up to `count` ready rows of `task` (metadata only; see `get`).
+
+        Options: min_count (wait for this many, default count), wait (seconds to
+        long-poll), policy (fifo | group | token_balanced), token_budget,
+        dp_size, partition, min_version with on_stale (discard | regenerate)
+        and stale_producer, ack (a previous Batch of this task to ack first).
+        """
+        req = _claim_request(task, count, **kwargs)
+        resp = await self._call(self._stub.Claim, req, timeout=req.wait_seconds + 60.0)
+        return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
 
     async def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(await asyncio.to_thread(self._data.read, batch.rows, columns))
@@ -331,6 +388,11 @@ class AsyncTransferQueueClient:
         resp = await self._call(self._stub.Ack, pb.AckRequest(
             task=batch.task, lease=batch.lease, indices=list(indices or [])))
         return resp.acked
+
+    async def extend(self, batch: Batch) -> float:
+        resp = await self._call(self._stub.Extend, pb.ExtendRequest(
+            task=batch.task, lease=batch.lease))
+        return resp.lease_seconds
 
     async def release(self, batch: Batch) -> int:
         if not batch.lease:

@@ -56,6 +56,9 @@ class Row:
     nbytes: int = 0
     acked: set[str] = field(default_factory=set)
     leased: dict[str, str] = field(default_factory=dict)  # task -> lease id
+    # the consuming tasks this row flows through (set by its first write)
+    relevant: frozenset[str] | None = None
+    initial: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -143,6 +146,8 @@ class Controller:
         self.bytes_written = 0
         self._next_index = 0
         self._next_group = 0
+        self._reserved: set[int] = set()  # indices handed to writers, rows not yet created
+        self._relevance: dict[frozenset[str], frozenset[str]] = {}
         self._lease_ids = itertools.count(1)
 
     # ---- registration -------------------------------------------------
@@ -169,13 +174,43 @@ class Controller:
                                f"{sorted(unknown)}: register the task that produces them first "
                                "(or in the same call)")
         self.columns.update(new_columns)
+        added = False
         for spec in specs:
             if spec.name in self.tasks:
                 continue
+            added = True
             state = TaskState(spec)
             self.tasks[spec.name] = state
             for row in self.rows.values():
                 self._refresh(row, state)
+        if added:
+            self._relevance.clear()
+            for row in self.rows.values():
+                if row.relevant is not None:
+                    row.relevant = self._relevant_tasks(row.initial)
+
+    def _relevant_tasks(self, initial: frozenset[str]) -> frozenset[str]:
+        """Consuming tasks reachable from a row's first columns through the task graph.
+
+        A row is done when these have all acked it: tasks of an unrelated flow
+        sharing the controller (other columns) never hold its partition back.
+        """
+        cached = self._relevance.get(initial)
+        if cached is not None:
+            return cached
+        columns = set(initial)
+        relevant: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for name, state in self.tasks.items():
+                if name not in relevant and state.spec.consumes and state.spec.consumes <= columns:
+                    relevant.add(name)
+                    columns |= {c.name for c in state.spec.produces}
+                    changed = True
+        out = frozenset(relevant)
+        self._relevance[initial] = out
+        return out
 
     def _task(self, name: str) -> TaskState:
         try:
@@ -208,6 +243,30 @@ class Controller:
         self.partition_done.setdefault(partition, 0)
         return rows
 
+    def reserve(self, count: int) -> int:
+        """Hand a writer `count` fresh indices (first one returned); rows come with notify."""
+        if count < 1:
+            raise TQError(f"count must be at least 1, got {count}")
+        start = self._next_index
+        self._next_index += count
+        self._reserved.update(range(start, start + count))
+        return start
+
+    def _create(self, indices: list[int], partition: int, group_size: int) -> None:
+        group_size = max(group_size, 1)
+        if len(indices) % group_size:
+            raise TQError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
+        for start in range(0, len(indices), group_size):
+            gid = self._next_group
+            self._next_group += 1
+            members = indices[start:start + group_size]
+            for idx in members:
+                self._reserved.discard(idx)
+                self.rows[idx] = Row(idx, partition, gid, idx % self.num_units)
+                self.partitions.setdefault(partition, set()).add(idx)
+            self.groups[gid] = list(members)
+        self.partition_done.setdefault(partition, 0)
+
     def notify_written(
         self,
         indices: list[int],
@@ -215,21 +274,42 @@ class Controller:
         lengths: list[int] | None = None,
         versions: list[int] | None = None,
         nbytes: list[int] | None = None,
+        create: bool = False,
+        partition: int = 0,
+        group_size: int = 1,
     ) -> int:
-        """Record that `columns` of `indices` are in storage; returns rows newly ready."""
+        """Record that `columns` of `indices` are in storage; returns rows newly ready.
+
+        With `create`, the indices must be reserved (see `reserve`) and become
+        new rows of `partition` first.
+        """
         unknown = [c for c in columns if c not in self.columns]
         if unknown:
             raise NotFound(f"unknown column(s) {unknown}: declare them in a task's produces")
-        missing = [i for i in indices if i not in self.rows]
-        if missing:
-            raise NotFound(f"unknown row index(es) {missing[:5]}: allocate rows before writing "
-                           "(or the partition was already cleared)")
+        if create:
+            bad = [i for i in indices if i not in self._reserved]
+            if bad or len(set(indices)) != len(indices):
+                raise Conflict(f"indices {bad[:5] or indices[:5]} are not reserved for new rows "
+                               "(reserve them first; each index creates one row once)")
+            if len(indices) % max(group_size, 1):
+                raise TQError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
+        else:
+            missing = [i for i in indices if i not in self.rows]
+            if missing:
+                raise NotFound(f"unknown row index(es) {missing[:5]}: allocate rows before "
+                               "writing (or the partition was already cleared)")
         for name, values in (("lengths", lengths), ("versions", versions), ("nbytes", nbytes)):
             if values and len(values) != len(indices):
                 raise TQError(f"{name} has {len(values)} entries for {len(indices)} rows")
+        if create:
+            self._create(list(indices), partition, group_size)
         before = sum(t.ready_count() for t in self.tasks.values())
+        first = frozenset(columns)
         for i, idx in enumerate(indices):
             row = self.rows[idx]
+            if row.relevant is None:
+                row.initial = first
+                row.relevant = self._relevant_tasks(first)
             row.written.update(columns)
             if lengths:
                 row.length = int(lengths[i])
@@ -248,10 +328,12 @@ class Controller:
                 and name not in row.acked and name not in row.leased)
 
     def _refresh(self, row: Row, state: TaskState) -> None:
-        ready = state.ready.setdefault(row.partition, {})
+        ready = state.ready.get(row.partition)
         now = self._is_ready(row, state)
-        was = row.index in ready
+        was = ready is not None and row.index in ready
         if now and not was:
+            if ready is None:
+                ready = state.ready[row.partition] = {}
             ready[row.index] = None
             state.group_ready[row.group] = state.group_ready.get(row.group, 0) + 1
         elif was and not now:
@@ -393,6 +475,12 @@ class Controller:
             del state.leases[lease_id]
         return len(chosen), cleared
 
+    def extend(self, task: str, lease_id: str) -> float:
+        """Push a held lease's deadline to now + lease_seconds."""
+        lease = self._lease(task, lease_id)
+        lease.deadline = self.clock() + self.lease_seconds
+        return self.lease_seconds
+
     def release(self, task: str, lease_id: str) -> int:
         lease = self._lease(task, lease_id)
         self._return(self.tasks[task], lease)
@@ -423,11 +511,8 @@ class Controller:
         return min(deadlines, default=None)
 
     # ---- partition lifecycle ----------------------------------------------
-    def _consumers(self) -> set[str]:
-        return {n for n, s in self.tasks.items() if s.spec.consumes}
-
     def _maybe_done(self, row: Row) -> Cleared | None:
-        if not self._consumers() <= row.acked:
+        if row.relevant is None or not row.relevant <= row.acked:
             return None
         p = row.partition
         self.partition_done[p] += 1

@@ -100,12 +100,21 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         await context.abort(code, str(exc))
 
     def _clear(self, cleared: list[Cleared]) -> None:
+        """Delete cleared partitions' cells in a worker thread: acks return at once."""
+        if cleared:
+            asyncio.get_running_loop().run_in_executor(None, self._delete_cells, cleared)
+
+    def _delete_cells(self, cleared: list[Cleared]) -> None:
         for c in cleared:
             by_unit: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
             for unit, index, columns in c.cells:
                 by_unit.setdefault(unit, []).append((index, columns))
-            for unit, cells in by_unit.items():
-                self.units[unit].delete(cells)
+            try:
+                for unit, cells in by_unit.items():
+                    self.units[unit].delete(cells)
+            except Exception:  # storage down: the cells stay, the job goes on
+                log.exception("could not delete the cells of partition %d", c.partition)
+                continue
             log.info("cleared partition %d (%d rows)", c.partition, len(c.cells))
 
     def unit_infos(self) -> list[pb.StorageUnitInfo]:
@@ -142,6 +151,13 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             await self._fail(context, exc)
         return pb.AllocateResponse(indices=[r.index for r in rows], groups=[r.group for r in rows])
 
+    async def Reserve(self, request, context):
+        try:
+            start = self.controller.reserve(request.count)
+        except TQError as exc:
+            await self._fail(context, exc)
+        return pb.ReserveResponse(start=start, count=request.count)
+
     async def NotifyWritten(self, request, context):
         too_big = [i for i, n in zip(request.indices, request.nbytes) if n > self.max_row_bytes]
         if too_big:
@@ -150,7 +166,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         try:
             n = self.controller.notify_written(
                 list(request.indices), list(request.columns), list(request.lengths) or None,
-                list(request.versions) or None, list(request.nbytes) or None)
+                list(request.versions) or None, list(request.nbytes) or None,
+                create=request.create, partition=request.partition,
+                group_size=request.group_size)
         except TQError as exc:
             await self._fail(context, exc)
         if n:
@@ -168,6 +186,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             stale_producer=request.stale_producer or None)
         deadline = time.monotonic() + max(request.wait_seconds, 0.0)
         try:
+            if request.ack_lease:
+                _, cleared = self.controller.ack(request.task, request.ack_lease)
+                self._clear(cleared)
             while True:
                 claim = self.controller.claim(req)
                 if claim is not None:
@@ -208,6 +229,13 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             await self._fail(context, exc)
         await self._signal()
         return pb.ReleaseResponse(released=n)
+
+    async def Extend(self, request, context):
+        try:
+            seconds = self.controller.extend(request.task, request.lease)
+        except TQError as exc:
+            await self._fail(context, exc)
+        return pb.ExtendResponse(lease_seconds=seconds)
 
     async def ReportMetrics(self, request, context):
         latest = pb.JobMetrics()

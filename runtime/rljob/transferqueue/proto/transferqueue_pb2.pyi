@@ -118,19 +118,39 @@ class AllocateResponse(_message.Message):
     groups: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, indices: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ReserveRequest(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class ReserveResponse(_message.Message):
+    __slots__ = ("start", "count")
+    START_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    count: int
+    def __init__(self, start: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
 class NotifyWrittenRequest(_message.Message):
-    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes")
+    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size")
     INDICES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     indices: _containers.RepeatedScalarFieldContainer[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     lengths: _containers.RepeatedScalarFieldContainer[int]
     versions: _containers.RepeatedScalarFieldContainer[int]
     nbytes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ...) -> None: ...
+    create: bool
+    partition: int
+    group_size: int
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class NotifyWrittenResponse(_message.Message):
     __slots__ = ("newly_ready",)
@@ -139,7 +159,7 @@ class NotifyWrittenResponse(_message.Message):
     def __init__(self, newly_ready: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer")
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease")
     TASK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +173,7 @@ class ClaimRequest(_message.Message):
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     ON_STALE_FIELD_NUMBER: _ClassVar[int]
     STALE_PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    ACK_LEASE_FIELD_NUMBER: _ClassVar[int]
     task: str
     count: int
     min_count: int
@@ -166,7 +187,8 @@ class ClaimRequest(_message.Message):
     min_version: int
     on_stale: StalePolicy
     stale_producer: str
-    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ...) -> None: ...
+    ack_lease: str
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ...) -> None: ...
 
 class RowMeta(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank")
@@ -211,6 +233,20 @@ class AckResponse(_message.Message):
     ACKED_FIELD_NUMBER: _ClassVar[int]
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
+
+class ExtendRequest(_message.Message):
+    __slots__ = ("task", "lease")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    lease: str
+    def __init__(self, task: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
+
+class ExtendResponse(_message.Message):
+    __slots__ = ("lease_seconds",)
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_seconds: float
+    def __init__(self, lease_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("task", "lease")

@@ -49,6 +49,11 @@ class TransferQueueControllerStub:
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateRequest.SerializeToString,
                 response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateResponse.FromString,
                 _registered_method=True)
+        self.Reserve = channel.unary_unary(
+                '/rljob.transferqueue.v1.TransferQueueController/Reserve',
+                request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveResponse.FromString,
+                _registered_method=True)
         self.NotifyWritten = channel.unary_unary(
                 '/rljob.transferqueue.v1.TransferQueueController/NotifyWritten',
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.NotifyWrittenRequest.SerializeToString,
@@ -68,6 +73,11 @@ class TransferQueueControllerStub:
                 '/rljob.transferqueue.v1.TransferQueueController/Release',
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.Extend = channel.unary_unary(
+                '/rljob.transferqueue.v1.TransferQueueController/Extend',
+                request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendRequest.SerializeToString,
+                response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendResponse.FromString,
                 _registered_method=True)
         self.ReportMetrics = channel.unary_unary(
                 '/rljob.transferqueue.v1.TransferQueueController/ReportMetrics',
@@ -102,6 +112,12 @@ class TransferQueueControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def NotifyWritten(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -122,6 +138,13 @@ class TransferQueueControllerServicer:
 
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Extend(self, request, context):
+        """Keep a lease alive while its rows are still being worked on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -156,6 +179,11 @@ def add_TransferQueueControllerServicer_to_server(servicer, server):
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateRequest.FromString,
                     response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateResponse.SerializeToString,
             ),
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveRequest.FromString,
+                    response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveResponse.SerializeToString,
+            ),
             'NotifyWritten': grpc.unary_unary_rpc_method_handler(
                     servicer.NotifyWritten,
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.NotifyWrittenRequest.FromString,
@@ -175,6 +203,11 @@ def add_TransferQueueControllerServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.FromString,
                     response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Extend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Extend,
+                    request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendRequest.FromString,
+                    response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendResponse.SerializeToString,
             ),
             'ReportMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportMetrics,
@@ -268,6 +301,33 @@ class TransferQueueController:
             '/rljob.transferqueue.v1.TransferQueueController/Allocate',
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateRequest.SerializeToString,
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.AllocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.transferqueue.v1.TransferQueueController/Reserve',
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveRequest.SerializeToString,
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReserveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -376,6 +436,33 @@ class TransferQueueController:
             '/rljob.transferqueue.v1.TransferQueueController/Release',
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.SerializeToString,
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Extend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.transferqueue.v1.TransferQueueController/Extend',
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendRequest.SerializeToString,
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (`rljob bench ...`); never timed assertions."""

@@ -1,0 +1,235 @@
+"""`rljob bench transferqueue`: the data plane against the raw Redis ceiling.
+
+Side by side in one run, on one redis-server and one controller process:
+- put+get MB/s of 64-row batches (4 KB, 64 KB, 256 KB rows) through
+  TransferQueue with 1 and 4 consumer processes (producer in this process);
+- the same server's raw pipelined MSET+MGET MB/s for the same payloads
+  (redis-py, memoryviews, one MSET and one MGET per batch) and our ratio to it;
+- claim latency p50/p99 with 8 concurrent consumer processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+
+import numpy as np
+
+ROWS_PER_BATCH = 64
+ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
+BYTES_PER_CASE = 512 << 20
+PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Servers:
+    redis_url: str
+    tq_address: str
+    password: str
+
+
+def _start_redis(stack: ExitStack, password: str) -> str:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server not found: install it (Debian: apt-get install redis-server) "
+                         "or pass --redis URL")
+    port = _free_port()
+    workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rljob-bench-redis-"))
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--requirepass", password, "--dir", workdir],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    stack.callback(lambda: (proc.terminate(), proc.wait()))
+    import redis
+
+    client = redis.Redis(port=port, password=password)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _start_controller(stack: ExitStack, redis_url: str, password: str) -> str:
+    address = f"127.0.0.1:{_free_port()}"
+    env = dict(os.environ, **{PASSWORD_ENV: password})
+    proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", "transferqueue",
+                             "--listen", address, "--redis", redis_url, "--job", "bench",
+                             "--log-level", "WARNING", "--max-row-bytes", str(16 << 20)],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "listening" not in line:
+        raise SystemExit(f"transferqueue controller did not start: {line}")
+    stack.callback(lambda: (proc.send_signal(signal.SIGTERM), proc.wait()))
+    return address
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+# ---- raw redis ceiling -------------------------------------------------------
+def raw_mset_mget(redis_url: str, password: str, row_bytes: int, batches: int) -> float:
+    """MB/s of MSET+MGET of 64-row batches straight to redis (no TransferQueue)."""
+    from ..transferqueue.storage.redis_unit import RedisUnit
+
+    unit = RedisUnit(redis_url, job="raw", password=password)
+    payload = [np.random.bytes(row_bytes) for _ in range(ROWS_PER_BATCH)]
+    views = [memoryview(p) for p in payload]
+    keys = [f"raw:{i}".encode() for i in range(ROWS_PER_BATCH)]
+    start = time.perf_counter()
+    for b in range(batches):
+        flat = []
+        for k, v in zip(keys, views):
+            flat += [k, v]
+        unit.client.execute_command("MSET", *flat)
+        got = unit.client.execute_command("MGET", *keys)
+        assert len(got[0]) == row_bytes
+    elapsed = time.perf_counter() - start
+    unit.client.delete(*keys)
+    unit.close()
+    return batches * ROWS_PER_BATCH * row_bytes / elapsed / 1e6
+
+
+# ---- TransferQueue put+get -----------------------------------------------------
+def _consumer(address: str, password: str, task: str, total_rows: int, done, columns,
+              ready) -> None:
+    from ..transferqueue import TransferQueueClient
+
+    with TransferQueueClient(address, password) as c:
+        c.stats()  # connected
+        ready.wait()
+        held = None  # acked with the next claim, as the stream loader does
+        while True:
+            with done.get_lock():
+                if done.value >= total_rows:
+                    break
+            batch = c.claim_get(task, ROWS_PER_BATCH, columns, wait=0.2, min_count=1, ack=held)
+            held = batch if batch.rows else None
+            with done.get_lock():
+                done.value += len(batch.rows)
+        if held is not None:
+            c.ack(held)
+
+
+def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consumers: int,
+               tag: str) -> float:
+    """MB/s of rows written by one producer and read by `consumers` processes, end to end."""
+    from ..transferqueue import Task, TransferQueueClient, tensor
+
+    ctx = mp.get_context("spawn")
+    task = f"consume-{tag}"
+    col = f"payload_{tag}"
+    with TransferQueueClient(address, password) as c:
+        c.register(Task(f"produce-{tag}", (), [tensor(col, "uint8")]), Task(task, [col]))
+        rows = [np.frombuffer(np.random.bytes(row_bytes), np.uint8) for _ in range(ROWS_PER_BATCH)]
+        total = batches * ROWS_PER_BATCH
+        done = ctx.Value("q", 0)
+        ready = ctx.Barrier(consumers + 1)
+        procs = [ctx.Process(target=_consumer,
+                             args=(address, password, task, total, done, [col], ready))
+                 for _ in range(consumers)]
+        for p in procs:
+            p.start()
+        ready.wait()  # every consumer is connected: start the clock
+        start = time.perf_counter()
+        for b in range(batches):
+            c.put(b, {col: rows})
+        for p in procs:
+            p.join()
+        elapsed = time.perf_counter() - start
+        if done.value < total:
+            raise RuntimeError(f"consumers read {done.value} of {total} rows")
+    return total * row_bytes / elapsed / 1e6
+
+
+# ---- claim latency -----------------------------------------------------------------
+def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
+    from ..transferqueue import TransferQueueClient
+
+    lat = []
+    with TransferQueueClient(address, password) as c:
+        batch = c.claim(task, 1, min_count=1)  # warm the channel
+        for _ in range(claims):
+            t0 = time.perf_counter()
+            batch = c.claim(task, 8, min_count=1, wait=1.0, ack=batch)
+            lat.append(time.perf_counter() - t0)
+        c.ack(batch)
+    out.put(lat)
+
+
+def claim_latency(address: str, password: str, consumers: int = 8, claims: int = 150) -> list[float]:
+    from ..transferqueue import Task, TransferQueueClient, tensor
+
+    ctx = mp.get_context("spawn")
+    with TransferQueueClient(address, password) as c:
+        c.register(Task("lat-producer", (), [tensor("tok", "int32")]), Task("lat", ["tok"]))
+        need = consumers * (claims + 1) * 8
+        for start in range(0, need, 1024):
+            c.put(start // 1024, {"tok": [np.arange(16, dtype=np.int32)] * min(1024, need - start)})
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_claimer, args=(address, password, "lat", claims, out))
+                 for _ in range(consumers)]
+        for p in procs:
+            p.start()
+        lat = [x for _ in procs for x in out.get(timeout=300)]
+        for p in procs:
+            p.join()
+    return lat
+
+
+def run(redis_url: str | None = None, quick: bool = False) -> dict:
+    password = os.environ.get(PASSWORD_ENV) or "rljob-bench"
+    scale = 4 if quick else 1
+    with ExitStack() as stack:
+        url = redis_url or _start_redis(stack, password)
+        address = _start_controller(stack, url, password)
+        results: dict = {"rows_per_batch": ROWS_PER_BATCH, "put_get": {}, "raw": {},
+                         "ratio_to_raw": {}}
+        for size in ROW_SIZES:
+            label = f"{size >> 10}KB"
+            batches = max(BYTES_PER_CASE // scale // (size * ROWS_PER_BATCH), 4)
+            raw = raw_mset_mget(url, password, size, batches)
+            ours = {f"{n}_consumers": tq_put_get(address, password, size, batches, n, f"{label}x{n}")
+                    for n in (1, 4)}
+            results["raw"][label] = raw
+            results["put_get"][label] = ours
+            results["ratio_to_raw"][label] = ours["1_consumers"] / raw
+        lat = claim_latency(address, password, claims=40 if quick else 150)
+        results["claim_latency_ms"] = {"consumers": 8, "p50": _percentile(lat, 50) * 1e3,
+                                       "p99": _percentile(lat, 99) * 1e3, "claims": len(lat)}
+    return results
+
+
+def render(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"TransferQueue put+get vs raw redis ({results['rows_per_batch']}-row batches)")
+    for col in ("row size", "TQ 1 consumer MB/s", "TQ 4 consumers MB/s", "raw MSET+MGET MB/s",
+                "ratio (1 consumer / raw)"):
+        table.add_column(col, justify="right")
+    for label, ours in results["put_get"].items():
+        table.add_row(label, f"{ours['1_consumers']:.0f}", f"{ours['4_consumers']:.0f}",
+                      f"{results['raw'][label]:.0f}", f"{results['ratio_to_raw'][label]:.2f}")
+    console = Console()
+    console.print(table)
+    lat = results["claim_latency_ms"]
+    console.print(f"claim latency with {lat['consumers']} concurrent consumers: "
+                  f"p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms ({lat['claims']} claims)")
