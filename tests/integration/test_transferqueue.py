@@ -267,3 +267,11 @@ def test_cells_shard_over_units_by_index(tq, redis_units):
             owner = redis_units[i % 2].client
             other = redis_units[(i + 1) % 2].client
             assert owner.exists(cell_key(job, i, "prompt")) and not other.exists(cell_key(job, i, "prompt"))
+
+
+def test_a_client_learns_columns_registered_by_another(tq):
+    with TransferQueueClient(tq.address) as early, TransferQueueClient(tq.address) as late:
+        late.register(DRIVER, Task("t", ["prompt"]))
+        late.put(0, prompts(2))
+        b = early.claim_get("t", 2, ["prompt"])  # registered after `early` connected
+        assert b.data["prompt"] == ["p0", "p1"]

@@ -4,7 +4,8 @@ Side by side in one run, on one redis-server and one controller process:
 - put+get MB/s of 64-row batches (4 KB, 64 KB, 256 KB rows) through
   TransferQueue with 1 and 4 consumer processes (producer in this process);
 - the same server's raw pipelined MSET+MGET MB/s for the same payloads
-  (redis-py, memoryviews, one MSET and one MGET per batch) and our ratio to it;
+  (redis-py, memoryviews, one MSET, MGET and UNLINK per batch) and our ratio
+  to it, plus redis-benchmark's SET and GET MB/s (C client) for context;
 - claim latency p50/p99 with 8 concurrent consumer processes.
 """
 
@@ -85,26 +86,53 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 # ---- raw redis ceiling -------------------------------------------------------
-def raw_mset_mget(redis_url: str, password: str, row_bytes: int, batches: int) -> float:
-    """MB/s of MSET+MGET of 64-row batches straight to redis (no TransferQueue)."""
+def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) -> float:
+    """MB/s of the same batches straight to redis with redis-py, no TransferQueue.
+
+    The same lifecycle as a TransferQueue partition, minus the control plane:
+    one MSET of 64 fresh keys (memoryviews, zero-copy packer), one MGET of
+    them, one UNLINK, per batch, from one client.
+    """
     from ..transferqueue.storage.redis_unit import RedisUnit
 
     unit = RedisUnit(redis_url, job="raw", password=password)
-    payload = [np.random.bytes(row_bytes) for _ in range(ROWS_PER_BATCH)]
-    views = [memoryview(p) for p in payload]
-    keys = [f"raw:{i}".encode() for i in range(ROWS_PER_BATCH)]
+    views = [memoryview(np.random.bytes(row_bytes)) for _ in range(ROWS_PER_BATCH)]
     start = time.perf_counter()
     for b in range(batches):
-        flat = []
-        for k, v in zip(keys, views):
-            flat += [k, v]
+        keys = [f"raw:{b}:{i}".encode() for i in range(ROWS_PER_BATCH)]
+        flat = [x for kv in zip(keys, views) for x in kv]
         unit.client.execute_command("MSET", *flat)
         got = unit.client.execute_command("MGET", *keys)
-        assert len(got[0]) == row_bytes
+        if len(got[-1]) != row_bytes:
+            raise RuntimeError("raw MGET returned a short value")
+        unit.client.unlink(*keys)
     elapsed = time.perf_counter() - start
-    unit.client.delete(*keys)
     unit.close()
     return batches * ROWS_PER_BATCH * row_bytes / elapsed / 1e6
+
+
+def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | None:
+    """SET and GET MB/s from redis-benchmark (-P 16 -c 8), for context; None if absent."""
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        return None
+    from urllib.parse import urlparse
+
+    u = urlparse(redis_url)
+    n = max(2000, min(100_000, (256 << 20) // row_bytes))
+    out = subprocess.run([exe, "-h", u.hostname or "127.0.0.1", "-p", str(u.port or 6379),
+                          "-a", password, "-t", "set,get", "-d", str(row_bytes), "-P", "16",
+                          "-c", "8", "-n", str(n), "--csv", "-q"],
+                         capture_output=True, text=True, timeout=300)
+    rates = {}
+    for line in out.stdout.splitlines():
+        parts = [p.strip('"') for p in line.split(",")]
+        if parts and parts[0] in ("SET", "GET"):
+            rates[parts[0].lower()] = float(parts[1]) * row_bytes / 1e6
+    if len(rates) != 2:
+        return None
+    rates["set_then_get"] = 1 / (1 / rates["set"] + 1 / rates["get"])
+    return rates
 
 
 # ---- TransferQueue put+get -----------------------------------------------------
@@ -205,12 +233,15 @@ def run(redis_url: str | None = None, quick: bool = False) -> dict:
         for size in ROW_SIZES:
             label = f"{size >> 10}KB"
             batches = max(BYTES_PER_CASE // scale // (size * ROWS_PER_BATCH), 4)
-            raw = raw_mset_mget(url, password, size, batches)
+            raw = raw_pipeline(url, password, size, batches)
             ours = {f"{n}_consumers": tq_put_get(address, password, size, batches, n, f"{label}x{n}")
                     for n in (1, 4)}
             results["raw"][label] = raw
             results["put_get"][label] = ours
             results["ratio_to_raw"][label] = ours["1_consumers"] / raw
+            bench = redis_benchmark(url, password, size)
+            if bench:
+                results.setdefault("redis_benchmark", {})[label] = bench
         lat = claim_latency(address, password, claims=40 if quick else 150)
         results["claim_latency_ms"] = {"consumers": 8, "p50": _percentile(lat, 50) * 1e3,
                                        "p99": _percentile(lat, 99) * 1e3, "claims": len(lat)}
@@ -222,12 +253,14 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"TransferQueue put+get vs raw redis ({results['rows_per_batch']}-row batches)")
-    for col in ("row size", "TQ 1 consumer MB/s", "TQ 4 consumers MB/s", "raw MSET+MGET MB/s",
-                "ratio (1 consumer / raw)"):
+    for col in ("row size", "TQ 1 consumer MB/s", "TQ 4 consumers MB/s", "raw redis-py MB/s",
+                "ratio", "redis-benchmark SET / GET MB/s"):
         table.add_column(col, justify="right")
+    rb = results.get("redis_benchmark", {})
     for label, ours in results["put_get"].items():
+        ctx = f"{rb[label]['set']:.0f} / {rb[label]['get']:.0f}" if label in rb else "n/a"
         table.add_row(label, f"{ours['1_consumers']:.0f}", f"{ours['4_consumers']:.0f}",
-                      f"{results['raw'][label]:.0f}", f"{results['ratio_to_raw'][label]:.2f}")
+                      f"{results['raw'][label]:.0f}", f"{results['ratio_to_raw'][label]:.2f}", ctx)
     console = Console()
     console.print(table)
     lat = results["claim_latency_ms"]

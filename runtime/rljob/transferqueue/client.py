@@ -115,11 +115,24 @@ class _Data:
         self.columns = {c.name: column_from_pb(c) for c in columns}
 
     def column(self, name: str) -> ColumnSpec:
-        try:
-            return self.columns[name]
-        except KeyError:
+        spec = self.columns.get(name)
+        if spec is None:
+            # another process may have registered it since we last looked
+            self.set_columns(self._fetch_layout().columns)
+            spec = self.columns.get(name)
+        if spec is None:
             raise ColumnError(f"unknown column {name!r}: register a task that produces it "
-                              f"(known: {sorted(self.columns)})") from None
+                              f"(known: {sorted(self.columns)})")
+        return spec
+
+    def _fetch_layout(self) -> pb.LayoutResponse:
+        """A blocking Layout call (also from the async client's worker threads)."""
+        with grpc.insecure_channel(self.address, options=GRPC_OPTIONS) as channel:
+            try:
+                return pbg.TransferQueueControllerStub(channel).Layout(pb.LayoutRequest(),
+                                                                       timeout=30)
+            except grpc.RpcError as exc:
+                raise _wrap(exc) from None
 
     def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
                     length_column: str | None):
