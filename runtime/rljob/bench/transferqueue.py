@@ -178,7 +178,8 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
         ready.wait()  # every consumer is connected: start the clock
         start = time.perf_counter()
         for b in range(batches):
-            c.put(b, {col: rows})
+            c.put(b, {col: rows}, wait=False)
+        c.flush()
         for p in procs:
             p.join()
         elapsed = time.perf_counter() - start

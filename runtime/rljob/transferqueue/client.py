@@ -21,6 +21,7 @@ from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, ColumnSpec, decode, encode
 from .service import GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
+from .session import AsyncSession, SyncSession
 from .storage import StorageUnit, connect
 
 _POLICY_PB = {v: k for k, v in POLICY.items() if k}
@@ -207,6 +208,8 @@ class TransferQueueClient:
     def __init__(self, address: str, password: str | None = None):
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
+        self._session = SyncSession(self._stub, TransferQueueError)
+        self._notifies: list = []  # notifies of put(wait=False) not checked yet
         self._data = _Data(address, password)
         self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
 
@@ -236,20 +239,26 @@ class TransferQueueClient:
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         for unit, cells in per_unit.items():
             self._data.units[unit].put(cells)
-        return self._call(self._stub.NotifyWritten, self._data.notify_request(
+        return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column)).newly_ready
 
     def _reserve(self, n: int) -> list[int]:
         while (got := self._data.take_reserved(n)) is None:
-            self._data.refill(self._call(self._stub.Reserve,
+            self._data.refill(self._session.call("reserve",
                                          pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
         return got
 
     def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *, group_size: int = 1,
             versions: Sequence[int] | None = None, length_column: str | None = None,
-            lengths: Sequence[int] | None = None) -> list[int]:
-        """Append new rows to `partition` (one controller round trip); returns their indices."""
+            lengths: Sequence[int] | None = None, wait: bool = True) -> list[int]:
+        """Append new rows to `partition` (one controller round trip); returns their indices.
+
+        With wait=False the call returns once the cells are stored and the
+        notify is sent, so a streaming producer overlaps the controller's answer
+        with its next write; a refused notify raises from a later put or flush().
+        """
+        self._check_notifies(block=False)
         n = len(next(iter(columns.values())))
         if n % max(group_size, 1):
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
@@ -257,11 +266,29 @@ class TransferQueueClient:
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         for unit, cells in per_unit.items():
             self._data.units[unit].put(cells)
-        self._call(self._stub.NotifyWritten, self._data.notify_request(
+        fut = self._session.send("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, create=True, partition=partition,
             group_size=group_size))
+        if wait:
+            self._session.result(fut, "notify")
+        else:
+            self._notifies.append(fut)
         return indices
+
+    def _check_notifies(self, block: bool) -> None:
+        """Raise the first refused notify of earlier put(wait=False) calls."""
+        pending = []
+        for fut in self._notifies:
+            if block or fut.done():
+                self._session.result(fut, "notify")
+            else:
+                pending.append(fut)
+        self._notifies = pending
+
+    def flush(self) -> None:
+        """Wait until every put(wait=False) is known to the controller."""
+        self._check_notifies(block=True)
 
     def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
         """Lease up to `count` ready rows of `task` (metadata only; see `get`).
@@ -272,7 +299,7 @@ class TransferQueueClient:
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
         req = _claim_request(task, count, **kwargs)
-        resp = self._call(self._stub.Claim, req, timeout=req.wait_seconds + 60.0)
+        resp = self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
         return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
@@ -286,18 +313,18 @@ class TransferQueueClient:
     def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
         if not batch.lease:
             return 0
-        return self._call(self._stub.Ack, pb.AckRequest(
+        return self._session.call("ack", pb.AckRequest(
             task=batch.task, lease=batch.lease, indices=list(indices or []))).acked
 
     def extend(self, batch: Batch) -> float:
         """Keep the batch's lease alive (call well within lease_seconds)."""
-        return self._call(self._stub.Extend, pb.ExtendRequest(
+        return self._session.call("extend", pb.ExtendRequest(
             task=batch.task, lease=batch.lease)).lease_seconds
 
     def release(self, batch: Batch) -> int:
         if not batch.lease:
             return 0
-        return self._call(self._stub.Release, pb.ReleaseRequest(
+        return self._session.call("release", pb.ReleaseRequest(
             task=batch.task, lease=batch.lease)).released
 
     def report_metrics(self, **fields: Any) -> None:
@@ -307,6 +334,10 @@ class TransferQueueClient:
         return self._call(self._stub.Stats, pb.StatsRequest())
 
     def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._session.close()
         self._data.close()
         self._channel.close()
 
@@ -323,6 +354,7 @@ class AsyncTransferQueueClient:
     def __init__(self, address: str, password: str | None = None):
         self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
+        self._session = AsyncSession(self._stub, TransferQueueError)
         self._data = _Data(address, password)
 
     @classmethod
@@ -348,7 +380,7 @@ class AsyncTransferQueueClient:
                     lengths: Sequence[int] | None = None) -> int:
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         await self._store(per_unit)
-        resp = await self._call(self._stub.NotifyWritten, self._data.notify_request(
+        resp = await self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column))
         return resp.newly_ready
@@ -365,11 +397,11 @@ class AsyncTransferQueueClient:
         if n % max(group_size, 1):
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
         while (indices := self._data.take_reserved(n)) is None:
-            self._data.refill(await self._call(self._stub.Reserve,
+            self._data.refill(await self._session.call("reserve",
                                                pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         await self._store(per_unit)
-        await self._call(self._stub.NotifyWritten, self._data.notify_request(
+        await self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, create=True, partition=partition,
             group_size=group_size))
@@ -384,7 +416,7 @@ class AsyncTransferQueueClient:
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
         req = _claim_request(task, count, **kwargs)
-        resp = await self._call(self._stub.Claim, req, timeout=req.wait_seconds + 60.0)
+        resp = await self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
         return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
 
     async def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
@@ -398,19 +430,19 @@ class AsyncTransferQueueClient:
     async def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
         if not batch.lease:
             return 0
-        resp = await self._call(self._stub.Ack, pb.AckRequest(
+        resp = await self._session.call("ack", pb.AckRequest(
             task=batch.task, lease=batch.lease, indices=list(indices or [])))
         return resp.acked
 
     async def extend(self, batch: Batch) -> float:
-        resp = await self._call(self._stub.Extend, pb.ExtendRequest(
+        resp = await self._session.call("extend", pb.ExtendRequest(
             task=batch.task, lease=batch.lease))
         return resp.lease_seconds
 
     async def release(self, batch: Batch) -> int:
         if not batch.lease:
             return 0
-        resp = await self._call(self._stub.Release, pb.ReleaseRequest(
+        resp = await self._session.call("release", pb.ReleaseRequest(
             task=batch.task, lease=batch.lease))
         return resp.released
 
@@ -421,5 +453,6 @@ class AsyncTransferQueueClient:
         return await self._call(self._stub.Stats, pb.StatsRequest())
 
     async def close(self) -> None:
+        await self._session.close()
         self._data.close()
         await self._channel.close()

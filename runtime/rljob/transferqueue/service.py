@@ -42,6 +42,9 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
 DEFAULT_MAX_ROW_BYTES = 64 << 20
 
 
+SESSION_OPS = {}  # filled below the class: op name -> TransferQueueService method
+
+
 def column_to_pb(c: ColumnSpec) -> pb.ColumnSpec:
     return pb.ColumnSpec(name=c.name, kind=KIND_TO_PB[c.kind], dtype=c.dtype,
                          trailing_shape=list(c.trailing_shape))
@@ -125,57 +128,38 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             out.append(pb.StorageUnitInfo(id=i, backend=u.backend, address=address))
         return out
 
-    # ---- controller RPCs -----------------------------------------------------
-    async def Layout(self, request, context):
-        return pb.LayoutResponse(job=self.job, units=self.unit_infos(),
-                                 columns=[column_to_pb(c) for c in self.controller.columns.values()],
-                                 max_row_bytes=self.max_row_bytes)
-
-    async def RegisterTasks(self, request, context):
-        try:
-            specs = [TaskSpec(t.name, frozenset(t.consumes),
-                              tuple(column_from_pb(c) for c in t.produces))
-                     for t in request.tasks]
-            self.controller.register(specs)
-        except (TQError, ColumnError) as exc:
-            await self._fail(context, exc)
+    # ---- controller operations (shared by unary RPCs and sessions) ----------
+    async def _register(self, request):
+        specs = [TaskSpec(t.name, frozenset(t.consumes),
+                          tuple(column_from_pb(c) for c in t.produces))
+                 for t in request.tasks]
+        self.controller.register(specs)
         await self._signal()
         return pb.RegisterTaskResponse(
             columns=[column_to_pb(c) for c in self.controller.columns.values()],
             units=self.unit_infos())
 
-    async def Allocate(self, request, context):
-        try:
-            rows = self.controller.allocate(request.partition, request.count, request.group_size)
-        except TQError as exc:
-            await self._fail(context, exc)
+    async def _allocate(self, request):
+        rows = self.controller.allocate(request.partition, request.count, request.group_size)
         return pb.AllocateResponse(indices=[r.index for r in rows], groups=[r.group for r in rows])
 
-    async def Reserve(self, request, context):
-        try:
-            start = self.controller.reserve(request.count)
-        except TQError as exc:
-            await self._fail(context, exc)
-        return pb.ReserveResponse(start=start, count=request.count)
+    async def _reserve(self, request):
+        return pb.ReserveResponse(start=self.controller.reserve(request.count),
+                                  count=request.count)
 
-    async def NotifyWritten(self, request, context):
+    async def _notify(self, request):
         too_big = [i for i, n in zip(request.indices, request.nbytes) if n > self.max_row_bytes]
         if too_big:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
-        try:
-            n = self.controller.notify_written(
-                list(request.indices), list(request.columns), list(request.lengths) or None,
-                list(request.versions) or None, list(request.nbytes) or None,
-                create=request.create, partition=request.partition,
-                group_size=request.group_size)
-        except TQError as exc:
-            await self._fail(context, exc)
+            raise TQError(f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
+        n = self.controller.notify_written(
+            list(request.indices), list(request.columns), list(request.lengths) or None,
+            list(request.versions) or None, list(request.nbytes) or None,
+            create=request.create, partition=request.partition, group_size=request.group_size)
         if n:
             await self._signal()
         return pb.NotifyWrittenResponse(newly_ready=n)
 
-    async def Claim(self, request, context):
+    async def _claim(self, request):
         req = ClaimRequest(
             task=request.task, count=request.count,
             min_count=request.min_count or None, policy=POLICY.get(request.policy, "?"),
@@ -185,27 +169,23 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             on_stale=STALE.get(request.on_stale, "discard"),
             stale_producer=request.stale_producer or None)
         deadline = time.monotonic() + max(request.wait_seconds, 0.0)
-        try:
-            if request.ack_lease:
-                _, cleared = self.controller.ack(request.task, request.ack_lease)
-                self._clear(cleared)
-            while True:
-                claim = self.controller.claim(req)
-                if claim is not None:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    # out of time: hand over whatever is ready (maybe nothing)
-                    claim = self.controller.claim(
-                        ClaimRequest(**{**req.__dict__, "min_count": 1}))
-                    break
-                async with self.changed:
-                    try:
-                        await asyncio.wait_for(self.changed.wait(), min(remaining, 0.5))
-                    except TimeoutError:
-                        pass
-        except TQError as exc:
-            await self._fail(context, exc)
+        if request.ack_lease:
+            _, cleared = self.controller.ack(request.task, request.ack_lease)
+            self._clear(cleared)
+        while True:
+            claim = self.controller.claim(req)
+            if claim is not None:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # out of time: hand over whatever is ready (maybe nothing)
+                claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
+                break
+            async with self.changed:
+                try:
+                    await asyncio.wait_for(self.changed.wait(), min(remaining, 0.5))
+                except TimeoutError:
+                    pass
         if claim is None:
             return pb.ClaimResponse(lease="", lease_seconds=self.controller.lease_seconds)
         return pb.ClaimResponse(
@@ -213,29 +193,55 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
                              version=r.version, group=r.group, rank=r.rank) for r in claim.rows])
 
-    async def Ack(self, request, context):
-        try:
-            n, cleared = self.controller.ack(request.task, request.lease,
-                                             list(request.indices) or None)
-        except TQError as exc:
-            await self._fail(context, exc)
+    async def _ack(self, request):
+        n, cleared = self.controller.ack(request.task, request.lease,
+                                         list(request.indices) or None)
         self._clear(cleared)
         return pb.AckResponse(acked=n)
 
-    async def Release(self, request, context):
-        try:
-            n = self.controller.release(request.task, request.lease)
-        except TQError as exc:
-            await self._fail(context, exc)
+    async def _release(self, request):
+        n = self.controller.release(request.task, request.lease)
         await self._signal()
         return pb.ReleaseResponse(released=n)
 
-    async def Extend(self, request, context):
+    async def _extend(self, request):
+        return pb.ExtendResponse(lease_seconds=self.controller.extend(request.task, request.lease))
+
+    async def _unary(self, op, request, context):
         try:
-            seconds = self.controller.extend(request.task, request.lease)
-        except TQError as exc:
+            return await op(request)
+        except (TQError, ColumnError) as exc:
             await self._fail(context, exc)
-        return pb.ExtendResponse(lease_seconds=seconds)
+
+    # ---- unary RPCs ---------------------------------------------------------------
+    async def Layout(self, request, context):
+        return pb.LayoutResponse(job=self.job, units=self.unit_infos(),
+                                 columns=[column_to_pb(c) for c in self.controller.columns.values()],
+                                 max_row_bytes=self.max_row_bytes)
+
+    async def RegisterTasks(self, request, context):
+        return await self._unary(self._register, request, context)
+
+    async def Allocate(self, request, context):
+        return await self._unary(self._allocate, request, context)
+
+    async def Reserve(self, request, context):
+        return await self._unary(self._reserve, request, context)
+
+    async def NotifyWritten(self, request, context):
+        return await self._unary(self._notify, request, context)
+
+    async def Claim(self, request, context):
+        return await self._unary(self._claim, request, context)
+
+    async def Ack(self, request, context):
+        return await self._unary(self._ack, request, context)
+
+    async def Release(self, request, context):
+        return await self._unary(self._release, request, context)
+
+    async def Extend(self, request, context):
+        return await self._unary(self._extend, request, context)
 
     async def ReportMetrics(self, request, context):
         latest = pb.JobMetrics()
@@ -252,6 +258,52 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             rows=len(ctl.rows), partitions=len(ctl.partitions),
             cleared_partitions=ctl.cleared_partitions, bytes_written=ctl.bytes_written,
             metrics=self.metrics.latest)
+
+    # ---- session: the same operations over one bidirectional stream ----------------
+    async def Session(self, request_iterator, context):
+        """Ops in, results out (matched by id). A stream message costs the server a
+        fraction of a unary call, which is what the data path pays per batch.
+        Ops run in arrival order; a claim that has to wait runs on its own."""
+        out: asyncio.Queue = asyncio.Queue()
+        waiting: set[asyncio.Task] = set()
+
+        async def run(op_msg):
+            kind = op_msg.WhichOneof("op")
+            result = pb.OpResult(id=op_msg.id)
+            try:
+                resp = await SESSION_OPS[kind](self, getattr(op_msg, kind))
+                getattr(result, kind).CopyFrom(resp)
+            except (TQError, ColumnError) as exc:
+                result.code = GRPC_CODE.get(getattr(exc, "code", ""),
+                                            grpc.StatusCode.INVALID_ARGUMENT).value[0]
+                result.error = str(exc)
+            await out.put(result)
+
+        async def read():
+            async for op_msg in request_iterator:
+                kind = op_msg.WhichOneof("op")
+                if kind not in SESSION_OPS:
+                    await out.put(pb.OpResult(id=op_msg.id,
+                                              code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                              error=f"unknown session op {kind!r}"))
+                elif kind == "claim" and op_msg.claim.wait_seconds > 0:
+                    task = asyncio.create_task(run(op_msg))
+                    waiting.add(task)
+                    task.add_done_callback(waiting.discard)
+                else:
+                    await run(op_msg)
+            if waiting:
+                await asyncio.gather(*waiting)
+            await out.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (result := await out.get()) is not None:
+                yield result
+        finally:
+            reader.cancel()
+            for task in list(waiting):
+                task.cancel()
 
     # ---- storage service (memory units) --------------------------------------
     def _memory_unit(self, unit: int) -> MemoryUnit:
@@ -283,6 +335,16 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             await asyncio.sleep(interval)
             if self.controller.expire():
                 await self._signal()
+
+
+SESSION_OPS.update({
+    "notify": TransferQueueService._notify,
+    "claim": TransferQueueService._claim,
+    "ack": TransferQueueService._ack,
+    "release": TransferQueueService._release,
+    "extend": TransferQueueService._extend,
+    "reserve": TransferQueueService._reserve,
+})
 
 
 async def serve(service: TransferQueueService, listen: str, metrics_port: int | None = None,

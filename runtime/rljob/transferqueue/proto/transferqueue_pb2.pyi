@@ -330,6 +330,46 @@ class StatsResponse(_message.Message):
     metrics: JobMetrics
     def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ...) -> None: ...
 
+class Op(_message.Message):
+    __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    notify: NotifyWrittenRequest
+    claim: ClaimRequest
+    ack: AckRequest
+    release: ReleaseRequest
+    extend: ExtendRequest
+    reserve: ReserveRequest
+    def __init__(self, id: _Optional[int] = ..., notify: _Optional[_Union[NotifyWrittenRequest, _Mapping]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., reserve: _Optional[_Union[ReserveRequest, _Mapping]] = ...) -> None: ...
+
+class OpResult(_message.Message):
+    __slots__ = ("id", "code", "error", "notify", "claim", "ack", "release", "extend", "reserve")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    code: int
+    error: str
+    notify: NotifyWrittenResponse
+    claim: ClaimResponse
+    ack: AckResponse
+    release: ReleaseResponse
+    extend: ExtendResponse
+    reserve: ReserveResponse
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ...) -> None: ...
+
 class Cell(_message.Message):
     __slots__ = ("index", "column", "data")
     INDEX_FIELD_NUMBER: _ClassVar[int]

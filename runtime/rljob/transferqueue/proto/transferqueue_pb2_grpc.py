@@ -89,6 +89,11 @@ class TransferQueueControllerStub:
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsRequest.SerializeToString,
                 response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/rljob.transferqueue.v1.TransferQueueController/Session',
+                request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.Op.SerializeToString,
+                response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.OpResult.FromString,
+                _registered_method=True)
 
 
 class TransferQueueControllerServicer:
@@ -161,6 +166,14 @@ class TransferQueueControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """The data path: notify/claim/ack/release/extend/reserve over one stream,
+        results matched by id (claims that wait may answer out of order).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransferQueueControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +231,11 @@ def add_TransferQueueControllerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsRequest.FromString,
                     response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.Op.FromString,
+                    response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.OpResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -517,6 +535,33 @@ class TransferQueueController:
             '/rljob.transferqueue.v1.TransferQueueController/Stats',
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsRequest.SerializeToString,
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rljob.transferqueue.v1.TransferQueueController/Session',
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.Op.SerializeToString,
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.OpResult.FromString,
             options,
             channel_credentials,
             insecure,
