@@ -275,3 +275,49 @@ def test_a_client_learns_columns_registered_by_another(tq):
         late.put(0, prompts(2))
         b = early.claim_get("t", 2, ["prompt"])  # registered after `early` connected
         assert b.data["prompt"] == ["p0", "p1"]
+
+
+def test_non_blocking_puts_surface_refusals_on_flush(redis_units):
+    server = TQServer(redis_units, max_row_bytes=1024)
+    try:
+        with TransferQueueClient(server.address) as c:
+            c.register(DRIVER, Task("t", ["prompt"]))
+            assert len(c.put(0, prompts(4), wait=False)) == 4
+            c.flush()
+            assert c.stats().rows == 4
+            c._data.max_row_bytes = 0  # skip the client-side check: the controller refuses
+            c.put(0, {"prompt": ["x"], "prompt_ids": [np.zeros(1000, np.int32)]}, wait=False)
+            with pytest.raises(TransferQueueError, match="exceed max_row_bytes=1024") as err:
+                c.flush()
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert c.stats().rows == 4
+    finally:
+        server.stop()
+
+
+def test_session_reconnects_after_a_controller_restart(redis_units):
+    server = TQServer(redis_units)
+    port = server.port
+    c = TransferQueueClient(server.address)
+    c.register(DRIVER, Task("t", ["prompt"]))
+    c.put(0, prompts(1))
+    assert len(c.claim("t", 1)) == 1
+    stopper = threading.Timer(0.5, server.stop)
+    stopper.start()
+    with pytest.raises(TransferQueueError) as err:
+        c.claim("t", 1, wait=30)  # in flight when the controller goes away
+    stopper.join()
+    assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    # a controller is back on the same address: the next call opens a new session
+    import subprocess
+    args = [a if a != server.address else f"127.0.0.1:{port}" for a in server.proc.args]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in proc.stdout.readline()
+        c.register(DRIVER, Task("t", ["prompt"]))
+        assert len(c.put(0, prompts(2))) == 2
+        assert len(c.claim("t", 2)) == 2
+    finally:
+        proc.terminate()
+        proc.wait()
+        c.close()

@@ -20,7 +20,7 @@ import grpc
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, ColumnSpec, decode, encode
-from .service import GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
+from .service import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
 from .session import AsyncSession, SyncSession
 from .storage import StorageUnit, connect
 
@@ -100,6 +100,7 @@ class _Data:
         self.units: list[StorageUnit] = []
         self.max_row_bytes = 0
         self._pool: list[int] = []  # reserved row indices not used yet
+        self._pool_generation = 0
         self._lock = threading.Lock()
 
     def set_layout(self, layout: pb.LayoutResponse) -> None:
@@ -159,9 +160,15 @@ class _Data:
                               f"{self.max_row_bytes}")
         return per_unit, lengths, nbytes
 
-    def take_reserved(self, n: int) -> list[int] | None:
-        """n reserved indices from the local pool, or None if it must be refilled."""
+    def take_reserved(self, n: int, generation: int) -> list[int] | None:
+        """n reserved indices from the local pool, or None if it must be refilled.
+
+        Reservations live in the controller's memory: a new session (maybe a
+        restarted controller) starts a new pool.
+        """
         with self._lock:
+            if generation != self._pool_generation:
+                self._pool, self._pool_generation = [], generation
             if len(self._pool) < n:
                 return None
             out, self._pool = self._pool[:n], self._pool[n:]
@@ -206,7 +213,7 @@ class TransferQueueClient:
     """Blocking client. Thread-safe for concurrent claims (gRPC channels are)."""
 
     def __init__(self, address: str, password: str | None = None):
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
         self._session = SyncSession(self._stub, TransferQueueError)
         self._notifies: list = []  # notifies of put(wait=False) not checked yet
@@ -215,7 +222,8 @@ class TransferQueueClient:
 
     def _call(self, method, request, timeout: float | None = 60.0):
         try:
-            return method(request, timeout=timeout)
+            # wait_for_ready: ride through a controller restart within the timeout
+            return method(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise _wrap(exc) from None
 
@@ -244,7 +252,7 @@ class TransferQueueClient:
             length_column=length_column)).newly_ready
 
     def _reserve(self, n: int) -> list[int]:
-        while (got := self._data.take_reserved(n)) is None:
+        while (got := self._data.take_reserved(n, self._session.open())) is None:
             self._data.refill(self._session.call("reserve",
                                          pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
         return got
@@ -278,13 +286,10 @@ class TransferQueueClient:
 
     def _check_notifies(self, block: bool) -> None:
         """Raise the first refused notify of earlier put(wait=False) calls."""
-        pending = []
-        for fut in self._notifies:
-            if block or fut.done():
-                self._session.result(fut, "notify")
-            else:
-                pending.append(fut)
-        self._notifies = pending
+        ready = [f for f in self._notifies if block or f.done()]
+        self._notifies = [f for f in self._notifies if f not in ready]
+        for fut in ready:  # the first refusal raises; the others were seen with it
+            self._session.result(fut, "notify")
 
     def flush(self) -> None:
         """Wait until every put(wait=False) is known to the controller."""
@@ -352,7 +357,7 @@ class AsyncTransferQueueClient:
     """asyncio client: control over grpc.aio, storage I/O in worker threads."""
 
     def __init__(self, address: str, password: str | None = None):
-        self._channel = grpc.aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
         self._session = AsyncSession(self._stub, TransferQueueError)
         self._data = _Data(address, password)
@@ -366,7 +371,7 @@ class AsyncTransferQueueClient:
 
     async def _call(self, method, request, timeout: float | None = 60.0):
         try:
-            return await method(request, timeout=timeout)
+            return await method(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise _wrap(exc) from None
 
@@ -396,7 +401,7 @@ class AsyncTransferQueueClient:
         n = len(next(iter(columns.values())))
         if n % max(group_size, 1):
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
-        while (indices := self._data.take_reserved(n)) is None:
+        while (indices := self._data.take_reserved(n, await self._session.open())) is None:
             self._data.refill(await self._session.call("reserve",
                                                pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)

@@ -39,6 +39,10 @@ GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION}
 GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
                 ("grpc.max_receive_message_length", 1 << 30)]
+# clients: reconnect promptly when the controller pod comes back
+CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 100),
+                                 ("grpc.min_reconnect_backoff_ms", 100),
+                                 ("grpc.max_reconnect_backoff_ms", 1000)]
 DEFAULT_MAX_ROW_BYTES = 64 << 20
 
 

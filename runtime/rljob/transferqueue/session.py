@@ -35,7 +35,7 @@ class _Stream:
         self.lock = threading.Lock()
         self.closed = False
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        self.responses = stub.Session(self._iterate())
+        self.responses = stub.Session(self._iterate(), wait_for_ready=True)
         self.reader = threading.Thread(target=self._read, name="rljob-tq-session", daemon=True)
         self.reader.start()
 
@@ -78,18 +78,27 @@ class SyncSession:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
+        self.generation = 0  # bumped per stream: a new stream may face a restarted controller
+
+    def _current(self) -> _Stream:
+        with self._lock:
+            if self._stream is None or self._stream.closed:
+                self._stream = _Stream(self._stub, self._error_type)
+                self.generation += 1
+            return self._stream
+
+    def open(self) -> int:
+        """Make sure a stream is open; returns its generation."""
+        self._current()
+        return self.generation
 
     def send(self, kind: str, request) -> Future:
         """Send one operation; the future resolves to its OpResult."""
         op = pb.Op(id=next(self._ids), **{kind: request})
         fut: Future = Future()
-        while True:
-            with self._lock:
-                if self._stream is None or self._stream.closed:
-                    self._stream = _Stream(self._stub, self._error_type)
-                stream = self._stream
-            if stream.send(op, fut):
-                return fut
+        while not self._current().send(op, fut):
+            pass
+        return fut
 
     def result(self, fut: Future, kind: str, timeout: float | None = 60.0):
         try:
@@ -118,6 +127,18 @@ class AsyncSession:
         self._pending: dict[int, asyncio.Future] = {}
         self._write_lock = asyncio.Lock()
         self._reader: asyncio.Task | None = None
+        self.generation = 0
+
+    def _ensure(self) -> None:
+        if self._call is None:
+            self._call = self._stub.Session(wait_for_ready=True)
+            self._reader = asyncio.create_task(self._read(self._call))
+            self.generation += 1
+
+    async def open(self) -> int:
+        async with self._write_lock:
+            self._ensure()
+        return self.generation
 
     async def _read(self, call) -> None:
         try:
@@ -141,9 +162,7 @@ class AsyncSession:
         op = pb.Op(id=next(self._ids), **{kind: request})
         fut = asyncio.get_running_loop().create_future()
         async with self._write_lock:
-            if self._call is None:
-                self._call = self._stub.Session()
-                self._reader = asyncio.create_task(self._read(self._call))
+            self._ensure()
             self._pending[op.id] = fut
             await self._call.write(op)
         try:
