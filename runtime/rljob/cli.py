@@ -108,8 +108,10 @@ def worker_transferqueue(
     import logging
     import os
 
+    from .transferqueue.alloc import tune_allocator
     from .transferqueue.service import TransferQueueService, UnitConfig, serve
 
+    tune_allocator()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password = os.environ.get(password_env) or None
     if redis:

@@ -321,3 +321,25 @@ def test_session_reconnects_after_a_controller_restart(redis_units):
         proc.terminate()
         proc.wait()
         c.close()
+
+
+def test_stream_loader_prefetches_and_gives_back_on_early_exit(tq):
+    from rljob.transferqueue.loader import stream_loader
+
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, Task("t", ["prompt"]))
+        c.put(0, prompts(12))
+        seen = []
+        for batch in stream_loader(c, "t", ["prompt"], 4, prefetch=2, wait=0.5):
+            seen.append(batch.indices)
+            time.sleep(0.3)  # the step: two more batches are claimed meanwhile
+            break  # leave without finishing the step
+        # nothing was acked; the batch in hand and the prefetched ones are back at once
+        again = c.claim("t", 12, min_count=12)
+        assert sorted(again.indices) == list(range(12))
+        assert {s.name: s for s in c.stats().tasks}["t"].acked == 0
+        c.release(again)
+        got = [b.indices for b in stream_loader(c, "t", ["prompt"], 4, prefetch=1,
+                                                 stop_when_idle=1.0, wait=0.5)]
+        assert sorted(i for b in got for i in b) == list(range(12))
+        assert {s.name: s for s in c.stats().tasks}["t"].acked == 12

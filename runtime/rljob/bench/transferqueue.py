@@ -138,22 +138,20 @@ def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | Non
 # ---- TransferQueue put+get -----------------------------------------------------
 def _consumer(address: str, password: str, task: str, total_rows: int, done, columns,
               ready) -> None:
+    """Consume through the stream loader (prefetching, acks after each batch)."""
     from ..transferqueue import TransferQueueClient
+    from ..transferqueue.alloc import tune_allocator
+    from ..transferqueue.loader import stream_loader
 
+    tune_allocator()
     with TransferQueueClient(address, password) as c:
         c.stats()  # connected
         ready.wait()
-        held = None  # acked with the next claim, as the stream loader does
-        while True:
-            with done.get_lock():
-                if done.value >= total_rows:
-                    break
-            batch = c.claim_get(task, ROWS_PER_BATCH, columns, wait=0.2, min_count=1, ack=held)
-            held = batch if batch.rows else None
+        loader = stream_loader(c, task, columns, ROWS_PER_BATCH, wait=0.2, min_count=1,
+                               stop_when_idle=0.6, prefetch=1)
+        for batch in loader:
             with done.get_lock():
                 done.value += len(batch.rows)
-        if held is not None:
-            c.ack(held)
 
 
 def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consumers: int,
@@ -180,9 +178,11 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
         for b in range(batches):
             c.put(b, {col: rows}, wait=False)
         c.flush()
-        for p in procs:
-            p.join()
+        while done.value < total and any(p.is_alive() for p in procs):
+            time.sleep(0.0005)
         elapsed = time.perf_counter() - start
+        for p in procs:  # they leave once idle
+            p.join()
         if done.value < total:
             raise RuntimeError(f"consumers read {done.value} of {total} rows")
     return total * row_bytes / elapsed / 1e6
@@ -191,7 +191,9 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
 # ---- claim latency -----------------------------------------------------------------
 def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
     from ..transferqueue import TransferQueueClient
+    from ..transferqueue.alloc import tune_allocator
 
+    tune_allocator()
     lat = []
     with TransferQueueClient(address, password) as c:
         batch = c.claim(task, 1, min_count=1)  # warm the channel
@@ -224,6 +226,9 @@ def claim_latency(address: str, password: str, consumers: int = 8, claims: int =
 
 
 def run(redis_url: str | None = None, quick: bool = False) -> dict:
+    from ..transferqueue.alloc import tune_allocator
+
+    tune_allocator()  # every process of the run, raw and ours alike
     password = os.environ.get(PASSWORD_ENV) or "rljob-bench"
     scale = 4 if quick else 1
     with ExitStack() as stack:

@@ -216,7 +216,9 @@ class TransferQueueClient:
         self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
         self._session = SyncSession(self._stub, TransferQueueError)
-        self._notifies: list = []  # notifies of put(wait=False) not checked yet
+        # (kind, future) of put(wait=False) / ack(wait=False) whose answer is unchecked
+        self._unchecked: list = []
+        self._unchecked_lock = threading.Lock()
         self._data = _Data(address, password)
         self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
 
@@ -266,7 +268,7 @@ class TransferQueueClient:
         notify is sent, so a streaming producer overlaps the controller's answer
         with its next write; a refused notify raises from a later put or flush().
         """
-        self._check_notifies(block=False)
+        self._check(block=False)
         n = len(next(iter(columns.values())))
         if n % max(group_size, 1):
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
@@ -281,19 +283,21 @@ class TransferQueueClient:
         if wait:
             self._session.result(fut, "notify")
         else:
-            self._notifies.append(fut)
+            with self._unchecked_lock:
+                self._unchecked.append(("notify", fut))
         return indices
 
-    def _check_notifies(self, block: bool) -> None:
-        """Raise the first refused notify of earlier put(wait=False) calls."""
-        ready = [f for f in self._notifies if block or f.done()]
-        self._notifies = [f for f in self._notifies if f not in ready]
-        for fut in ready:  # the first refusal raises; the others were seen with it
-            self._session.result(fut, "notify")
+    def _check(self, block: bool) -> None:
+        """Raise the first refusal among earlier wait=False puts and acks."""
+        with self._unchecked_lock:
+            ready = [(k, f) for k, f in self._unchecked if block or f.done()]
+            self._unchecked = [(k, f) for k, f in self._unchecked if not (block or f.done())]
+        for kind, fut in ready:  # the first refusal raises; the others were seen with it
+            self._session.result(fut, kind)
 
     def flush(self) -> None:
-        """Wait until every put(wait=False) is known to the controller."""
-        self._check_notifies(block=True)
+        """Wait until every put/ack sent with wait=False is answered; raise a refusal."""
+        self._check(block=True)
 
     def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
         """Lease up to `count` ready rows of `task` (metadata only; see `get`).
@@ -315,11 +319,19 @@ class TransferQueueClient:
         batch = self.claim(task, count, **kwargs)
         return self.get(batch, columns) if batch.rows else batch
 
-    def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
+    def ack(self, batch: Batch, indices: Sequence[int] | None = None, wait: bool = True) -> int:
+        """Mark rows of the batch consumed by its task. With wait=False, return at once
+        (-1) and surface a refusal from a later put/ack or flush()."""
         if not batch.lease:
             return 0
-        return self._session.call("ack", pb.AckRequest(
-            task=batch.task, lease=batch.lease, indices=list(indices or []))).acked
+        self._check(block=False)
+        fut = self._session.send("ack", pb.AckRequest(
+            task=batch.task, lease=batch.lease, indices=list(indices or [])))
+        if not wait:
+            with self._unchecked_lock:
+                self._unchecked.append(("ack", fut))
+            return -1
+        return self._session.result(fut, "ack").acked
 
     def extend(self, batch: Batch) -> float:
         """Keep the batch's lease alive (call well within lease_seconds)."""

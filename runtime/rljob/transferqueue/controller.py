@@ -13,6 +13,7 @@ deletes its cells from the storage units.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from collections import deque
@@ -100,8 +101,11 @@ class TaskState:
     stale_regenerated: int = 0
     ack_times: deque = field(default_factory=lambda: deque(maxlen=4096))
 
+    ready_parts: list[int] = field(default_factory=list)  # sorted ids of non-empty ready sets
+    n_ready: int = 0
+
     def ready_count(self) -> int:
-        return sum(len(p) for p in self.ready.values())
+        return self.n_ready
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,7 @@ class Controller:
                 raise TQError(f"{name} has {len(values)} entries for {len(indices)} rows")
         if create:
             self._create(list(indices), partition, group_size)
-        before = sum(t.ready_count() for t in self.tasks.values())
+        before = sum(t.n_ready for t in self.tasks.values())
         first = frozenset(columns)
         for i, idx in enumerate(indices):
             row = self.rows[idx]
@@ -320,7 +324,7 @@ class Controller:
                 self.bytes_written += int(nbytes[i])
             for state in self.tasks.values():
                 self._refresh(row, state)
-        return sum(t.ready_count() for t in self.tasks.values()) - before
+        return sum(t.n_ready for t in self.tasks.values()) - before
 
     def _is_ready(self, row: Row, state: TaskState) -> bool:
         name = state.spec.name
@@ -328,17 +332,24 @@ class Controller:
                 and name not in row.acked and name not in row.leased)
 
     def _refresh(self, row: Row, state: TaskState) -> None:
-        ready = state.ready.get(row.partition)
+        p = row.partition
+        ready = state.ready.get(p)
         now = self._is_ready(row, state)
         was = ready is not None and row.index in ready
         if now and not was:
             if ready is None:
-                ready = state.ready[row.partition] = {}
+                ready = state.ready[p] = {}
+                bisect.insort(state.ready_parts, p)
             ready[row.index] = None
+            state.n_ready += 1
             state.group_ready[row.group] = state.group_ready.get(row.group, 0) + 1
         elif was and not now:
             del ready[row.index]
+            state.n_ready -= 1
             state.group_ready[row.group] -= 1
+            if not ready:
+                del state.ready[p]
+                del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
 
     # ---- claims ---------------------------------------------------------
     def claim(self, req: ClaimRequest) -> Claim | None:
@@ -378,7 +389,7 @@ class Controller:
     def _candidate_partitions(self, state: TaskState, req: ClaimRequest) -> list[int]:
         if req.partition is not None:
             return [req.partition] if req.partition in state.ready else []
-        return sorted(p for p, r in state.ready.items() if r)
+        return state.ready_parts
 
     def _pick(self, state: TaskState, req: ClaimRequest) -> list[int]:
         picked: list[int] = []
@@ -413,8 +424,8 @@ class Controller:
         return picked
 
     def _filter_stale(self, state: TaskState, req: ClaimRequest) -> None:
-        for p in self._candidate_partitions(state, req):
-            stale = [i for i in state.ready[p] if self.rows[i].version < req.min_version]
+        for p in list(self._candidate_partitions(state, req)):
+            stale = [i for i in state.ready.get(p, ()) if self.rows[i].version < req.min_version]
             for idx in stale:
                 row = self.rows[idx]
                 if req.on_stale == "regenerate":
@@ -526,7 +537,11 @@ class Controller:
             for state in self.tasks.values():
                 state.group_ready.pop(r.group, None)
         for state in self.tasks.values():
-            state.ready.pop(p, None)
+            # a task outside the row's flow may still list it (odd columns written)
+            stale = state.ready.pop(p, None)
+            if stale:
+                state.n_ready -= len(stale)
+                del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
         del self.partition_done[p]
         self.cleared_partitions += 1
         return Cleared(p, cells)

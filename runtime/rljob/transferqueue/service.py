@@ -90,6 +90,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 self.units.append(connect(u.backend, u.address, job=job, password=u.password))
         self.metrics = JobMetricsStore()
         self._changed: asyncio.Condition | None = None
+        self._to_delete: list[Cleared] = []
+        self._delete_wanted = asyncio.Event()
 
     # ---- helpers ------------------------------------------------------------
     @property
@@ -107,9 +109,19 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         await context.abort(code, str(exc))
 
     def _clear(self, cleared: list[Cleared]) -> None:
-        """Delete cleared partitions' cells in a worker thread: acks return at once."""
+        """Queue cleared partitions' cells for deletion: acks return at once, and a
+        background task deletes what piled up in one worker-thread call."""
         if cleared:
-            asyncio.get_running_loop().run_in_executor(None, self._delete_cells, cleared)
+            self._to_delete.extend(cleared)
+            self._delete_wanted.set()
+
+    async def delete_cleared(self, linger: float = 0.02) -> None:
+        while True:
+            await self._delete_wanted.wait()
+            await asyncio.sleep(linger)  # let a few acks pile up
+            self._delete_wanted.clear()
+            batch, self._to_delete = self._to_delete, []
+            await asyncio.get_running_loop().run_in_executor(None, self._delete_cells, batch)
 
     def _delete_cells(self, cleared: list[Cleared]) -> None:
         for c in cleared:
@@ -185,11 +197,11 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 # out of time: hand over whatever is ready (maybe nothing)
                 claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
                 break
-            async with self.changed:
-                try:
-                    await asyncio.wait_for(self.changed.wait(), min(remaining, 0.5))
-                except TimeoutError:
-                    pass
+            try:
+                async with asyncio.timeout(min(remaining, 0.5)), self.changed:
+                    await self.changed.wait()
+            except TimeoutError:
+                pass
         if claim is None:
             return pb.ClaimResponse(lease="", lease_seconds=self.controller.lease_seconds)
         return pb.ClaimResponse(
@@ -268,11 +280,10 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         """Ops in, results out (matched by id). A stream message costs the server a
         fraction of a unary call, which is what the data path pays per batch.
         Ops run in arrival order; a claim that has to wait runs on its own."""
-        out: asyncio.Queue = asyncio.Queue()
+        write_lock = asyncio.Lock()
         waiting: set[asyncio.Task] = set()
 
-        async def run(op_msg):
-            kind = op_msg.WhichOneof("op")
+        async def run(op_msg, kind):
             result = pb.OpResult(id=op_msg.id)
             try:
                 resp = await SESSION_OPS[kind](self, getattr(op_msg, kind))
@@ -281,31 +292,26 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 result.code = GRPC_CODE.get(getattr(exc, "code", ""),
                                             grpc.StatusCode.INVALID_ARGUMENT).value[0]
                 result.error = str(exc)
-            await out.put(result)
+            async with write_lock:
+                await context.write(result)
 
-        async def read():
+        try:
             async for op_msg in request_iterator:
                 kind = op_msg.WhichOneof("op")
                 if kind not in SESSION_OPS:
-                    await out.put(pb.OpResult(id=op_msg.id,
-                                              code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                                              error=f"unknown session op {kind!r}"))
+                    async with write_lock:
+                        await context.write(pb.OpResult(
+                            id=op_msg.id, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                            error=f"unknown session op {kind!r}"))
                 elif kind == "claim" and op_msg.claim.wait_seconds > 0:
-                    task = asyncio.create_task(run(op_msg))
+                    task = asyncio.create_task(run(op_msg, kind))
                     waiting.add(task)
                     task.add_done_callback(waiting.discard)
                 else:
-                    await run(op_msg)
+                    await run(op_msg, kind)
             if waiting:
                 await asyncio.gather(*waiting)
-            await out.put(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (result := await out.get()) is not None:
-                yield result
         finally:
-            reader.cancel()
             for task in list(waiting):
                 task.cancel()
 
@@ -373,6 +379,7 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     reaper = asyncio.create_task(service.reap_leases())
+    deleter = asyncio.create_task(service.delete_cleared())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -388,5 +395,7 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reaper.cancel()
     await server.stop(grace)
+    deleter.cancel()
+    service._delete_cells(service._to_delete)  # what the last acks cleared
     for u in service.units:
         u.close()
