@@ -3,9 +3,10 @@
 Side by side in one run, on one redis-server and one controller process:
 - put+get MB/s of 64-row batches (4 KB, 64 KB, 256 KB rows) through
   TransferQueue with 1 and 4 consumer processes (producer in this process);
-- the same server's raw pipelined MSET+MGET MB/s for the same payloads
-  (redis-py, memoryviews, one MSET, MGET and UNLINK per batch) and our ratio
-  to it, plus redis-benchmark's SET and GET MB/s (C client) for context;
+- the same server's raw pipelined SET and GET MB/s for the same payloads
+  (redis-py, zero-copy packer, one MSET / MGET per batch; see raw_pipeline)
+  and our ratio to the combined put+get figure, plus redis-benchmark's SET and
+  GET MB/s (C client, one hot key) for context;
 - claim latency p50/p99 with 8 concurrent consumer processes.
 """
 
@@ -86,29 +87,46 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 # ---- raw redis ceiling -------------------------------------------------------
-def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) -> float:
-    """MB/s of the same batches straight to redis with redis-py, no TransferQueue.
+def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) -> dict:
+    """The same batches straight to redis with redis-py (zero-copy packer), no TransferQueue.
 
-    The same lifecycle as a TransferQueue partition, minus the control plane:
-    one MSET of 64 fresh keys (memoryviews, zero-copy packer), one MGET of
-    them, one UNLINK, per batch, from one client.
+    `set` and `get`: MB/s of pipelined MSET of every batch (64 fresh keys each),
+    then MGET (+UNLINK) of every batch, as redis-benchmark runs SET then GET;
+    `put_get`: the same bytes written and read, 1 / (1/set + 1/get), the figure
+    our put+get is compared with. `interleaved`: MSET, MGET and UNLINK of one
+    batch after the other, each batch read back while still in the CPU cache,
+    a best case no pipeline with queued data reaches (reported for context).
     """
     from ..transferqueue.storage.redis_unit import RedisUnit
 
     unit = RedisUnit(redis_url, job="raw", password=password)
     views = [memoryview(np.random.bytes(row_bytes)) for _ in range(ROWS_PER_BATCH)]
-    start = time.perf_counter()
-    for b in range(batches):
-        keys = [f"raw:{b}:{i}".encode() for i in range(ROWS_PER_BATCH)]
-        flat = [x for kv in zip(keys, views) for x in kv]
-        unit.client.execute_command("MSET", *flat)
-        got = unit.client.execute_command("MGET", *keys)
+    keys = [[f"raw:{b}:{i}".encode() for i in range(ROWS_PER_BATCH)] for b in range(batches)]
+
+    def mset(b):
+        unit.client.execute_command("MSET", *[x for kv in zip(keys[b], views) for x in kv])
+
+    def mget_unlink(b):
+        got = unit.client.execute_command("MGET", *keys[b])
         if len(got[-1]) != row_bytes:
             raise RuntimeError("raw MGET returned a short value")
-        unit.client.unlink(*keys)
-    elapsed = time.perf_counter() - start
+        unit.client.unlink(*keys[b])
+
+    mb = batches * ROWS_PER_BATCH * row_bytes / 1e6
+    t0 = time.perf_counter()
+    for b in range(batches):
+        mset(b)
+    t1 = time.perf_counter()
+    for b in range(batches):
+        mget_unlink(b)
+    t2 = time.perf_counter()
+    for b in range(batches):
+        mset(b)
+        mget_unlink(b)
+    t3 = time.perf_counter()
     unit.close()
-    return batches * ROWS_PER_BATCH * row_bytes / elapsed / 1e6
+    return {"set": mb / (t1 - t0), "get": mb / (t2 - t1), "put_get": mb / (t2 - t0),
+            "interleaved": mb / (t3 - t2)}
 
 
 def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | None:
@@ -244,7 +262,9 @@ def run(redis_url: str | None = None, quick: bool = False) -> dict:
                     for n in (1, 4)}
             results["raw"][label] = raw
             results["put_get"][label] = ours
-            results["ratio_to_raw"][label] = ours["1_consumers"] / raw
+            results["ratio_to_raw"][label] = ours["1_consumers"] / raw["put_get"]
+            results.setdefault("ratio_to_interleaved", {})[label] = (
+                ours["1_consumers"] / raw["interleaved"])
             bench = redis_benchmark(url, password, size)
             if bench:
                 results.setdefault("redis_benchmark", {})[label] = bench
@@ -258,16 +278,21 @@ def render(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"TransferQueue put+get vs raw redis ({results['rows_per_batch']}-row batches)")
-    for col in ("row size", "TQ 1 consumer MB/s", "TQ 4 consumers MB/s", "raw redis-py MB/s",
-                "ratio", "redis-benchmark SET / GET MB/s"):
+    table = Table(title=f"TransferQueue put+get vs raw redis, MB/s ({results['rows_per_batch']}-row batches)")
+    for col in ("row", "TQ 1 consumer", "TQ 4 consumers", "raw SET / GET", "raw put+get",
+                "ratio", "raw interleaved (ratio)", "redis-benchmark SET / GET"):
+        # all MB/s; ratio = TQ 1 consumer / raw put+get
         table.add_column(col, justify="right")
     rb = results.get("redis_benchmark", {})
     for label, ours in results["put_get"].items():
+        raw = results["raw"][label]
         ctx = f"{rb[label]['set']:.0f} / {rb[label]['get']:.0f}" if label in rb else "n/a"
         table.add_row(label, f"{ours['1_consumers']:.0f}", f"{ours['4_consumers']:.0f}",
-                      f"{results['raw'][label]:.0f}", f"{results['ratio_to_raw'][label]:.2f}", ctx)
-    console = Console()
+                      f"{raw['set']:.0f} / {raw['get']:.0f}", f"{raw['put_get']:.0f}",
+                      f"{results['ratio_to_raw'][label]:.2f}",
+                      f"{raw['interleaved']:.0f} ({results['ratio_to_interleaved'][label]:.2f})",
+                      ctx)
+    console = Console(width=max(Console().width, 132))
     console.print(table)
     lat = results["claim_latency_ms"]
     console.print(f"claim latency with {lat['consumers']} concurrent consumers: "
