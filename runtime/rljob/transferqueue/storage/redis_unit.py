@@ -2,7 +2,7 @@
 
 Cells are sent without copies: redis-py's pure-Python command packer passes
 memoryviews to the socket as they are (its hiredis packer would join them into
-one buffer first, about 5x slower for large rows; see REDIS_LIMITS).
+one buffer first, several times slower for large rows).
 """
 
 from __future__ import annotations
