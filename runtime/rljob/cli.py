@@ -85,6 +85,147 @@ def validate(
         raise typer.Exit(1)
 
 
+def _load_job(path: Path):
+    from .api.validation import RLJobError, load_rljob
+
+    try:
+        return load_rljob(str(path))
+    except RLJobError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+
+
+def _job_model(path: Path, profile: Path | None):
+    from .planner.job import job_model
+    from .planner.profile import Profile
+
+    job = _load_job(path)
+    try:
+        prof = Profile.load(profile) if profile else None
+        return job, job_model(job.spec, prof)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"{profile or path}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def plan(
+    file: Path = typer.Argument(..., help="RLJob YAML."),
+    npus: int = typer.Option(None, help="NPUs to split between rollout and training "
+                             "(default: what the job asks for now)."),
+    cross: str = typer.Option(None, help="Separate pools 'ROLLOUT,TRAINER' (e.g. two "
+                              "datacenters) instead of one --npus pool."),
+    profile: Path = typer.Option(None, help="Measured profile JSON (else analytic figures)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Split NPUs between rollout and training (StreamRL Algorithm 1)."""
+    import json
+
+    from .planner.allocation import Allocation, allocate_cross, allocate_single
+    from .planner.scaling import gain_of_one_more_replica
+
+    job, model = _job_model(file, profile)
+    spec = job.spec
+    current = Allocation(spec.rollout.replicas, spec.rollout.replicas * model.npus_per_replica,
+                         spec.trainer.world_size, model.tgen(spec.rollout.replicas),
+                         model.ttrain(spec.trainer.world_size))
+    try:
+        if cross:
+            try:
+                rpool, tpool = (int(x) for x in cross.split(","))
+            except ValueError:
+                typer.echo("--cross takes two NPU counts: ROLLOUT,TRAINER (e.g. 32,16)", err=True)
+                raise typer.Exit(2) from None
+            best = allocate_cross(rpool, tpool, model.npus_per_replica,
+                                  model.trainer_sizes(tpool), model.tgen, model.ttrain)
+        else:
+            total = npus or current.npus
+            best = allocate_single(total, model.npus_per_replica, model.trainer_sizes(total),
+                                   model.tgen, model.ttrain)
+    except ValueError as exc:
+        typer.echo(f"{file}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+    def row(a: Allocation) -> dict:
+        return {"rollout_replicas": a.rollout_replicas, "rollout_npus": a.rollout_npus,
+                "trainer_npus": a.trainer_npus, "gen_seconds": a.gen_seconds,
+                "train_seconds": a.train_seconds, "step_seconds": a.step_seconds,
+                "idle_ratio": a.idle_ratio,
+                "gain_of_one_more_replica": gain_of_one_more_replica(
+                    model.gen, model.workload, a.rollout_replicas)}
+
+    out = {"job": job.metadata.name, "source": model.source, "plan": row(best),
+           "current": row(current),
+           "workload": {"samples": model.workload.samples,
+                        "mean_output_tokens": model.workload.mean_output,
+                        "max_output_tokens": model.workload.max_output}}
+    if json_out:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{job.metadata.name}: rollout/trainer split ({model.source})")
+    for col in ("", "rollout", "trainer NPUs", "Tgen s", "Ttrain s", "step s", "idle",
+                "δ′ of +1 replica s"):
+        table.add_column(col, justify="right")
+    for name, r in (("plan", out["plan"]), ("as specified", out["current"])):
+        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} NPU",
+                      str(r["trainer_npus"]), f"{r['gen_seconds']:.2f}",
+                      f"{r['train_seconds']:.2f}", f"{r['step_seconds']:.2f}",
+                      f"{r['idle_ratio']:.0%}", f"{r['gain_of_one_more_replica']:.2f}")
+    Console(width=max(Console().width, 110)).print(table)
+
+
+@app.command()
+def simulate(
+    file: Path = typer.Argument(..., help="RLJob YAML."),
+    out: Path = typer.Option(Path("simulate.png"), "--out", "-o", help="Gantt chart PNG."),
+    steps: int = typer.Option(20, help="Steps to simulate."),
+    tail_sigma: float = typer.Option(0.6, help="Log-normal sigma of per-sample generation "
+                                     "time (0 = every sample alike)."),
+    weight_sync_seconds: float = typer.Option(None, help="Weight transfer time per step "
+                                              "(default: model bytes at 10 GB/s)."),
+    profile: Path = typer.Option(None, help="Measured profile JSON (else analytic figures)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Simulate the job's pipeline in sync, periodic and async modes; write a Gantt PNG."""
+    import json
+
+    from .planner.job import pipeline_config
+    from .planner.simulator import plot_gantt, simulate as run_sim
+
+    job, model = _job_model(file, profile)
+    k = job.spec.workflow.staleness_bound or 1
+    variants = [("sync", False), ("periodic", True), ("async", True)]
+    results = [run_sim(pipeline_config(model, mode, streaming, steps, tail_sigma,
+                                       weight_sync_seconds)) for mode, streaming in variants]
+    base = results[0].throughput
+    rows = [{"mode": r.config.mode if r.config.mode != "async" else f"async(k={k})",
+             "step_seconds": r.step_seconds, "samples_per_second": r.throughput,
+             "speedup_vs_sync": r.throughput / base, "bubble_ratio": r.bubble_ratio,
+             "max_staleness": max(r.staleness, default=0)} for r in results]
+    window = min(r.makespan for r in results)
+    plot_gantt(results, str(out), window=window)
+    if json_out:
+        typer.echo(json.dumps({"job": job.metadata.name, "modes": rows, "gantt": str(out)},
+                              indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{job.metadata.name}: simulated pipeline, {steps} steps "
+                        f"({model.source})")
+    for col in ("mode", "step s", "samples/s", "vs sync", "bubble ratio", "max staleness"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["mode"], f"{r['step_seconds']:.2f}", f"{r['samples_per_second']:.1f}",
+                      f"{r['speedup_vs_sync']:.2f}x", f"{r['bubble_ratio']:.0%}",
+                      str(r["max_staleness"]))
+    Console(width=max(Console().width, 100)).print(table)
+    typer.echo(f"wrote {out}")
+
+
 worker_app = typer.Typer(help="Pod entrypoints of the job's components.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
 

@@ -24,6 +24,9 @@ from .samplers import balance_over_ranks
 from .schema import ColumnSpec
 
 
+POLICIES = ("fifo", "group", "token_balanced", "longest_first", "shortest_first")
+
+
 class TQError(Exception):
     """A request the controller refuses; nothing was changed."""
 
@@ -113,7 +116,7 @@ class ClaimRequest:
     task: str
     count: int
     min_count: int | None = None
-    policy: str = "fifo"  # fifo | group | token_balanced
+    policy: str = "fifo"  # fifo | group | token_balanced | longest_first | shortest_first
     token_budget: int | None = None
     dp_size: int = 1
     partition: int | None = None
@@ -357,8 +360,8 @@ class Controller:
         state = self._task(req.task)
         if req.count < 1:
             raise TQError(f"count must be at least 1, got {req.count}")
-        if req.policy not in ("fifo", "group", "token_balanced"):
-            raise TQError(f"unknown claim policy {req.policy!r}: use fifo, group or token_balanced")
+        if req.policy not in POLICIES:
+            raise TQError(f"unknown claim policy {req.policy!r}: use one of {', '.join(POLICIES)}")
         if req.on_stale == "regenerate":
             if not req.stale_producer:
                 raise TQError("on_stale regenerate needs stale_producer (the task that makes rows)")
@@ -412,15 +415,19 @@ class Controller:
                     picked.extend(members)
                     tokens += group_tokens
             return picked
-        for p in self._candidate_partitions(state, req):
-            for idx in state.ready[p]:
-                length = self.rows[idx].length
-                if budget is not None and picked and tokens + length > budget:
-                    return picked
-                picked.append(idx)
-                tokens += length
-                if len(picked) == req.count:
-                    return picked
+        if req.policy in ("longest_first", "shortest_first"):
+            ids = [i for p in self._candidate_partitions(state, req) for i in state.ready[p]]
+            ids.sort(key=lambda i: self.rows[i].length, reverse=req.policy == "longest_first")
+        else:
+            ids = (i for p in self._candidate_partitions(state, req) for i in state.ready[p])
+        for idx in ids:
+            length = self.rows[idx].length
+            if budget is not None and picked and tokens + length > budget:
+                return picked
+            picked.append(idx)
+            tokens += length
+            if len(picked) == req.count:
+                return picked
         return picked
 
     def _filter_stale(self, state: TaskState, req: ClaimRequest) -> None:

@@ -31,7 +31,8 @@ log = logging.getLogger("rljob.transferqueue")
 KIND_TO_PB = {"tensor": pb.TENSOR, "scalar": pb.SCALAR, "json": pb.JSON}
 PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
 POLICY = {pb.CLAIM_POLICY_UNSPECIFIED: "fifo", pb.FIFO: "fifo", pb.GROUP: "group",
-          pb.TOKEN_BALANCED: "token_balanced"}
+          pb.TOKEN_BALANCED: "token_balanced", pb.LONGEST_FIRST: "longest_first",
+          pb.SHORTEST_FIRST: "shortest_first"}
 STALE = {pb.STALE_POLICY_UNSPECIFIED: "discard", pb.DISCARD: "discard",
          pb.REGENERATE: "regenerate"}
 GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,

@@ -26,6 +26,8 @@ class ClaimPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIFO: _ClassVar[ClaimPolicy]
     GROUP: _ClassVar[ClaimPolicy]
     TOKEN_BALANCED: _ClassVar[ClaimPolicy]
+    LONGEST_FIRST: _ClassVar[ClaimPolicy]
+    SHORTEST_FIRST: _ClassVar[ClaimPolicy]
 COLUMN_KIND_UNSPECIFIED: ColumnKind
 TENSOR: ColumnKind
 SCALAR: ColumnKind
@@ -37,6 +39,8 @@ CLAIM_POLICY_UNSPECIFIED: ClaimPolicy
 FIFO: ClaimPolicy
 GROUP: ClaimPolicy
 TOKEN_BALANCED: ClaimPolicy
+LONGEST_FIRST: ClaimPolicy
+SHORTEST_FIRST: ClaimPolicy
 
 class ColumnSpec(_message.Message):
     __slots__ = ("name", "kind", "dtype", "trailing_shape")

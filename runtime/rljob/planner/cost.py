@@ -1,0 +1,82 @@
+"""The cost model: how long one step's generation and training take.
+
+StreamRL eq. 2 gives the generation time of one instance serving M samples of
+output length L with decode batch BS as PTL(BS) · L · ⌈M / BS⌉ (`wave_time`).
+Rollout engines batch continuously (a finished sequence's slot is refilled at
+once), so for lengths that vary the planner uses the continuous form
+(`instance_time`): the instance runs max(tokens / BS, L_max) decode steps at
+the average batch those steps carry. For equal lengths and M a multiple of BS
+both are the same number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .profile import GenProfile, TrainProfile
+
+
+def wave_time(gen: GenProfile, output_len: float, samples: int, batch: int | None = None) -> float:
+    """StreamRL eq. 2: PTL(BS) · L · ⌈M / BS⌉ for one instance."""
+    if samples <= 0:
+        return 0.0
+    bs = min(batch or gen.max_batch_size, gen.max_batch_size, samples)
+    return gen.ptl(bs) * output_len * math.ceil(samples / bs)
+
+
+def instance_time(gen: GenProfile, tokens: float, longest: float, batch: int | None = None) -> float:
+    """Continuous batching: decode steps = max(tokens / BS, longest output), each at
+    PTL of the average number of sequences in flight."""
+    if tokens <= 0:
+        return 0.0
+    bs = min(batch or gen.max_batch_size, gen.max_batch_size)
+    steps = max(tokens / bs, longest)
+    return steps * gen.ptl(tokens / steps)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training step's generation work."""
+
+    samples: int  # prompts × group size
+    mean_output: float  # tokens
+    max_output: float  # the longest output (the tail that bounds an instance)
+    prompt_tokens: float = 256.0
+
+    @property
+    def output_tokens(self) -> float:
+        return self.samples * self.mean_output
+
+    @property
+    def train_tokens(self) -> float:
+        return self.samples * (self.prompt_tokens + self.mean_output)
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int], samples: int | None = None,
+                     prompt_tokens: float = 256.0) -> Workload:
+        if not lengths:
+            raise ValueError("no output lengths given")
+        n = samples if samples is not None else len(lengths)
+        return cls(n, sum(lengths) / len(lengths), float(max(lengths)), prompt_tokens)
+
+    @classmethod
+    def assumed(cls, samples: int, max_new_tokens: int, prompt_tokens: float = 256.0) -> Workload:
+        """Without measurements: outputs average half the cap and some reach it."""
+        return cls(samples, max_new_tokens / 2, float(max_new_tokens), prompt_tokens)
+
+
+def generation_time(gen: GenProfile, workload: Workload, replicas: int) -> float:
+    """Tgen: the step's samples, token-balanced over `replicas` instances; the
+    instance holding the longest sample sets the pace."""
+    if replicas < 1:
+        return math.inf
+    return instance_time(gen, workload.output_tokens / replicas, workload.max_output)
+
+
+def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:
+    """Ttrain of one step on `npus` trainer NPUs."""
+    if npus < 1:
+        return math.inf
+    return train.step_seconds(workload.train_tokens, npus)

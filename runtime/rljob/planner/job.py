@@ -1,0 +1,107 @@
+"""From an RLJob spec (and optionally a measured profile) to planner inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..api.spec import RLJobSpec
+from .cost import Workload, generation_time, training_time
+from .profile import HARDWARE, MODEL_PRESETS, GenProfile, Hardware, ModelShape, Profile, TrainProfile
+from .simulator import PipelineConfig
+
+PROMPT_TOKENS = 256.0  # assumed prompt length when no profile says otherwise
+
+
+def model_shape(spec: RLJobSpec) -> ModelShape:
+    """The model's size: its config.json when the path is local, else a known preset."""
+    path = spec.model.path.removeprefix("random:")
+    config = Path(path) / "config.json"
+    if config.is_file():
+        return ModelShape.from_config(json.loads(config.read_text()),
+                                      4 if spec.model.dtype == "float32" else 2)
+    name = re.sub(r"[^a-z0-9.]+", "-", path.lower())
+    for key in sorted(MODEL_PRESETS, key=len, reverse=True):
+        if key in name:
+            return MODEL_PRESETS[key]
+    raise ValueError(f"cannot size model {spec.model.path!r}: no config.json there and no preset "
+                     f"matches (known: {', '.join(MODEL_PRESETS)}); pass --profile with a "
+                     "measured profile")
+
+
+@dataclass
+class JobModel:
+    """Cost-model inputs of one job."""
+
+    spec: RLJobSpec
+    hardware: Hardware
+    gen: GenProfile
+    train: TrainProfile
+    workload: Workload
+    source: str
+
+    @property
+    def npus_per_replica(self) -> int:
+        return self.spec.rollout.npus_per_replica
+
+    def trainer_sizes(self, limit: int) -> list[int]:
+        unit = self.spec.trainer.parallelism.tp * self.spec.trainer.parallelism.pp
+        return list(range(unit, limit + 1, unit))
+
+    def tgen(self, replicas: int) -> float:
+        return generation_time(self.gen, self.workload, replicas)
+
+    def ttrain(self, npus: int) -> float:
+        return training_time(self.train, self.workload, npus)
+
+
+def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
+    hw = HARDWARE[spec.accelerator.type]
+    samples = spec.algorithm.samples_per_step
+    if profile is not None:
+        if profile.output_lengths:
+            workload = Workload.from_lengths(profile.output_lengths, samples, profile.prompt_tokens)
+        else:
+            workload = Workload.assumed(samples, spec.rollout.max_new_tokens, profile.prompt_tokens)
+        return JobModel(spec, hw, profile.gen, profile.train, workload, "measured profile")
+    shape = model_shape(spec)
+    context = int(PROMPT_TOKENS + spec.rollout.max_new_tokens)
+    gen = GenProfile.analytic(hw, shape, spec.rollout.tensor_parallel, context)
+    train = TrainProfile.analytic(hw, shape)
+    workload = Workload.assumed(samples, spec.rollout.max_new_tokens, PROMPT_TOKENS)
+    return JobModel(spec, hw, gen, train, workload, f"analytic, {hw.name}")
+
+
+def pipeline_config(model: JobModel, mode: str, streaming: bool = True, steps: int = 20,
+                    tail_sigma: float = 0.6, weight_sync_seconds: float | None = None,
+                    seed: int = 0) -> PipelineConfig:
+    """The job's shape as a simulator input: per-sample generation time from the
+    cost model at the replica's batch, trainer time per sample from Ttrain."""
+    spec = model.spec
+    samples = spec.algorithm.samples_per_step
+    replicas = spec.rollout.replicas
+    slots = max(1, min(model.gen.max_batch_size, -(-samples // replicas)))
+    gen_mean = model.workload.mean_output * model.gen.ptl(slots)
+    ttrain = model.ttrain(spec.trainer.world_size)
+    if weight_sync_seconds is None:
+        # weights over the network at ~10 GB/s, a coarse default
+        shape_bytes = _weight_bytes(model)
+        weight_sync_seconds = shape_bytes / 10e9
+    return PipelineConfig(
+        mode=mode, max_staleness=spec.workflow.staleness_bound or 1, streaming=streaming,
+        steps=steps, samples_per_step=samples, micro_batch=spec.algorithm.micro_batch_size,
+        replicas=replicas, slots=slots, gen_mean=gen_mean, gen_sigma=tail_sigma,
+        gen_max_factor=max(2.0, model.workload.max_output / max(model.workload.mean_output, 1)),
+        train_per_sample=ttrain / samples, weight_sync_seconds=weight_sync_seconds,
+        weight_sync=spec.workflow.weight_sync, replica_npus=spec.rollout.npus_per_replica,
+        trainer_npus=spec.trainer.world_size, seed=seed)
+
+
+def _weight_bytes(model: JobModel) -> float:
+    try:
+        shape = model_shape(model.spec)
+    except ValueError:
+        return 0.0
+    return shape.params * shape.bytes_per_param
