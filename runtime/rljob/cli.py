@@ -289,5 +289,22 @@ def bench_transferqueue(
         bench.render(results)
 
 
+@bench_app.command("dispatch")
+def bench_dispatch(
+    seeds: int = typer.Option(5, help="Synthetic steps per scenario."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Makespan of random vs skew-aware vs oracle dispatch on a long-tail workload."""
+    import json
+
+    from .bench import dispatch as bench
+
+    results = bench.run(seeds)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 def main() -> None:
     app()

@@ -1,0 +1,72 @@
+"""`rljob plan` and `rljob simulate` on the shipped examples, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def rljob(*args):
+    return subprocess.run([sys.executable, "-m", "rljob", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_plan_prints_a_feasible_split(path):
+    out = rljob("plan", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    best, now = plan["plan"], plan["current"]
+    assert best["step_seconds"] <= now["step_seconds"] * (1 + 1e-9)
+    assert best["rollout_npus"] + best["trainer_npus"] <= now["rollout_npus"] + now["trainer_npus"]
+    assert 0 <= best["idle_ratio"] < 1 and best["gain_of_one_more_replica"] >= 0
+    table = rljob("plan", str(path))
+    assert table.returncode == 0 and "Tgen" in table.stdout
+
+
+def test_plan_with_a_profile_more_npus_and_two_pools(tmp_path):
+    from rljob.planner.profile import GenProfile, Profile, TrainProfile
+
+    prof = tmp_path / "profile.json"
+    Profile(GenProfile([1, 32, 128], [0.02, 0.025, 0.04], 128),
+            TrainProfile([8, 16, 32], [20000.0, 38000.0, 70000.0]),
+            output_lengths=[200, 400, 900, 1800]).save(prof)
+    job = str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml")
+    out = json.loads(rljob("plan", job, "--npus", "64", "--profile", str(prof), "--json").stdout)
+    assert out["source"] == "measured profile"
+    assert out["plan"]["rollout_npus"] + out["plan"]["trainer_npus"] <= 64
+    assert out["workload"]["max_output_tokens"] == 1800
+    cross = json.loads(rljob("plan", job, "--cross", "32,16", "--json").stdout)
+    assert cross["plan"]["rollout_npus"] <= 32 and cross["plan"]["trainer_npus"] <= 16
+    bad = rljob("plan", job, "--cross", "32")
+    assert bad.returncode == 2 and "ROLLOUT,TRAINER" in bad.stderr
+    missing = rljob("plan", job, "--profile", str(tmp_path / "nope.json"))
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+def test_simulate_compares_modes_and_writes_the_gantt(tmp_path):
+    png = tmp_path / "sim.png"
+    out = rljob("simulate", str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"), "-o",
+                str(png), "--steps", "10", "--json")
+    assert out.returncode == 0, out.stderr
+    modes = {m["mode"]: m for m in json.loads(out.stdout)["modes"]}
+    assert set(modes) == {"sync", "periodic", "async(k=1)"}
+    assert modes["sync"]["speedup_vs_sync"] == 1.0
+    assert modes["async(k=1)"]["samples_per_second"] >= modes["sync"]["samples_per_second"]
+    assert modes["periodic"]["max_staleness"] == 0 and modes["async(k=1)"]["max_staleness"] <= 1
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_unsized_models_get_a_clear_error(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml").read_text()
+                   .replace("/models/Qwen2.5-7B-Instruct", "/models/mystery-model"))
+    out = rljob("plan", str(job))
+    assert out.returncode == 1 and "cannot size model" in out.stderr

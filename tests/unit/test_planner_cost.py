@@ -1,0 +1,138 @@
+"""Cost model, allocation (Algorithm 1 vs brute force) and the scale-out gain."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rljob.planner.allocation import allocate_brute_force, allocate_cross, allocate_single
+from rljob.planner.cost import Workload, generation_time, instance_time, wave_time
+from rljob.planner.profile import (
+    HARDWARE,
+    MODEL_PRESETS,
+    GenProfile,
+    Hardware,
+    ModelShape,
+    Profile,
+    TrainProfile,
+)
+from rljob.planner.scaling import decide, gain_of_one_more_replica, loss_of_one_fewer_replica
+
+GEN = GenProfile([1, 8, 32, 64], [0.010, 0.011, 0.014, 0.018], 64)
+
+
+def test_continuous_batching_reduces_to_streamrl_eq2_for_equal_lengths():
+    for samples in (64, 128, 256):
+        assert instance_time(GEN, samples * 300, 300) == pytest.approx(
+            wave_time(GEN, 300, samples))  # PTL(64) · 300 · ⌈M/64⌉
+    assert wave_time(GEN, 100, 65) == pytest.approx(GEN.ptl(64) * 100 * 2)
+
+
+def test_profiles_interpolate_and_round_trip(tmp_path):
+    assert GEN.ptl(16) == pytest.approx(0.011 + (0.014 - 0.011) * 8 / 24)
+    assert GEN.ptl(1000) == GEN.ptl(64)  # bounded by the max batch
+    measured = GenProfile.from_samples([(8, 0.02), (8, 0.03), (8, 0.025), (1, 0.01)], 32)
+    assert measured.batch_sizes == [1, 8] and measured.ptl_seconds == [0.01, 0.025]
+    train = TrainProfile([8, 16], [1000.0, 1800.0])
+    assert 1000 < train.throughput(12) < 1800
+    prof = Profile(GEN, train, [10, 20, 30])
+    prof.save(tmp_path / "p.json")
+    again = Profile.load(tmp_path / "p.json")
+    assert again.gen.ptl(16) == GEN.ptl(16) and again.train.throughput(12) == train.throughput(12)
+    with pytest.raises(ValueError, match="not a planner profile"):
+        Profile.from_json('{"gen": {}}')
+
+
+def test_analytic_profile_shapes_and_limits():
+    gen = GenProfile.analytic(HARDWARE["ascend"], MODEL_PRESETS["qwen2.5-7b"], 4)
+    lat = [gen.ptl(b) for b in (1, 16, 64, 256)]
+    assert lat == sorted(lat) and gen.max_batch_size >= 64
+    with pytest.raises(ValueError, match="raise rollout.tensorParallel"):
+        GenProfile.analytic(HARDWARE["ascend"], MODEL_PRESETS["qwen2.5-72b"], 1)
+    shape = ModelShape.from_config({"hidden_size": 64, "num_hidden_layers": 2,
+                                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "intermediate_size": 128, "vocab_size": 32,
+                                    "tie_word_embeddings": True})
+    assert 60_000 < shape.params < 120_000
+
+
+# ---- random small instances -------------------------------------------------------------
+@st.composite
+def instances(draw):
+    hw = Hardware("x", draw(st.floats(1e11, 4e12)), draw(st.floats(1e13, 1e15)),
+                  draw(st.floats(16e9, 96e9)), step_overhead=draw(st.floats(0, 0.01)),
+                  comm_alpha=draw(st.floats(0, 0.2)))
+    shape = ModelShape(draw(st.floats(0.1e9, 4e9)), draw(st.integers(8, 40)),
+                       draw(st.integers(1, 8)), 128)
+    gen = GenProfile.analytic(hw, shape, draw(st.sampled_from([1, 2, 4])), 1024)
+    train = TrainProfile.analytic(hw, shape)
+    mean = draw(st.floats(16, 2000))
+    work = Workload(draw(st.integers(8, 4096)), mean, mean * draw(st.floats(1, 8)))
+    return gen, train, work
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(), st.integers(4, 40), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]))
+def test_algorithm1_equals_brute_force(inst, npus, npr, unit):
+    gen, train, work = inst
+    sizes = list(range(unit, npus + 1, unit))
+    def tgen(r):
+        return generation_time(gen, work, r)
+    def ttrain(y):
+        return train.step_seconds(work.train_tokens, y)
+    if npus < npr + unit:
+        with pytest.raises(ValueError):
+            allocate_single(npus, npr, sizes, tgen, ttrain)
+        return
+    fast = allocate_single(npus, npr, sizes, tgen, ttrain)
+    slow = allocate_brute_force(npus, npr, sizes, tgen, ttrain)
+    assert fast.step_seconds == pytest.approx(slow.step_seconds, rel=1e-9)
+    assert fast.npus == slow.npus
+    assert fast.npus <= npus
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(), st.integers(4, 64), st.integers(2, 64))
+def test_cross_datacenter_keeps_the_step_and_shrinks_the_faster_side(inst, rpool, tpool):
+    gen, train, work = inst
+    def tgen(r):
+        return generation_time(gen, work, r)
+    def ttrain(y):
+        return train.step_seconds(work.train_tokens, y)
+    sizes = list(range(1, tpool + 1))
+    full = max(tgen(rpool), ttrain(tpool))
+    a = allocate_cross(rpool, tpool, 1, sizes, tgen, ttrain)
+    assert a.step_seconds == pytest.approx(full, rel=1e-9)
+    assert a.rollout_npus <= rpool and a.trainer_npus <= tpool
+    if a.rollout_replicas > 1 and a.rollout_npus < rpool:
+        assert tgen(a.rollout_replicas - 1) > ttrain(tpool)  # one less would slow the step
+    if a.trainer_npus > 1 and a.trainer_npus < tpool:
+        assert ttrain(a.trainer_npus - 1) > tgen(rpool)
+
+
+@settings(max_examples=80, deadline=None)
+@given(instances(), st.integers(1, 30))
+def test_gain_of_one_more_replica_is_nonnegative_and_diminishing(inst, replicas):
+    gen, _, work = inst
+    g1 = gain_of_one_more_replica(gen, work, replicas)
+    g2 = gain_of_one_more_replica(gen, work, replicas + 1)
+    assert g1 >= 0 and g2 >= 0
+    assert g2 <= g1 * (1 + 1e-9) + 1e-12
+    assert loss_of_one_fewer_replica(gen, work, replicas + 1) == pytest.approx(g1)
+    assert math.isinf(loss_of_one_fewer_replica(gen, work, 1))
+
+
+def test_scale_decisions_follow_gap_and_gain():
+    work = Workload(512, 400, 2000)
+    gain = gain_of_one_more_replica(GEN, work, 2)
+    assert gain > 0
+    out = decide(GEN, work, 2, gen_seconds=10 + gain, train_seconds=10, min_replicas=1,
+                 max_replicas=4)
+    assert out.delta == 1 and out.gain == pytest.approx(gain)
+    assert decide(GEN, work, 2, 10 + gain / 2, 10, 1, 4).delta == 0  # not worth a replica
+    assert decide(GEN, work, 4, 10 + gain, 10, 1, 4).delta == 0  # at maxReplicas
+    assert decide(GEN, work, 3, 1, 100, 1, 4).delta == 0  # scale-in not allowed
+    assert decide(GEN, work, 3, 1, 100, 1, 4, allow_scale_in=True).delta == -1

@@ -1,0 +1,68 @@
+"""The pipeline simulator against closed forms and the papers' directions."""
+
+from __future__ import annotations
+
+import pytest
+
+from rljob.planner.simulator import PipelineConfig, compare_modes, plot_gantt, simulate
+
+
+def balanced(**kw) -> PipelineConfig:
+    # 256 samples per step over 2 × 8 slots: 16 waves of 0.25 s -> Tgen = 4 s;
+    # Ttrain = 256 × 4/256 = 4 s: perfect balance
+    base = dict(steps=30, samples_per_step=256, micro_batch=16, replicas=2, slots=8,
+                gen_mean=0.25, train_per_sample=4.0 / 256)
+    return PipelineConfig(**{**base, **kw})
+
+
+def test_sync_is_the_sum_of_both_stages():
+    res = simulate(balanced(mode="sync"))
+    assert res.step_seconds == pytest.approx(4.0 + 4.0, rel=0.02)
+    assert max(res.staleness) == 0
+
+
+def test_periodic_approaches_twice_sync_at_perfect_balance():
+    sync, periodic = (r.step_seconds for r in compare_modes(
+        balanced(), (("sync", False), ("periodic", True))))
+    waves = 16
+    closed_form = 2 * waves / (waves + 1)  # the last wave's training cannot overlap
+    speedup = sync / periodic
+    assert speedup == pytest.approx(closed_form, rel=0.10)
+    assert speedup == pytest.approx(2.0, rel=0.10)  # Periodic Asynchrony's limit
+
+
+def test_async_runs_at_the_slower_stage():
+    res = simulate(balanced(mode="async"))
+    assert res.step_seconds == pytest.approx(4.0, rel=0.10)
+    gen_heavy = simulate(balanced(mode="async", gen_mean=0.5))  # Tgen 8 s, Ttrain 4 s
+    assert gen_heavy.step_seconds == pytest.approx(8.0, rel=0.10)
+    sync_heavy = simulate(balanced(mode="sync", gen_mean=0.5))
+    assert sync_heavy.step_seconds == pytest.approx(12.0, rel=0.10)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_async_never_trains_a_sample_staler_than_k(k):
+    res = simulate(balanced(mode="async", max_staleness=k, gen_sigma=0.8, gen_mean=0.3))
+    assert max(res.staleness) <= k
+    assert max(res.staleness) >= 1  # and it does run ahead
+    for mode in ("sync", "periodic"):
+        assert max(simulate(balanced(mode=mode, gen_sigma=0.8)).staleness) == 0
+
+
+def test_streaming_then_async_each_gain_like_asyncflow_table1(tmp_path):
+    tail = balanced(gen_sigma=0.8, weight_sync_seconds=0.5)
+    base, stream, asyn = compare_modes(tail, (("sync", False), ("periodic", True),
+                                              ("async", True)))
+    assert stream.throughput > 1.2 * base.throughput
+    assert asyn.throughput > 1.2 * stream.throughput
+    assert base.bubble_ratio > stream.bubble_ratio > asyn.bubble_ratio
+    out = tmp_path / "gantt.png"
+    plot_gantt([base, stream, asyn], str(out), window=40)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="mode must be"):
+        PipelineConfig(mode="fast")
+    with pytest.raises(ValueError, match="micro_batch must divide"):
+        PipelineConfig(samples_per_step=10, micro_batch=3)
