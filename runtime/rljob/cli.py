@@ -306,5 +306,154 @@ def bench_dispatch(
         bench.render(results)
 
 
+def _job_spec(job_file: Path):
+    return _load_job(job_file).spec
+
+
+def _worker_logging(level: str = "INFO") -> None:
+    import logging
+
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@worker_app.command("trainer")
+def worker_trainer(
+    job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
+    tq: str = typer.Option(..., help="TransferQueue controller address."),
+    weights_listen: str = typer.Option("0.0.0.0:50052", help="Where rank 0 serves weights."),
+    rank: int = typer.Option(0, envvar="RANK"),
+    world_size: int = typer.Option(1, envvar="WORLD_SIZE"),
+    master: str = typer.Option("127.0.0.1:29500", help="MASTER_ADDR:MASTER_PORT of the gang."),
+    run_dir: Path = typer.Option(None, help="Metrics, spans, checkpoints, final weights."),
+    resume: bool = typer.Option(False, help="Continue from the last checkpoint in run-dir."),
+    max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
+    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+) -> None:
+    """One rank of the trainer gang."""
+    from .transferqueue.alloc import tune_allocator
+    from .trainer.worker import run_trainer
+
+    _worker_logging()
+    tune_allocator()
+    run_trainer(_job_spec(job), tq, weights_listen, rank, world_size, master, run_dir, resume,
+                max_steps, metrics_port)
+
+
+@worker_app.command("rollout")
+def worker_rollout(
+    job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
+    tq: str = typer.Option(..., help="TransferQueue controller address."),
+    weights: str = typer.Option(..., help="Trainer rank 0's weight service address."),
+    replica: int = typer.Option(0, help="Replica index."),
+    run_dir: Path = typer.Option(None, help="Where to log spans."),
+    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+) -> None:
+    """One rollout replica."""
+    from .rollout.worker import run_rollout
+    from .transferqueue.alloc import tune_allocator
+
+    _worker_logging()
+    tune_allocator()
+    run_rollout(_job_spec(job), tq, weights, replica, run_dir, metrics_port)
+
+
+@worker_app.command("driver")
+def worker_driver(
+    job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
+    tq: str = typer.Option(..., help="TransferQueue controller address."),
+    weights: str = typer.Option(..., help="Trainer rank 0's weight service address."),
+    run_dir: Path = typer.Option(None, help="Where the dataset cursor is kept."),
+    start_step: int = typer.Option(0, help="First step to release (resume)."),
+    max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
+) -> None:
+    """Release each step's prompts as the workflow mode allows."""
+    import json
+
+    from .models import load_tokenizer
+    from .workflow.driver import run_driver
+
+    _worker_logging()
+    spec = _job_spec(job)
+    cursor = None
+    if start_step and run_dir and (run_dir / "driver-state.json").exists():
+        cursor = json.loads((run_dir / "driver-state.json").read_text()).get(str(start_step))
+    run_driver(spec, tq, weights, load_tokenizer(spec.model), run_dir, start_step, cursor,
+               max_steps)
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="RLJob YAML."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Override algorithm.maxSteps."),
+    run_dir: Path = typer.Option(None, help="Run directory (default runs/NAME-TIMESTAMP)."),
+    resume: Path = typer.Option(None, help="Continue the run in this directory from its "
+                                "last checkpoint."),
+    redis: list[str] = typer.Option([], "--redis", help="Redis URL(s) for TransferQueue "
+                                    "storage units (default: in-process memory)."),
+) -> None:
+    """Run the job on this machine as local processes, with a live view."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from .local import LocalRun, write_plots
+
+    if resume:
+        job = _load_job(resume / "job.yaml")
+        directory = resume
+    else:
+        job = _load_job(file)
+        directory = run_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume))
+    console = Console()
+    console.print(f"run directory: {directory}")
+
+    def view() -> Table:
+        ms = runner.metrics()
+        t = Table(title=f"{job.metadata.name} · {job.spec.workflow.mode} · "
+                        f"{job.spec.rollout.replicas} rollout · {job.spec.trainer.world_size} "
+                        f"trainer rank(s)")
+        for col in ("step", "reward", "staleness mean/max", "tokens/s", "Tgen s", "Ttrain s"):
+            t.add_column(col, justify="right")
+        for m in ms[-8:]:
+            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}",
+                      f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
+                      f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
+                      f"{m['train_seconds']:.2f}")
+        return t
+
+    started = time.monotonic()
+    try:
+        runner.start()
+        with Live(view(), console=console, refresh_per_second=2,
+                  transient=not console.is_terminal) as live:
+            while not runner.trainer_done():
+                err = runner.failed()
+                if err:
+                    raise RuntimeError(err)
+                live.update(view())
+                time.sleep(0.5)
+            live.update(view())
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping every process")
+    except RuntimeError as exc:
+        console.print(f"[red]run failed[/red]: {exc}")
+        runner.stop()
+        raise typer.Exit(1) from None
+    finally:
+        runner.stop()
+    summary = write_plots(directory)
+    if not console.is_terminal:
+        console.print(view())
+    elapsed = time.monotonic() - started
+    console.print(f"{summary.get('steps', 0)} steps in {elapsed:.0f}s; mean reward "
+                  f"{summary.get('reward_first', float('nan')):.3f} → "
+                  f"{summary.get('reward_last', float('nan')):.3f}; bubble ratio "
+                  f"{summary.get('bubble_ratio', float('nan')):.0%}")
+    console.print(f"wrote {directory}/metrics.jsonl, reward.png, timeline.png, final/")
+
+
 def main() -> None:
     app()

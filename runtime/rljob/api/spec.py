@@ -47,6 +47,12 @@ class ModelSpec(ApiModel):
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="Parameter dtype on the accelerator (CPU runs use float32)."
     )
+    warmup_steps: int = Field(
+        0, ge=0, le=100000,
+        description="Supervised steps on prompt → answer before RL starts (for randomly "
+        "initialised models).",
+    )
+    warmup_lr: float = Field(1e-3, gt=0, le=1, description="Learning rate of the warm-up.")
 
     @property
     def tokenizer_path(self) -> str:

@@ -29,6 +29,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..timeline import Span
+from ..timeline import plot_gantt as _plot_panels
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -62,15 +65,6 @@ class PipelineConfig:
     def train_seconds(self) -> float:
         """Ttrain of one step."""
         return self.samples_per_step * self.train_per_sample + self.optimizer_seconds
-
-
-@dataclass
-class Span:
-    worker: str
-    kind: str  # generate | train | optimizer | weight-sync
-    start: float
-    end: float
-    step: int
 
 
 @dataclass
@@ -256,36 +250,12 @@ def compare_modes(base: PipelineConfig, modes=(("sync", True), ("periodic", True
 def plot_gantt(results: list[SimResult], path: str, window: float | None = None) -> None:
     """One timeline per simulated pipeline: replicas' generate spans, the trainer's
     train / optimizer / weight-sync spans; gaps are bubbles."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
-              "weight-sync": "#8172B2"}
-    fig, axes = plt.subplots(len(results), 1, figsize=(12, 1.6 + 1.1 * len(results) * 1.4),
-                             squeeze=False)
-    horizon = window or max(r.makespan for r in results)
-    for ax, res in zip(axes[:, 0], results):
-        workers = sorted({s.worker for s in res.spans}, key=lambda w: (w == "trainer", w))
-        for y, w in enumerate(workers):
-            for kind, color in colors.items():
-                spans = [(s.start, s.end - s.start) for s in res.spans
-                         if s.worker == w and s.kind == kind and s.start < horizon]
-                if spans:
-                    ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=color, label=kind)
-        ax.set_yticks(range(len(workers)), workers)
-        ax.set_xlim(0, horizon)
+    panels = []
+    for res in results:
         cfg = res.config
         label = cfg.mode + (f"(k={cfg.max_staleness})" if cfg.mode == "async" else "")
         if not cfg.streaming:
             label += ", no streaming"
-        ax.set_title(f"{label}: {res.throughput:.2f} samples/s, bubble ratio "
-                     f"{res.bubble_ratio:.0%}", fontsize=10)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    fig.legend(seen.values(), seen.keys(), loc="upper right", ncol=4, fontsize=8)
-    axes[-1, 0].set_xlabel("seconds")
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        panels.append((f"{label}: {res.throughput:.2f} samples/s, bubble ratio "
+                       f"{res.bubble_ratio:.0%}", res.spans))
+    _plot_panels(panels, path, window)

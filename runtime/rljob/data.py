@@ -1,0 +1,81 @@
+"""Prompt datasets: JSONL or Parquet, configurable keys, a resumable cursor."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from .api.spec import DatasetSpec
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+
+
+def load_examples(spec: DatasetSpec) -> list[Example]:
+    path = Path(spec.path)
+    fmt = spec.format
+    if fmt == "auto":
+        fmt = "parquet" if path.suffix in (".parquet", ".pq") else "jsonl"
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        else:
+            with path.open(encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        raise ValueError(f"dataset.path {spec.path!r} does not exist") from None
+    except (json.JSONDecodeError, OSError) as exc:
+        raise ValueError(f"dataset.path {spec.path!r} is not valid {fmt}: {exc}") from None
+    if not rows:
+        raise ValueError(f"dataset.path {spec.path!r} has no rows")
+    missing = [k for k in (spec.prompt_key, spec.answer_key) if k not in rows[0]]
+    if missing:
+        raise ValueError(f"dataset rows have no {missing} (keys: {sorted(rows[0])}); set "
+                         "dataset.promptKey / dataset.answerKey")
+    return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key])) for r in rows]
+
+
+def render_prompt(tokenizer, prompt: str) -> str:
+    """Apply the tokenizer's chat template when it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+    return prompt
+
+
+class PromptCursor:
+    """Walks the dataset in a seeded order, epoch after epoch; its state
+    (epoch, position) is saved with checkpoints so a resumed job continues."""
+
+    def __init__(self, examples: list[Example], seed: int, epoch: int = 0, position: int = 0):
+        self.examples = examples
+        self.seed = seed
+        self.epoch = epoch
+        self.position = position
+        self._order = self._shuffle(epoch)
+
+    def _shuffle(self, epoch: int) -> list[int]:
+        order = list(range(len(self.examples)))
+        random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[Example]:
+        out = []
+        while len(out) < n:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._shuffle(self.epoch)
+            out.append(self.examples[self._order[self.position]])
+            self.position += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}

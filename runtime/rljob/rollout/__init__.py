@@ -1,0 +1,1 @@
+"""Rollout: engines that generate responses, and the rollout worker."""

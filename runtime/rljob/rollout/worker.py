@@ -1,0 +1,128 @@
+"""The rollout worker (`rljob worker rollout`): claims prompt groups, generates,
+scores, writes experience back, and keeps its weights current.
+
+At every generation-iteration boundary it takes the newest weights: with
+`weightSync: async` they were received in the background into host memory and
+only the swap happens here (AsyncFlow's delayed parameter update); with `sync`
+it fetches them now, generation waiting. A worker that joins mid-run loads
+the latest version before its first generation."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import numpy as np
+
+from ..api.spec import RLJobSpec
+from ..models import build_model, load_tokenizer
+from ..reward import get_reward, score_all
+from ..timeline import SpanLog
+from ..transferqueue import TransferQueueClient
+from ..weights import WeightReceiver
+from ..workflow.tasks import ROLLOUT_READS
+from .engine import SamplingParams, make_engine
+
+log = logging.getLogger("rljob.rollout")
+
+
+def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica: int,
+                run_dir=None, metrics_port: int | None = None) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    name = f"rollout-{replica}"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    tok = load_tokenizer(spec.model)
+    dtype = torch.float32 if spec.accelerator.type == "cpu" else None
+    model = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype) \
+        if spec.rollout.engine == "hf" else None
+    engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model)
+    reward_fn = get_reward(spec.reward.name)
+    spans = SpanLog(run_dir, name)
+    metrics = _Metrics(name, metrics_port)
+
+    receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync)
+    with spans.span("weight-sync", -1):
+        receiver.load_latest(engine, 0)  # joining: the newest version first
+    if spec.workflow.weight_sync == "async":
+        receiver.start_background()
+    tq = TransferQueueClient(tq_address)
+    g = spec.algorithm.group_size
+    per_replica = spec.algorithm.samples_per_step // max(spec.rollout.replicas, 1)
+    claim_rows = g * max(1, min(per_replica, 256) // g)
+    params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
+                            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
+    try:
+        while not stop.is_set():
+            # iteration boundary: newest weights
+            if spec.workflow.weight_sync == "async":
+                t0 = time.time()
+                if receiver.swap_if_ready(engine):
+                    spans.add("weight-sync", t0, time.time(), receiver.version)
+            else:
+                latest = receiver.client.latest()
+                if latest > receiver.version:
+                    with spans.span("weight-sync", latest):
+                        receiver.load_latest(engine, latest)
+                else:
+                    receiver.client.report(name, receiver.version)
+            metrics.version.set(receiver.version)
+            batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
+                                 wait=0.1, min_count=g)
+            if not batch.rows:
+                continue
+            step = batch.rows[0].partition
+            firsts = list(range(0, len(batch.rows), g))
+            t0 = time.time()
+            # one seed per (step, group): a group's samples do not depend on which
+            # replica draws them or what else is in its batch
+            flat = []
+            for i in firsts:
+                seed = _seed(spec, step, batch.data["slot"][i] // g)
+                flat += engine.generate([batch.data["prompt_ids"][i].tolist()],
+                                        SamplingParams(**{**params.__dict__, "seed": seed}))[0]
+            texts = [tok.decode(x.response_ids) for x in flat]
+            scored = score_all(reward_fn, batch.data["prompt"], texts, batch.data["answer"])
+            spans.add("generate", t0, time.time(), step)
+            done = time.time()
+            tq.write(batch.indices, {
+                "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
+                "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
+                "reward": [s.score for s in scored],
+                "reward_error": [s.error for s in scored],
+                "finished_at": [done] * len(flat),
+            }, versions=[engine.version] * len(flat), length_column="response_ids")
+            tq.ack(batch, wait=False)
+            metrics.samples.inc(len(flat))
+            metrics.tokens.inc(sum(len(x.response_ids) for x in flat))
+            errors = [s.error for s in scored if s.error]
+            if errors:
+                log.warning("reward failed for %d of %d samples: %s", len(errors), len(flat),
+                            errors[0])
+    finally:
+        receiver.stop()
+        tq.close()
+        spans.close()
+
+
+def _seed(spec: RLJobSpec, step: int, group: int) -> int:
+    return (spec.algorithm.seed * 1_000_003 + step * 10_007 + group) % (2 ** 31)
+
+
+class _Metrics:
+    def __init__(self, worker: str, port: int | None):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+        reg = CollectorRegistry()
+        self.samples = Counter("rljob_rollout_samples", "Samples generated", ["worker"],
+                               registry=reg).labels(worker)
+        self.tokens = Counter("rljob_rollout_tokens", "Tokens generated", ["worker"],
+                              registry=reg).labels(worker)
+        self.version = Gauge("rljob_rollout_weights_version", "Weights version loaded",
+                             ["worker"], registry=reg).labels(worker)
+        if port:
+            start_http_server(port, registry=reg)

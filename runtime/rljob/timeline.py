@@ -1,0 +1,131 @@
+"""Worker timelines: spans of generate / train / weight-sync work, the bubble
+ratio (idle share of worker time) and Gantt charts (AsyncFlow Fig. 11 style).
+Used by the local runtime (spans logged by each worker) and the simulator."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COLORS = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
+          "weight-sync": "#8172B2"}
+WORK = ("generate", "train", "optimizer")
+
+
+@dataclass
+class Span:
+    worker: str
+    kind: str  # generate | train | optimizer | weight-sync
+    start: float
+    end: float
+    step: int
+
+
+class SpanLog:
+    """Appends a worker's spans to RUN_DIR/spans/WORKER.jsonl (wall-clock seconds)."""
+
+    def __init__(self, run_dir: str | Path | None, worker: str):
+        self.worker = worker
+        self._f = None
+        if run_dir is not None:
+            path = Path(run_dir) / "spans"
+            path.mkdir(parents=True, exist_ok=True)
+            self._f = open(path / f"{worker}.jsonl", "a", encoding="utf-8")
+
+    @contextmanager
+    def span(self, kind: str, step: int) -> Iterator[None]:
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.add(kind, start, time.time(), step)
+
+    def add(self, kind: str, start: float, end: float, step: int) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(asdict(Span(self.worker, kind, start, end, step))) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def load_spans(run_dir: str | Path) -> list[Span]:
+    spans = []
+    for f in sorted((Path(run_dir) / "spans").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                spans.append(Span(**json.loads(line)))
+    return spans
+
+
+def bubble_ratio(spans: list[Span], weights: dict[str, float] | None = None,
+                 window: tuple[float, float] | None = None) -> float:
+    """Idle share of worker-time between the first and last span (work kinds only;
+    weight-sync counts as idle for the worker waiting on it)."""
+    if not spans:
+        return 0.0
+    t0 = window[0] if window else min(s.start for s in spans)
+    t1 = window[1] if window else max(s.end for s in spans)
+    workers = sorted({s.worker for s in spans})
+    weights = weights or {}
+    busy = total = 0.0
+    for w in workers:
+        ivs = sorted((max(s.start, t0), min(s.end, t1)) for s in spans
+                     if s.worker == w and s.kind in WORK and s.end > t0 and s.start < t1)
+        covered, cur_s, cur_e = 0.0, None, None
+        for a, b in ivs:  # union of intervals
+            if cur_e is None or a > cur_e:
+                if cur_e is not None:
+                    covered += cur_e - cur_s
+                cur_s, cur_e = a, b
+            else:
+                cur_e = max(cur_e, b)
+        if cur_e is not None:
+            covered += cur_e - cur_s
+        wt = weights.get(w, 1.0)
+        busy += covered * wt
+        total += (t1 - t0) * wt
+    return 1 - busy / total if total > 0 else 0.0
+
+
+def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
+               window: float | None = None) -> None:
+    """One timeline per panel; spans' times are shifted to start at 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(12, 1.2 + 1.5 * sum(max(1, len({s.worker for s in sp})) * 0.45
+                                                          for _, sp in panels)))
+    for ax, (title, spans) in zip(axes[:, 0], panels):
+        if not spans:
+            ax.set_title(title + " (no spans)")
+            continue
+        t0 = min(s.start for s in spans)
+        horizon = window or max(s.end for s in spans) - t0
+        workers = sorted({s.worker for s in spans}, key=lambda w: (w.startswith("trainer"), w))
+        for y, w in enumerate(workers):
+            for kind, color in COLORS.items():
+                bars = [(s.start - t0, s.end - s.start) for s in spans
+                        if s.worker == w and s.kind == kind and s.start - t0 < horizon]
+                if bars:
+                    ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color, label=kind)
+        ax.set_yticks(range(len(workers)), workers)
+        ax.set_xlim(0, horizon)
+        ax.set_title(title, fontsize=10)
+    labels = {}
+    for ax in axes[:, 0]:
+        h, lab = ax.get_legend_handles_labels()
+        labels.update(zip(lab, h))
+    fig.legend(labels.values(), labels.keys(), loc="upper right", ncol=4, fontsize=8)
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""The trainer: GRPO objective, log-prob computation, the training worker."""

@@ -1,0 +1,339 @@
+"""The trainer worker (`rljob worker trainer`): one rank of the trainer gang.
+
+Rank 0 claims each step's samples from TransferQueue and broadcasts them over
+the gloo/hccl group; every rank trains its shard of each micro-batch with DDP
+(gradients synchronised on the step's last micro-batch only). Micro-batches are
+cut in the step's slot order, whatever order samples arrive in, so a streamed
+step (periodic/async) makes exactly the update a whole-batch step (sync) makes
+from the same samples.
+
+The tri-model of a micro-step: the policy (with grad), the old policy that
+produced each sample (the current weights for on-policy samples, a snapshot of
+version v for async samples of version v) and the frozen reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..api.spec import RLJobSpec
+from ..data import load_examples, render_prompt
+from ..models import build_model, load_tokenizer
+from ..timeline import SpanLog
+from ..transferqueue import TransferQueueClient
+from ..weights import WeightSender
+from ..workflow.tasks import TRAIN_READS
+from .algorithms import grpo_loss, group_advantages, make_batch, token_logprobs
+
+log = logging.getLogger("rljob.trainer")
+
+
+@dataclass
+class Sample:
+    slot: int
+    group: int
+    version: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float
+    released_at: float
+    finished_at: float
+    advantage: float = 0.0
+
+
+def _broadcast(obj, rank: int, world: int):
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)  # trusted peers of one gang
+    return box[0]
+
+
+class StepSource:
+    """Rank 0's view of a step: samples in slot order, micro-batch by micro-batch.
+
+    sync: waits for the whole step, then cuts it. periodic/async: claims whole
+    groups as they become ready, and hands out micro-batch j once slots
+    [j·mb, (j+1)·mb) have all arrived."""
+
+    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int):
+        self.spec, self.tq, self.step = spec, tq, step
+        self.n = spec.algorithm.samples_per_step
+        self.mb = spec.algorithm.micro_batch_size
+        self.g = spec.algorithm.group_size
+        self.buffer: dict[int, Sample] = {}
+        self.leases = []
+        self.next_slot = 0
+        self.scored: set[int] = set()  # groups whose advantages are set
+
+    def _claim(self, count: int, min_count: int) -> None:
+        batch = self.tq.claim_get("train", count, TRAIN_READS, policy="group",
+                                  partition=self.step, wait=1.0, min_count=min_count)
+        if not batch.rows:
+            return
+        d = batch.data
+        for i, row in enumerate(batch.rows):
+            s = Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
+                       d["response_ids"][i].tolist(), float(d["reward"][i]),
+                       float(d["released_at"][i]), float(d["finished_at"][i]))
+            self.buffer[s.slot] = s
+        self.leases.append(batch)
+
+    def next_micro_batch(self) -> list[Sample] | None:
+        if self.next_slot >= self.n:
+            return None
+        want = range(self.next_slot, self.next_slot + self.mb)
+        streaming = self.spec.workflow.mode != "sync"
+        while not all(s in self.buffer for s in want):
+            missing = self.n - len(self.buffer)
+            if streaming:
+                self._claim(missing, min(self.g, missing))
+            else:
+                self._claim(missing, missing)  # sync: the whole step at once
+        self.next_slot += self.mb
+        chunk = [self.buffer[s] for s in want]
+        # claims bring whole groups, so each sample's group is complete in the buffer
+        for group_start in sorted({s.slot - s.slot % self.g for s in chunk}):
+            if group_start in self.scored:
+                continue
+            self.scored.add(group_start)
+            members = [self.buffer[i] for i in range(group_start, group_start + self.g)]
+            adv = group_advantages(torch.tensor([m.reward for m in members]),
+                                   torch.zeros(len(members), dtype=torch.long))
+            for m, a in zip(members, adv.tolist()):
+                m.advantage = a
+        return chunk
+
+    def ack_all(self) -> None:
+        for batch in self.leases:
+            self.tq.ack(batch, wait=False)
+        self.leases.clear()
+
+
+def warm_up(model, tok, spec: RLJobSpec, rank: int, world: int, ddp_model) -> float:
+    """Supervised steps on prompt → answer (teacher forcing) for random-init models."""
+    steps = spec.model.warmup_steps
+    if steps == 0:
+        return 0.0
+    examples = load_examples(spec.dataset)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.model.warmup_lr)
+    rng = np.random.default_rng(spec.algorithm.seed)
+    batch = 64
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        picked = rng.choice(len(examples), size=batch)[rank::world]
+        prompts = [tok.encode(render_prompt(tok, examples[i].prompt)) for i in picked]
+        answers = [tok.encode(examples[i].answer, add_special_tokens=False) + [tok.eos_token_id]
+                   for i in picked]
+        b = make_batch(prompts, answers, tok.pad_token_id)
+        logp = token_logprobs(ddp_model, b)
+        loss = -(logp * b.mask).sum() / b.mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(loss)
+
+
+def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
+                world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
+                resume: bool = False, max_steps: int | None = None,
+                metrics_port: int | None = None) -> None:
+    torch.set_num_threads(1)
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank,
+                                world_size=world)
+    name = f"trainer-{rank}"
+    spans = SpanLog(run_dir, name)
+    tok = load_tokenizer(spec.model)
+    dtype = torch.float32 if spec.accelerator.type == "cpu" else None
+    policy = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype)
+    model = (torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy)
+    steps = max_steps or spec.algorithm.max_steps
+    ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
+    start = 0
+    ref_state = None
+    opt_state = None
+    if resume and ckpt_dir and ckpt_dir.exists():
+        latest = max(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]),
+                     default=None)
+        if latest is not None:
+            ck = torch.load(latest / "trainer.pt", weights_only=True)
+            policy.load_state_dict(ck["model"])
+            ref_state, opt_state, start = ck["ref"], ck["optimizer"], ck["step"]
+    if start == 0 and ref_state is None:
+        with spans.span("train", -1):
+            warm_loss = warm_up(policy, tok, spec, rank, world, model)
+        if rank == 0 and spec.model.warmup_steps:
+            log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps, warm_loss)
+    ref = copy.deepcopy(policy).eval()
+    if ref_state is not None:
+        ref.load_state_dict(ref_state)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    old = copy.deepcopy(ref)  # holds snapshots of earlier versions (async)
+    opt = torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+
+    k = spec.workflow.staleness_bound
+    snapshots: dict[int, dict] = {start: _clone(policy.state_dict())}
+    sender = tq = None
+    if rank == 0:
+        sender = WeightSender(weights_listen)
+        sender.publish(start, policy.state_dict())
+        tq = TransferQueueClient(tq_address)
+    metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0
+                    else None)
+    algo = spec.algorithm
+    n, mb = algo.samples_per_step, algo.micro_batch_size
+    micro_batches = n // mb
+    try:
+        for t in range(start, steps):
+            if stop["now"]:
+                break
+            source = StepSource(spec, tq, t) if rank == 0 else None
+            step_samples: list[Sample] = []
+            train_time = 0.0
+            sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+            t_wall = time.time()
+            opt.zero_grad()
+            for j in range(micro_batches):
+                chunk = source.next_micro_batch() if rank == 0 else None
+                chunk = _broadcast(chunk, rank, world)
+                t0 = time.time()
+                step_samples += chunk
+                shard = chunk[rank::world]
+                parts = _micro_step(model, policy, old, ref, snapshots, shard, chunk, t, tok,
+                                    spec, world, last=(j == micro_batches - 1))
+                for key in sums:
+                    sums[key] += parts[key] / micro_batches
+                t1 = time.time()
+                train_time += t1 - t0
+                spans.add("train", t0, t1, t)
+            t0 = time.time()
+            opt.step()
+            spans.add("optimizer", t0, time.time(), t)
+            train_time += time.time() - t0
+            version = t + 1
+            state = policy.state_dict()
+            if spec.workflow.mode == "async":
+                snapshots[version] = _clone(state)
+                for v in [v for v in snapshots if v < version - k]:
+                    del snapshots[v]
+            if rank == 0:
+                source.ack_all()
+                with spans.span("weight-sync", t):
+                    sender.publish(version, state)
+                m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
+                tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
+                                  train_seconds=m["train_seconds"],
+                                  staleness_mean=m["staleness_mean"],
+                                  staleness_max=m["staleness_max"],
+                                  tokens_per_second=m["tokens_per_second"],
+                                  samples_per_second=m["samples_per_second"],
+                                  reward_mean=m["reward_mean"], source=name)
+                if metrics_file:
+                    metrics_file.write(json.dumps(m) + "\n")
+                    metrics_file.flush()
+                every = spec.trainer.checkpoint_every
+                if ckpt_dir and (version % every == 0 or version == steps):
+                    _checkpoint(ckpt_dir, version, policy, ref, opt)
+        if rank == 0 and run_dir:
+            final = Path(run_dir) / "final"
+            policy.save_pretrained(final)
+            tok.save_pretrained(final)
+    finally:
+        if sender is not None:
+            # let replicas pick up the last version before the sender goes away
+            time.sleep(0.5)
+            sender.stop()
+        if tq is not None:
+            tq.close()
+        if metrics_file:
+            metrics_file.close()
+        spans.close()
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def _micro_step(model, policy, old, ref, snapshots, shard, chunk, t, tok, spec, world, last):
+    algo = spec.algorithm
+    ctx = model.no_sync() if (world > 1 and not last) else _null()
+    with ctx:
+        if not shard:
+            # this rank has nothing in this micro-batch: a zero loss keeps DDP in step
+            loss = sum(p.sum() for p in policy.parameters()) * 0.0
+            loss.backward()
+            return {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+        batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
+                           tok.pad_token_id)
+        logp = token_logprobs(model, batch)
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref, batch)
+            old_logp = logp.detach().clone()
+            stale = sorted({s.version for s in shard if s.version != t})
+            for v in stale:  # async samples: the policy that produced them
+                old.load_state_dict(snapshots[v])
+                rows = [i for i, s in enumerate(shard) if s.version == v]
+                old_logp[rows] = token_logprobs(old, batch)[rows]
+        adv = torch.tensor([s.advantage for s in shard])
+        parts = grpo_loss(logp, old_logp, ref_logp, adv, batch.mask, algo.clip_ratio,
+                          algo.kl_coef, algo.samples_per_step)
+        # DDP averages gradients over ranks; the objective sums over all samples
+        (parts.loss * world).backward()
+    return {"loss": float(parts.loss) * world, "kl": parts.kl, "clip": parts.clip_frac}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _step_metrics(t, samples, train_time, wall, sums) -> dict:
+    versions = [t - s.version for s in samples]
+    gen_seconds = max(s.finished_at for s in samples) - min(s.released_at for s in samples)
+    tokens = sum(len(s.response_ids) for s in samples)
+    return {
+        "step": t + 1,
+        "time": time.time(),
+        "reward_mean": float(np.mean([s.reward for s in samples])),
+        "staleness_mean": float(np.mean(versions)),
+        "staleness_max": int(max(versions)),
+        "gen_seconds": gen_seconds,
+        "train_seconds": train_time,
+        "step_seconds": wall,
+        "tokens": tokens,
+        "tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else 0.0,
+        "samples_per_second": len(samples) / wall if wall > 0 else 0.0,
+        "response_length": tokens / len(samples),
+        **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
+    }
+
+
+def _checkpoint(ckpt_dir: Path, version: int, policy, ref, opt) -> None:
+    path = ckpt_dir / f"step-{version}"
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "trainer.pt.partial"
+    torch.save({"model": policy.state_dict(), "ref": ref.state_dict(),
+                "optimizer": opt.state_dict(), "step": version}, tmp)
+    tmp.rename(path / "trainer.pt")

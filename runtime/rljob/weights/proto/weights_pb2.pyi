@@ -1,0 +1,69 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LatestRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VersionInfo(_message.Message):
+    __slots__ = ("version", "total_bytes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    total_bytes: int
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("min_version", "wait_seconds")
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    min_version: int
+    wait_seconds: float
+    def __init__(self, min_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("version", "name", "dtype", "shape", "nbytes", "data")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: int
+    data: bytes
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ReplicaVersion(_message.Message):
+    __slots__ = ("replica", "version")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    version: int
+    def __init__(self, replica: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ReportAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("fresh_seconds",)
+    FRESH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    fresh_seconds: float
+    def __init__(self, fresh_seconds: _Optional[float] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("version", "replicas")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaVersion]
+    def __init__(self, version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,105 @@
+"""The driver: puts each step's prompts into TransferQueue when the workflow mode
+allows, and the researcher-facing API of AsyncFlow §5.1 on one class."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..api.spec import RLJobSpec
+from ..data import PromptCursor, load_examples, render_prompt
+from ..transferqueue import Batch, TransferQueueClient
+from ..weights import WeightClient
+from .tasks import TASKS, release_allowed
+
+log = logging.getLogger("rljob.driver")
+
+
+class Workflow:
+    """AsyncFlow's API over TransferQueue and the weight service.
+
+    init_engines()            register the job's tasks, wait for weights v0 and replicas
+    put_prompts_data(s, ex)   release step s's prompts (G rows per prompt, one group)
+    put_experience_data(...)  write columns a task produced
+    get_experience_data(...)  claim + read a batch for a task
+    weight_sync_notify(v, sd) publish weights v (trainer side, with a WeightSender)
+    """
+
+    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, weights: WeightClient,
+                 tokenizer, sender=None):
+        self.spec = spec
+        self.tq = tq
+        self.weights = weights
+        self.tok = tokenizer
+        self.sender = sender
+
+    def init_engines(self, timeout: float = 600.0) -> None:
+        self.tq.register(*TASKS)
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.weights.status()
+            if status.version >= 0 and status.replicas:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("no rollout replica reported loaded weights in time")
+            time.sleep(0.2)
+
+    def put_prompts_data(self, step: int, examples) -> list[int]:
+        g = self.spec.algorithm.group_size
+        prompts = [render_prompt(self.tok, e.prompt) for e in examples]
+        ids = [np.asarray(self.tok.encode(p), dtype=np.int32) for p in prompts]
+        now = time.time()
+        return self.tq.put(step, {
+            "prompt": [p for p in prompts for _ in range(g)],
+            "answer": [e.answer for e in examples for _ in range(g)],
+            "prompt_ids": [x for x in ids for _ in range(g)],
+            "slot": list(range(len(examples) * g)),
+            "released_at": [now] * (len(examples) * g),
+        }, group_size=g, lengths=[len(x) for x in ids for _ in range(g)])
+
+    def put_experience_data(self, batch: Batch, columns: dict[str, list[Any]], **kw) -> int:
+        return self.tq.write(batch.indices, columns, **kw)
+
+    def get_experience_data(self, task: str, columns: list[str], count: int, **kw) -> Batch:
+        return self.tq.claim_get(task, count, columns, **kw)
+
+    def weight_sync_notify(self, version: int, state_dict) -> None:
+        if self.sender is None:
+            raise RuntimeError("weight_sync_notify needs the trainer's WeightSender")
+        self.sender.publish(version, state_dict)
+
+    def may_release(self, step: int) -> bool:
+        status = self.weights.status()
+        return release_allowed(self.spec.workflow.mode, self.spec.workflow.staleness_bound,
+                               step, status.version, [r.version for r in status.replicas])
+
+
+def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
+               run_dir: Path | None, start_step: int = 0, cursor_state: dict | None = None,
+               max_steps: int | None = None, poll: float = 0.02) -> None:
+    examples = load_examples(spec.dataset)
+    cursor = PromptCursor(examples, spec.algorithm.seed, **(cursor_state or {}))
+    tq = TransferQueueClient(tq_address)
+    weights = WeightClient(weights_address)
+    flow = Workflow(spec, tq, weights, tokenizer)
+    flow.init_engines()
+    steps = max_steps or spec.algorithm.max_steps
+    state_file = run_dir / "driver-state.json" if run_dir else None
+    history: dict[str, dict] = {}
+    if state_file and state_file.exists():
+        history = json.loads(state_file.read_text())
+    for step in range(start_step, steps):
+        while not flow.may_release(step):
+            time.sleep(poll)
+        history[str(step)] = cursor.state()  # where step `step` starts: resume from here
+        if state_file:
+            state_file.write_text(json.dumps(history))
+        flow.put_prompts_data(step, cursor.take(spec.algorithm.global_batch_size))
+        log.info("released step %d", step)
+    tq.close()
+    weights.close()

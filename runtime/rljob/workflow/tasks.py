@@ -1,0 +1,40 @@
+"""The job's TransferQueue table: which task writes and reads which columns.
+
+driver  → prompt, answer (json), prompt_ids (int32), slot (int32: position in the
+          step, the order micro-batches are trained in), released_at (float64)
+rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
+          reward (float32), reward_error (json), finished_at (float64)
+train   : response_ids, reward (+ the row's policy version in its metadata)
+A PPO critic adds a task (values from response_ids) the same way.
+"""
+
+from __future__ import annotations
+
+from ..transferqueue import Task, json_column, scalar, tensor
+
+DRIVER = Task("driver", (), [json_column("prompt"), json_column("answer"),
+                             tensor("prompt_ids", "int32"), scalar("slot", "int32"),
+                             scalar("released_at", "float64")])
+ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
+                                           tensor("rollout_logp", "float32"),
+                                           scalar("reward", "float32"),
+                                           json_column("reward_error"),
+                                           scalar("finished_at", "float64")])
+TRAIN = Task("train", ["response_ids", "reward"])
+TASKS = (DRIVER, ROLLOUT, TRAIN)
+
+ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
+TRAIN_READS = ["prompt_ids", "response_ids", "reward", "slot", "released_at", "finished_at"]
+
+
+def release_allowed(mode: str, k: int, step: int, trainer_version: int,
+                    replica_versions: list[int]) -> bool:
+    """DESIGN's release rule for the prompts of `step`.
+
+    sync / periodic: weights v = step are on every live replica (on-policy);
+    async(k): the trainer is at step ≥ step − k and so is every live replica's
+    weights (so no sample can be staler than k)."""
+    if not replica_versions:
+        return False
+    need = step if mode in ("sync", "periodic") else step - k
+    return trainer_version >= need and min(replica_versions) >= need
