@@ -142,7 +142,7 @@ def warm_up(model, tok, spec: RLJobSpec, rank: int, world: int, ddp_model) -> fl
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
@@ -173,6 +173,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             ck = torch.load(latest / "trainer.pt", weights_only=True)
             policy.load_state_dict(ck["model"])
             ref_state, opt_state, start = ck["ref"], ck["optimizer"], ck["step"]
+    sender = WeightSender(weights_listen) if rank == 0 else None
     if start == 0 and ref_state is None:
         with spans.span("train", -1):
             warm_loss = warm_up(policy, tok, spec, rank, world, model)
@@ -190,9 +191,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
 
     k = spec.workflow.staleness_bound
     snapshots: dict[int, dict] = {start: _clone(policy.state_dict())}
-    sender = tq = None
+    tq = None
     if rank == 0:
-        sender = WeightSender(weights_listen)
         sender.publish(start, policy.state_dict())
         tq = TransferQueueClient(tq_address)
     metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 
 from ..api.spec import RLJobSpec
@@ -42,9 +43,12 @@ class Workflow:
         self.tq.register(*TASKS)
         deadline = time.monotonic() + timeout
         while True:
-            status = self.weights.status()
-            if status.version >= 0 and status.replicas:
-                return
+            try:
+                status = self.weights.status()
+                if status.version >= 0 and status.replicas:
+                    return
+            except grpc.RpcError:
+                pass  # the trainer is still starting (warm-up) or restarting
             if time.monotonic() > deadline:
                 raise TimeoutError("no rollout replica reported loaded weights in time")
             time.sleep(0.2)
