@@ -316,6 +316,8 @@ def _step_metrics(t, samples, train_time, wall, sums) -> dict:
     return {
         "step": t + 1,
         "time": time.time(),
+        "samples": len(samples),
+        "versions": sorted({s.version for s in samples}),
         "reward_mean": float(np.mean([s.reward for s in samples])),
         "staleness_mean": float(np.mean(versions)),
         "staleness_max": int(max(versions)),

@@ -1,0 +1,139 @@
+"""The local runtime end to end: real processes, real torch, real gRPC.
+
+Short runs of the quickstart job (a 20-step warm-up instead of 200)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.api import RLJob
+from rljob.local import LocalRun, write_plots
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job(tmp_path: Path, name: str = "t", **spec_patch) -> Path:
+    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["model"]["warmupSteps"] = 20
+    for section, values in spec_patch.items():
+        doc["spec"].setdefault(section, {}).update(values)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def rljob_run(job_file: Path, run_dir: Path, *extra: str, timeout: int = 300):
+    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job_file), "--run-dir",
+                          str(run_dir), *extra], capture_output=True, text=True, cwd=REPO,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(run_dir: Path):
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
+    runs = {}
+    for mode in ("sync", "periodic"):
+        path = job(tmp_path, f"bit-{mode}", workflow={"mode": mode, "maxStaleness": None})
+        doc = yaml.safe_load(path.read_text())
+        del doc["spec"]["workflow"]["maxStaleness"]
+        path.write_text(yaml.safe_dump(doc))
+        rljob_run(path, tmp_path / mode, "--max-steps", "3")
+        runs[mode] = tmp_path / mode
+    a, b = final_weights(runs["sync"]), final_weights(runs["periodic"])
+    assert a.keys() == b.keys()
+    assert all((a[k] == b[k]).all() for k in a), "periodic diverged from sync"
+    ms = {m: metrics(d) for m, d in runs.items()}
+    assert [x["reward_mean"] for x in ms["sync"]] == [x["reward_mean"] for x in ms["periodic"]]
+    assert all(x["staleness_max"] == 0 for x in ms["periodic"])
+    # and the first update changed something
+    init = RLJob.model_validate(yaml.safe_load((runs["sync"] / "job.yaml").read_text()))
+    assert init.spec.workflow.mode == "sync"
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
+    path = job(tmp_path, f"async{k}", workflow={"mode": "async", "maxStaleness": k})
+    out = rljob_run(path, tmp_path / "run", "--max-steps", "8")
+    ms = metrics(tmp_path / "run")
+    assert len(ms) == 8 and all(m["samples"] == 128 for m in ms)
+    assert max(m["staleness_max"] for m in ms) <= k
+    assert max(m["staleness_max"] for m in ms) >= 1  # it does run ahead
+    assert "mean reward" in out.stdout
+    for f in ("reward.png", "timeline.png", "final/model.safetensors", "job.yaml"):
+        assert (tmp_path / "run" / f).exists(), f
+
+
+def test_a_sigkilled_rollout_loses_no_sample_and_the_run_finishes(tmp_path):
+    path = job(tmp_path, "kill", transferQueue={"leaseSeconds": 3})
+    spec_job = RLJob.model_validate(yaml.safe_load(path.read_text()))
+    run = LocalRun(spec_job, tmp_path / "run", max_steps=8)
+    os.chdir(REPO)
+    run.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not any(m["step"] >= 2 for m in run.metrics()):
+            assert time.monotonic() < deadline and run.failed() is None, run.failed()
+            time.sleep(0.1)
+        victim = run.procs["rollout-0"]
+        os.killpg(victim.pid, signal.SIGKILL)  # mid-run, maybe mid-generation
+        victim.wait()
+        while not run.trainer_done():
+            assert time.monotonic() < deadline, "the run did not finish"
+            failed = [n for n, p in run.procs.items()
+                      if n != "rollout-0" and p.poll() not in (None, 0)]
+            assert not failed, run.failed()
+            time.sleep(0.2)
+        from rljob.transferqueue import TransferQueueClient
+
+        with TransferQueueClient(run.tq_address) as tq:
+            stats = {s.name: s for s in tq.stats().tasks}
+        ms = run.metrics()
+        assert [m["step"] for m in ms] == list(range(1, 9))
+        assert all(m["samples"] == 128 for m in ms)  # every step trained every sample once
+        assert stats["train"].acked == 8 * 128
+        assert stats["rollout"].acked == 8 * 128
+    finally:
+        run.stop()
+
+
+def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
+    path = job(tmp_path, "ddp", workflow={"mode": "periodic", "maxStaleness": None},
+               trainer={"npusPerNode": 2, "checkpointEvery": 2})
+    doc = yaml.safe_load(path.read_text())
+    del doc["spec"]["workflow"]["maxStaleness"]
+    path.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    rljob_run(path, run_dir, "--max-steps", "4")
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4]
+    assert (run_dir / "checkpoints" / "step-4" / "trainer.pt").exists()
+    # continue the same run to step 6 from its last checkpoint
+    rljob_run(path, run_dir, "--resume", str(run_dir), "--max-steps", "6")
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "driver-state.json").read_text())["5"]["position"] > 0
+
+
+def test_plots_summarise_a_run(tmp_path):
+    path = job(tmp_path, "plots")
+    rljob_run(path, tmp_path / "run", "--max-steps", "3")
+    summary = write_plots(tmp_path / "run")
+    assert summary["steps"] == 3 and 0 <= summary["bubble_ratio"] < 1
