@@ -306,6 +306,24 @@ def bench_dispatch(
         bench.render(results)
 
 
+@bench_app.command("workflow")
+def bench_workflow(
+    steps: int = typer.Option(20, help="Steps per mode (the first 3 are not measured)."),
+    keep: Path = typer.Option(None, help="Keep the three run directories here."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The same small job in sync, periodic and async(1): tokens/s, bubbles, speedups."""
+    import json
+
+    from .bench import workflow as bench
+
+    results = bench.run(steps, keep)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 def _job_spec(job_file: Path):
     return _load_job(job_file).spec
 

@@ -48,43 +48,40 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync)
     with spans.span("weight-sync", -1):
         receiver.load_latest(engine, 0)  # joining: the newest version first
-    if spec.workflow.weight_sync == "async":
-        receiver.start_background()
+    receiver.start_background(engine)
     tq = TransferQueueClient(tq_address)
     g = spec.algorithm.group_size
+    # claim about one trainer micro-batch at a time, so samples stream to the
+    # trainer as they are made instead of a replica's whole share at the end
     per_replica = spec.algorithm.samples_per_step // max(spec.rollout.replicas, 1)
-    claim_rows = g * max(1, min(per_replica, 256) // g)
+    claim_rows = g * max(1, min(per_replica, spec.algorithm.micro_batch_size) // g)
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
+    logged_swaps = 0
     try:
         while not stop.is_set():
-            # iteration boundary: newest weights
-            if spec.workflow.weight_sync == "async":
-                t0 = time.time()
-                if receiver.swap_if_ready(engine):
-                    spans.add("weight-sync", t0, time.time(), receiver.version)
-            else:
-                latest = receiver.client.latest()
-                if latest > receiver.version:
-                    with spans.span("weight-sync", latest):
-                        receiver.load_latest(engine, latest)
-                else:
-                    receiver.client.report(name, receiver.version)
+            for t0, t1, v in receiver.swap_seconds[logged_swaps:]:
+                spans.add("weight-sync", t0, t1, v)
+            logged_swaps = len(receiver.swap_seconds)
             metrics.version.set(receiver.version)
             batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
-                                 wait=0.1, min_count=g)
+                                 wait=0.5, min_count=g)
             if not batch.rows:
                 continue
+            if spec.workflow.weight_sync == "sync":
+                receiver.wait_current()  # generation waits for the newest weights
             step = batch.rows[0].partition
             firsts = list(range(0, len(batch.rows), g))
             t0 = time.time()
             # one seed per (step, group): a group's samples do not depend on which
             # replica draws them or what else is in its batch
             flat = []
-            for i in firsts:
-                seed = _seed(spec, step, batch.data["slot"][i] // g)
-                flat += engine.generate([batch.data["prompt_ids"][i].tolist()],
-                                        SamplingParams(**{**params.__dict__, "seed": seed}))[0]
+            with receiver.lock:  # weights swap between generations, never during one
+                version = engine.version
+                for i in firsts:
+                    seed = _seed(spec, step, batch.data["slot"][i] // g)
+                    flat += engine.generate([batch.data["prompt_ids"][i].tolist()],
+                                            SamplingParams(**{**params.__dict__, "seed": seed}))[0]
             texts = [tok.decode(x.response_ids) for x in flat]
             scored = score_all(reward_fn, batch.data["prompt"], texts, batch.data["answer"])
             spans.add("generate", t0, time.time(), step)
@@ -95,7 +92,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 "reward": [s.score for s in scored],
                 "reward_error": [s.error for s in scored],
                 "finished_at": [done] * len(flat),
-            }, versions=[engine.version] * len(flat), length_column="response_ids")
+            }, versions=[version] * len(flat), length_column="response_ids")
             tq.ack(batch, wait=False)
             metrics.samples.inc(len(flat))
             metrics.tokens.inc(sum(len(x.response_ids) for x in flat))

@@ -8,8 +8,11 @@ step (periodic/async) makes exactly the update a whole-batch step (sync) makes
 from the same samples.
 
 The tri-model of a micro-step: the policy (with grad), the old policy that
-produced each sample (the current weights for on-policy samples, a snapshot of
-version v for async samples of version v) and the frozen reference.
+produced each sample and the frozen reference. For on-policy samples (version
+= the trainer's step) the old policy is the current weights, so its log-probs
+are the policy's, detached, from the same forward; for async samples of an
+earlier version they are the log-probs the rollout engine reported while
+sampling (the behaviour policy itself, no second forward).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Sample:
     version: int
     prompt_ids: list[int]
     response_ids: list[int]
+    rollout_logp: list[float]
     reward: float
     released_at: float
     finished_at: float
@@ -85,7 +89,8 @@ class StepSource:
         d = batch.data
         for i, row in enumerate(batch.rows):
             s = Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
-                       d["response_ids"][i].tolist(), float(d["reward"][i]),
+                       d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
+                       float(d["reward"][i]),
                        float(d["released_at"][i]), float(d["finished_at"][i]))
             self.buffer[s.slot] = s
         self.leases.append(batch)
@@ -184,13 +189,10 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         ref.load_state_dict(ref_state)
     for p in ref.parameters():
         p.requires_grad_(False)
-    old = copy.deepcopy(ref)  # holds snapshots of earlier versions (async)
     opt = torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
     if opt_state is not None:
         opt.load_state_dict(opt_state)
 
-    k = spec.workflow.staleness_bound
-    snapshots: dict[int, dict] = {start: _clone(policy.state_dict())}
     tq = None
     if rank == 0:
         sender.publish(start, policy.state_dict())
@@ -216,8 +218,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 t0 = time.time()
                 step_samples += chunk
                 shard = chunk[rank::world]
-                parts = _micro_step(model, policy, old, ref, snapshots, shard, chunk, t, tok,
-                                    spec, world, last=(j == micro_batches - 1))
+                parts = _micro_step(model, policy, ref, shard, t, tok, spec, world,
+                                    last=(j == micro_batches - 1))
                 for key in sums:
                     sums[key] += parts[key] / micro_batches
                 t1 = time.time()
@@ -229,10 +231,6 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             train_time += time.time() - t0
             version = t + 1
             state = policy.state_dict()
-            if spec.workflow.mode == "async":
-                snapshots[version] = _clone(state)
-                for v in [v for v in snapshots if v < version - k]:
-                    del snapshots[v]
             if rank == 0:
                 source.ack_all()
                 with spans.span("weight-sync", t):
@@ -269,11 +267,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             dist.destroy_process_group()
 
 
-def _clone(state: dict) -> dict:
-    return {k: v.detach().clone() for k, v in state.items()}
-
-
-def _micro_step(model, policy, old, ref, snapshots, shard, chunk, t, tok, spec, world, last):
+def _micro_step(model, policy, ref, shard, t, tok, spec, world, last):
     algo = spec.algorithm
     ctx = model.no_sync() if (world > 1 and not last) else _null()
     with ctx:
@@ -288,11 +282,10 @@ def _micro_step(model, policy, old, ref, snapshots, shard, chunk, t, tok, spec, 
         with torch.no_grad():
             ref_logp = token_logprobs(ref, batch)
             old_logp = logp.detach().clone()
-            stale = sorted({s.version for s in shard if s.version != t})
-            for v in stale:  # async samples: the policy that produced them
-                old.load_state_dict(snapshots[v])
-                rows = [i for i, s in enumerate(shard) if s.version == v]
-                old_logp[rows] = token_logprobs(old, batch)[rows]
+            for i, s in enumerate(shard):
+                if s.version != t:  # async: the behaviour policy's own log-probs
+                    pos = batch.mask[i].nonzero().squeeze(1)
+                    old_logp[i, pos] = torch.tensor(s.rollout_logp[:len(pos)])
         adv = torch.tensor([s.advantage for s in shard])
         parts = grpo_loss(logp, old_logp, ref_logp, adv, batch.mask, algo.clip_ratio,
                           algo.kl_coef, algo.samples_per_step)

@@ -105,15 +105,31 @@ class WeightSender(pbg.WeightServiceServicer):
                                      nbytes=len(data) if first else 0, data=data[off:off + CHUNK])
 
     def Report(self, request, context):
-        self._replicas[request.replica] = (request.version, time.monotonic())
+        with self._cond:
+            self._replicas[request.replica] = (request.version, time.monotonic())
+            self._cond.notify_all()
         return pb.ReportAck()
 
-    def Status(self, request, context):
+    def _fresh(self, fresh_seconds: float) -> list[pb.ReplicaVersion]:
         now = time.monotonic()
-        fresh = request.fresh_seconds or 1e9
-        return pb.StatusResponse(version=self.version, replicas=[
-            pb.ReplicaVersion(replica=r, version=v) for r, (v, t) in self._replicas.items()
-            if now - t <= fresh])
+        fresh = fresh_seconds or 1e9
+        return [pb.ReplicaVersion(replica=r, version=v) for r, (v, t) in self._replicas.items()
+                if now - t <= fresh]
+
+    def Status(self, request, context):
+        deadline = time.monotonic() + request.wait_seconds
+        with self._cond:
+            while request.wait:
+                replicas = self._fresh(request.fresh_seconds)
+                if (self.version >= request.wait_version and replicas
+                        and min(r.version for r in replicas) >= request.wait_version):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.5))
+            return pb.StatusResponse(version=self.version,
+                                     replicas=self._fresh(request.fresh_seconds))
 
 
 class WeightClient:
@@ -148,64 +164,77 @@ class WeightClient:
         self._stub.Report(pb.ReplicaVersion(replica=replica, version=version), timeout=10,
                           wait_for_ready=True)
 
-    def status(self, fresh_seconds: float = 10.0) -> pb.StatusResponse:
-        return self._stub.Status(pb.StatusRequest(fresh_seconds=fresh_seconds), timeout=10,
-                                 wait_for_ready=True)
+    def status(self, fresh_seconds: float = 10.0, wait_version: int | None = None,
+               wait: float = 0.0) -> pb.StatusResponse:
+        """Versions now; with wait_version, once trainer and replicas reach it (or `wait` s)."""
+        req = pb.StatusRequest(fresh_seconds=fresh_seconds, wait=wait_version is not None,
+                               wait_version=wait_version or 0, wait_seconds=wait)
+        return self._stub.Status(req, timeout=wait + 10, wait_for_ready=True)
 
     def close(self) -> None:
         self._channel.close()
 
 
 class WeightReceiver:
-    """A rollout replica's side: loads versions into its engine, sync or async."""
+    """A rollout replica's side. A background thread long-polls the sender for the
+    next version, fetches it into host memory and swaps it into the engine under
+    the engine lock, i.e. between two generations (AsyncFlow's delayed parameter
+    update). With `weightSync: sync` the rollout loop also refuses to generate
+    while a newer version than its engine's exists (`wait_current`)."""
 
     def __init__(self, address: str, replica: str, mode: str = "async"):
         self.client = WeightClient(address)
         self.replica = replica
         self.mode = mode
         self.version = -1
-        self._staged: tuple[int, dict] | None = None
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # held by the rollout while it generates
+        self.swapped = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.swap_seconds: list[tuple[float, float, int]] = []  # (start, end, version)
 
     def load_latest(self, engine, min_version: int = 0, wait: float = 600.0) -> int:
-        """Block until a version ≥ min_version is loaded (joining replicas, sync mode)."""
+        """Block until a version ≥ min_version is loaded (a replica joining the run)."""
         version, state = self.client.fetch(min_version, wait)
-        engine.load_weights(state, version)
-        self.version = version
+        with self.lock:
+            engine.load_weights(state, version)
+            self.version = version
         self.client.report(self.replica, version)
         return version
 
-    def start_background(self, poll: float = 0.2) -> None:
-        """Async mode: keep fetching newer versions into host memory."""
+    def start_background(self, engine, heartbeat: float = 2.0) -> None:
         def run():
             while not self._stop.is_set():
                 try:
-                    latest = self.client.latest()
-                    staged = self._staged[0] if self._staged else self.version
-                    if latest > staged:
-                        got = self.client.fetch(latest, 30)
-                        with self._lock:
-                            self._staged = got
-                    self.client.report(self.replica, self.version)
-                except grpc.RpcError:
-                    pass  # the trainer restarts or is gone: try again
-                self._stop.wait(poll)
+                    version, state = self.client.fetch(self.version + 1, heartbeat)
+                except grpc.RpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                          grpc.StatusCode.UNAVAILABLE):
+                        raise
+                    try:  # no new version yet: say we are alive
+                        self.client.report(self.replica, self.version)
+                    except grpc.RpcError:
+                        pass
+                    continue
+                t0 = time.time()
+                with self.lock:  # waits for the generation in progress to finish
+                    engine.load_weights(state, version)
+                    self.version = version
+                self.swap_seconds.append((t0, time.time(), version))
+                with self.swapped:
+                    self.swapped.notify_all()
+                self.client.report(self.replica, version)
 
         self._thread = threading.Thread(target=run, name="rljob-weight-receiver", daemon=True)
         self._thread.start()
 
-    def swap_if_ready(self, engine) -> bool:
-        """At an iteration boundary: load staged weights, if newer. True if swapped."""
-        with self._lock:
-            staged, self._staged = self._staged, None
-        if staged is None or staged[0] <= self.version:
-            return False
-        engine.load_weights(staged[1], staged[0])
-        self.version = staged[0]
-        self.client.report(self.replica, self.version)
-        return True
+    def wait_current(self, timeout: float = 600.0) -> None:
+        """weightSync sync: block until the engine holds the newest published version."""
+        latest = self.client.latest()
+        deadline = time.monotonic() + timeout
+        with self.swapped:
+            while self.version < latest and time.monotonic() < deadline:
+                self.swapped.wait(0.5)
 
     def stop(self) -> None:
         self._stop.set()

@@ -77,15 +77,19 @@ class Workflow:
             raise RuntimeError("weight_sync_notify needs the trainer's WeightSender")
         self.sender.publish(version, state_dict)
 
-    def may_release(self, step: int) -> bool:
-        status = self.weights.status()
+    def may_release(self, step: int, wait: float = 0.0) -> bool:
+        """Whether `step`'s prompts may go out; with `wait`, long-poll the weight
+        service until they may (or the time is up)."""
+        need = step if self.spec.workflow.mode in ("sync", "periodic") else \
+            step - self.spec.workflow.staleness_bound
+        status = self.weights.status(wait_version=need if wait else None, wait=wait)
         return release_allowed(self.spec.workflow.mode, self.spec.workflow.staleness_bound,
                                step, status.version, [r.version for r in status.replicas])
 
 
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
                run_dir: Path | None, start_step: int = 0, cursor_state: dict | None = None,
-               max_steps: int | None = None, poll: float = 0.02) -> None:
+               max_steps: int | None = None, poll: float = 0.01) -> None:
     examples = load_examples(spec.dataset)
     cursor = PromptCursor(examples, spec.algorithm.seed, **(cursor_state or {}))
     tq = TransferQueueClient(tq_address)
@@ -98,7 +102,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     if state_file and state_file.exists():
         history = json.loads(state_file.read_text())
     for step in range(start_step, steps):
-        while not flow.may_release(step):
+        while not flow.may_release(step, wait=5.0):
             time.sleep(poll)
         history[str(step)] = cursor.state()  # where step `step` starts: resume from here
         if state_file:

@@ -24,7 +24,8 @@ TRAIN = Task("train", ["response_ids", "reward"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
-TRAIN_READS = ["prompt_ids", "response_ids", "reward", "slot", "released_at", "finished_at"]
+TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
+               "finished_at"]
 
 
 def release_allowed(mode: str, k: int, step: int, trainer_version: int,

@@ -55,10 +55,16 @@ class ReportAck(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ("fresh_seconds",)
+    __slots__ = ("fresh_seconds", "wait", "wait_version", "wait_seconds")
     FRESH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     fresh_seconds: float
-    def __init__(self, fresh_seconds: _Optional[float] = ...) -> None: ...
+    wait: bool
+    wait_version: int
+    wait_seconds: float
+    def __init__(self, fresh_seconds: _Optional[float] = ..., wait: _Optional[bool] = ..., wait_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("version", "replicas")
