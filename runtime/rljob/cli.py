@@ -383,6 +383,7 @@ def worker_driver(
     run_dir: Path = typer.Option(None, help="Where the dataset cursor is kept."),
     start_step: int = typer.Option(0, help="First step to release (resume)."),
     max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
+    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """Release each step's prompts as the workflow mode allows."""
     import json
@@ -396,7 +397,7 @@ def worker_driver(
     if start_step and run_dir and (run_dir / "driver-state.json").exists():
         cursor = json.loads((run_dir / "driver-state.json").read_text()).get(str(start_step))
     run_driver(spec, tq, weights, load_tokenizer(spec.model), run_dir, start_step, cursor,
-               max_steps)
+               max_steps, metrics_port=metrics_port)
 
 
 @app.command()

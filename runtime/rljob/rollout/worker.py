@@ -20,6 +20,7 @@ from ..api.spec import RLJobSpec
 from ..models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..timeline import SpanLog
+from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
 from ..weights import WeightReceiver
 from ..workflow.tasks import ROLLOUT_READS
@@ -43,7 +44,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model)
     reward_fn = get_reward(spec.reward.name)
     spans = SpanLog(run_dir, name)
-    metrics = _Metrics(name, metrics_port)
+    metrics = WorkerMetrics(name, metrics_port)
 
     receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync)
     with spans.span("weight-sync", -1):
@@ -108,18 +109,3 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
 
 def _seed(spec: RLJobSpec, step: int, group: int) -> int:
     return (spec.algorithm.seed * 1_000_003 + step * 10_007 + group) % (2 ** 31)
-
-
-class _Metrics:
-    def __init__(self, worker: str, port: int | None):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-
-        reg = CollectorRegistry()
-        self.samples = Counter("rljob_rollout_samples", "Samples generated", ["worker"],
-                               registry=reg).labels(worker)
-        self.tokens = Counter("rljob_rollout_tokens", "Tokens generated", ["worker"],
-                              registry=reg).labels(worker)
-        self.version = Gauge("rljob_rollout_weights_version", "Weights version loaded",
-                             ["worker"], registry=reg).labels(worker)
-        if port:
-            start_http_server(port, registry=reg)

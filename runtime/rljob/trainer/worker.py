@@ -34,6 +34,7 @@ from ..api.spec import RLJobSpec
 from ..data import load_examples, render_prompt
 from ..models import build_model, load_tokenizer
 from ..timeline import SpanLog
+from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
 from ..weights import WeightSender
 from ..workflow.tasks import TRAIN_READS
@@ -162,6 +163,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                                 world_size=world)
     name = f"trainer-{rank}"
     spans = SpanLog(run_dir, name)
+    prom = WorkerMetrics(name, metrics_port)
     tok = load_tokenizer(spec.model)
     dtype = torch.float32 if spec.accelerator.type == "cpu" else None
     policy = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype)
@@ -243,6 +245,14 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                                   tokens_per_second=m["tokens_per_second"],
                                   samples_per_second=m["samples_per_second"],
                                   reward_mean=m["reward_mean"], source=name)
+                prom.step.set(version)
+                prom.version.set(version)
+                prom.samples.inc(m["samples"])
+                prom.tokens.inc(m["tokens"])
+                prom.reward.set(m["reward_mean"])
+                prom.staleness.set(m["staleness_mean"])
+                prom.gen_seconds.set(m["gen_seconds"])
+                prom.train_seconds.set(m["train_seconds"])
                 if metrics_file:
                     metrics_file.write(json.dumps(m) + "\n")
                     metrics_file.flush()

@@ -89,7 +89,11 @@ class Workflow:
 
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
                run_dir: Path | None, start_step: int = 0, cursor_state: dict | None = None,
-               max_steps: int | None = None, poll: float = 0.01) -> None:
+               max_steps: int | None = None, poll: float = 0.01,
+               metrics_port: int | None = None) -> None:
+    from ..worker_metrics import WorkerMetrics
+
+    prom = WorkerMetrics("driver", metrics_port)
     examples = load_examples(spec.dataset)
     cursor = PromptCursor(examples, spec.algorithm.seed, **(cursor_state or {}))
     tq = TransferQueueClient(tq_address)
@@ -108,6 +112,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
         if state_file:
             state_file.write_text(json.dumps(history))
         flow.put_prompts_data(step, cursor.take(spec.algorithm.global_batch_size))
+        prom.step.set(step)
         log.info("released step %d", step)
     tq.close()
     weights.close()

@@ -1,0 +1,163 @@
+"""Megatron-core trainer engine (`trainer.engine: megatron`), for NPU (torch_npu +
+MindSpeed) and GPU, written against mcore's public API and imported lazily
+(`pip install 'rljob[npu]'`).
+
+- `MegatronEngine.build()`: tensor/pipeline parallel groups
+  (`parallel_state.initialize_model_parallel`), a `GPTModel` whose
+  `TransformerConfig` mirrors the Hugging Face config (GQA, SwiGLU, RMSNorm,
+  QKV bias for Qwen2), weights converted from the Hugging Face checkpoint.
+- `token_logprobs(...)`: the same quantity the torch engine computes, so the
+  GRPO code in `algorithms.py` runs unchanged on top of it.
+- `hf_to_mcore` / `mcore_to_hf`: the weight layouts (fused QKV interleaved per
+  query group, fused gate/up projection), also used to publish trainer weights
+  to vLLM rollouts, which load Hugging Face names.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _layout(cfg: dict) -> tuple[int, int, int, int]:
+    heads = cfg["num_attention_heads"]
+    groups = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
+    return heads, groups, head_dim, heads // groups
+
+
+def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama/Qwen2 names → mcore GPTModel names (TP = 1 shards)."""
+    heads, groups, hd, per = _layout(cfg)
+    out = {"embedding.word_embeddings.weight": state["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": state["model.norm.weight"]}
+    if "lm_head.weight" in state and not cfg.get("tie_word_embeddings"):
+        out["output_layer.weight"] = state["lm_head.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            q = state.get(f"{hf}self_attn.q_proj.{kind}")
+            if q is None:
+                continue
+            k, v = state[f"{hf}self_attn.k_proj.{kind}"], state[f"{hf}self_attn.v_proj.{kind}"]
+            parts = []
+            for g in range(groups):  # mcore: per query group, its q heads then k then v
+                parts += [q[g * per * hd:(g + 1) * per * hd], k[g * hd:(g + 1) * hd],
+                          v[g * hd:(g + 1) * hd]]
+            out[f"{mc}self_attention.linear_qkv.{kind}"] = torch.cat(parts)
+        out[f"{mc}self_attention.linear_proj.weight"] = state[f"{hf}self_attn.o_proj.weight"]
+        out[f"{mc}input_layernorm.weight"] = state[f"{hf}input_layernorm.weight"]
+        out[f"{mc}pre_mlp_layernorm.weight"] = state[f"{hf}post_attention_layernorm.weight"]
+        out[f"{mc}mlp.linear_fc1.weight"] = torch.cat([state[f"{hf}mlp.gate_proj.weight"],
+                                                       state[f"{hf}mlp.up_proj.weight"]])
+        out[f"{mc}mlp.linear_fc2.weight"] = state[f"{hf}mlp.down_proj.weight"]
+    return out
+
+
+def mcore_to_hf(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_to_mcore`."""
+    heads, groups, hd, per = _layout(cfg)
+    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+           "model.norm.weight": state["decoder.final_layernorm.weight"]}
+    if "output_layer.weight" in state:
+        out["lm_head.weight"] = state["output_layer.weight"]
+    elif cfg.get("tie_word_embeddings"):
+        out["lm_head.weight"] = state["embedding.word_embeddings.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            qkv = state.get(f"{mc}self_attention.linear_qkv.{kind}")
+            if qkv is None:
+                continue
+            block = (per + 2) * hd
+            qs, ks, vs = [], [], []
+            for g in range(groups):
+                b = qkv[g * block:(g + 1) * block]
+                qs.append(b[:per * hd])
+                ks.append(b[per * hd:(per + 1) * hd])
+                vs.append(b[(per + 1) * hd:])
+            out[f"{hf}self_attn.q_proj.{kind}"] = torch.cat(qs)
+            out[f"{hf}self_attn.k_proj.{kind}"] = torch.cat(ks)
+            out[f"{hf}self_attn.v_proj.{kind}"] = torch.cat(vs)
+        out[f"{hf}self_attn.o_proj.weight"] = state[f"{mc}self_attention.linear_proj.weight"]
+        out[f"{hf}input_layernorm.weight"] = state[f"{mc}input_layernorm.weight"]
+        out[f"{hf}post_attention_layernorm.weight"] = state[f"{mc}pre_mlp_layernorm.weight"]
+        gate, up = state[f"{mc}mlp.linear_fc1.weight"].chunk(2)
+        out[f"{hf}mlp.gate_proj.weight"] = gate
+        out[f"{hf}mlp.up_proj.weight"] = up
+        out[f"{hf}mlp.down_proj.weight"] = state[f"{mc}mlp.linear_fc2.weight"]
+    return out
+
+
+class MegatronEngine:
+    """One trainer rank's model under Megatron-core parallelism."""
+
+    def __init__(self, hf_config: dict, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                 dtype: torch.dtype = torch.bfloat16, cpu_init: bool = False):
+        try:
+            import megatron.core  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError("trainer.engine megatron needs megatron-core: "
+                               "pip install 'rljob[npu]'") from exc
+        self.cfg = hf_config
+        self.tp, self.pp = tensor_parallel, pipeline_parallel
+        self.dtype = dtype
+        self.cpu_init = cpu_init
+        self.model = None
+
+    def transformer_config(self):
+        import torch.nn.functional as F
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        c = self.cfg
+        heads, groups, hd, _ = _layout(c)
+        return TransformerConfig(
+            num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"],
+            num_attention_heads=heads, num_query_groups=groups, kv_channels=hd,
+            ffn_hidden_size=c["intermediate_size"], normalization="RMSNorm",
+            layernorm_epsilon=c.get("rms_norm_eps", 1e-6), gated_linear_unit=True,
+            activation_func=F.silu, add_bias_linear=False,
+            add_qkv_bias=c.get("model_type") == "qwen2",
+            tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+            params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
+            use_cpu_initialization=self.cpu_init)
+
+    def build(self):
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(self.tp, self.pp)
+        c = self.cfg
+        self.model = GPTModel(
+            config=self.transformer_config(),
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=c["vocab_size"], max_sequence_length=c["max_position_embeddings"],
+            position_embedding_type="rope", rotary_base=int(c.get("rope_theta", 10000)),
+            share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings")),
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage())
+        return self.model
+
+    def load_hf_state(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.model.load_state_dict(hf_to_mcore(state, self.cfg),
+                                                         strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the mcore model: missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]}")
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
+        return mcore_to_hf(state, self.cfg)
+
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """log π(next token) per position, as the torch engine's `token_logprobs`."""
+        length = input_ids.shape[1]
+        position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
+        causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
+        padded = attention_mask[:, None, None, :] == 0
+        logits = self.model(input_ids, position_ids.expand_as(input_ids),
+                            causal[None, None] | padded)
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
