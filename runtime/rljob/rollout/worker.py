@@ -22,6 +22,7 @@ from ..reward import get_reward, score_all
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
+from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..workflow.tasks import ROLLOUT_READS
 from .engine import SamplingParams, make_engine
@@ -51,6 +52,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         receiver.load_latest(engine, 0)  # joining: the newest version first
     receiver.start_background(engine)
     tq = TransferQueueClient(tq_address)
+    keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
     # claim about one trainer micro-batch at a time, so samples stream to the
     # trainer as they are made instead of a replica's whole share at the end
@@ -69,6 +71,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                                  wait=0.5, min_count=g)
             if not batch.rows:
                 continue
+            keeper.hold(batch)  # generation may outlast the lease
             if spec.workflow.weight_sync == "sync":
                 receiver.wait_current()  # generation waits for the newest weights
             step = batch.rows[0].partition
@@ -94,6 +97,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 "reward_error": [s.error for s in scored],
                 "finished_at": [done] * len(flat),
             }, versions=[version] * len(flat), length_column="response_ids")
+            keeper.drop(batch)
             tq.ack(batch, wait=False)
             metrics.samples.inc(len(flat))
             metrics.tokens.inc(sum(len(x.response_ids) for x in flat))
@@ -102,6 +106,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 log.warning("reward failed for %d of %d samples: %s", len(errors), len(flat),
                             errors[0])
     finally:
+        keeper.close()
         receiver.stop()
         tq.close()
         spans.close()

@@ -36,6 +36,7 @@ from ..models import build_model, load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
+from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightSender
 from ..workflow.tasks import TRAIN_READS
 from .algorithms import grpo_loss, group_advantages, make_batch, token_logprobs
@@ -72,8 +73,9 @@ class StepSource:
     groups as they become ready, and hands out micro-batch j once slots
     [j·mb, (j+1)·mb) have all arrived."""
 
-    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int):
+    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper):
         self.spec, self.tq, self.step = spec, tq, step
+        self.keeper = keeper  # keeps the step's leases alive until it is trained
         self.n = spec.algorithm.samples_per_step
         self.mb = spec.algorithm.micro_batch_size
         self.g = spec.algorithm.group_size
@@ -95,6 +97,7 @@ class StepSource:
                        float(d["released_at"][i]), float(d["finished_at"][i]))
             self.buffer[s.slot] = s
         self.leases.append(batch)
+        self.keeper.hold(batch)
 
     def next_micro_batch(self) -> list[Sample] | None:
         if self.next_slot >= self.n:
@@ -123,6 +126,7 @@ class StepSource:
 
     def ack_all(self) -> None:
         for batch in self.leases:
+            self.keeper.drop(batch)
             self.tq.ack(batch, wait=False)
         self.leases.clear()
 
@@ -195,10 +199,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     if opt_state is not None:
         opt.load_state_dict(opt_state)
 
-    tq = None
+    tq = keeper = None
     if rank == 0:
         sender.publish(start, policy.state_dict())
         tq = TransferQueueClient(tq_address)
+        keeper = LeaseKeeper(tq)
     metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0
                     else None)
     algo = spec.algorithm
@@ -208,7 +213,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         for t in range(start, steps):
             if stop["now"]:
                 break
-            source = StepSource(spec, tq, t) if rank == 0 else None
+            source = StepSource(spec, tq, t, keeper) if rank == 0 else None
             step_samples: list[Sample] = []
             train_time = 0.0
             sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
@@ -268,6 +273,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             # let replicas pick up the last version before the sender goes away
             time.sleep(0.5)
             sender.stop()
+        if keeper is not None:
+            keeper.close()
         if tq is not None:
             tq.close()
         if metrics_file:

@@ -18,7 +18,7 @@ from typing import Any
 from .client import Batch, TransferQueueClient, TransferQueueError
 
 
-class _LeaseKeeper:
+class LeaseKeeper:
     """Extends the leases of the batches held, every lease_seconds/3."""
 
     def __init__(self, client: TransferQueueClient):
@@ -86,7 +86,7 @@ class StreamLoader:
         self.prefetch = prefetch
         self.claim_kwargs = claim_kwargs
         self._pending: Batch | None = None
-        self._keeper: _LeaseKeeper | None = None
+        self._keeper: LeaseKeeper | None = None
         self.batches = 0
         self._is_src = self._rank() == src
         if self._is_src and client is None:
@@ -170,7 +170,7 @@ class StreamLoader:
                 self.batches += 1
                 yield batch
             return
-        self._keeper = _LeaseKeeper(self.client) if self.keep_leases else None
+        self._keeper = LeaseKeeper(self.client) if self.keep_leases else None
         ahead: queue.Queue | None = None
         stop = threading.Event()
         fetcher = None
