@@ -44,14 +44,29 @@ class LocalRun:
     def steps(self) -> int:
         return self.max_steps or self.job.spec.algorithm.max_steps
 
+    def _cpus_for(self, name: str) -> set[int] | None:
+        """Trainer ranks and rollout replicas each get a core of their own, round
+        robin, so two busy workers do not bounce between cores; the light
+        processes (controller, driver) float."""
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) < 2 or not (name.startswith("trainer-") or name.startswith("rollout-")):
+            return None
+        spec = self.job.spec
+        order = [f"trainer-{r}" for r in range(spec.trainer.world_size)] + \
+                [f"rollout-{i}" for i in range(spec.rollout.replicas)]
+        return {cpus[order.index(name) % len(cpus)]}
+
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")
+        cpus = self._cpus_for(name)
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus
+                                else None)
         self.procs[name] = proc
         return proc
 

@@ -3,8 +3,9 @@ by side: generated tokens/s over the steady state, bubble ratio (idle share of
 the rollout and trainer processes), and each mode's speedup over sync.
 
 The job is shaped so overlap can pay on a 2-core machine: one rollout replica
-and one trainer rank, each a single-threaded process on its own core, with
-generation and training of one step taking about the same time."""
+and one trainer rank, each a single-threaded process pinned to its own core,
+with generation and training of one step taking about the same time (128
+samples of up to 20 tokens from 8 prompts × 16; ~0.2 s each alone)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path) -> RLJob:
             "algorithm": {"groupSize": 16, "globalBatchSize": 8, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
-            "rollout": {"replicas": 1, "maxNewTokens": 16},
+            "rollout": {"replicas": 1, "maxNewTokens": 20},
             "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
             "reward": {"name": "arith_partial"},
         }})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 
@@ -35,6 +36,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     import torch
 
     torch.set_num_threads(1)
+    sys.setswitchinterval(0.0005)  # the weight receiver thread swaps in promptly
     name = f"rollout-{replica}"
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

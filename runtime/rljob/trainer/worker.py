@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,14 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
                 metrics_port: int | None = None) -> None:
+    if spec.trainer.engine != "torch":
+        raise SystemExit("trainer.engine megatron: this trainer worker runs the torch engine; "
+                         "the Megatron-core adapter (rljob.trainer.megatron_engine) is not "
+                         "wired into it yet: use trainer.engine: torch")
     torch.set_num_threads(1)
+    # the weight service and TransferQueue threads answer while the main thread
+    # computes: hand the GIL over sooner than the default 5 ms
+    sys.setswitchinterval(0.0005)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
     if world > 1:
@@ -297,7 +305,8 @@ def _micro_step(model, policy, ref, shard, t, tok, spec, world, last):
                            tok.pad_token_id)
         logp = token_logprobs(model, batch)
         with torch.no_grad():
-            ref_logp = token_logprobs(ref, batch)
+            # no KL term, no reference forward
+            ref_logp = token_logprobs(ref, batch) if algo.kl_coef else logp.detach()
             old_logp = logp.detach().clone()
             for i, s in enumerate(shard):
                 if s.version != t:  # async: the behaviour policy's own log-probs
