@@ -12,23 +12,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from .api import RLJob
-
-
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .netutil import free_port
 
 
 @dataclass
@@ -76,9 +69,9 @@ class LocalRun:
         job_file = self.run_dir / "job.yaml"
         if not (self.resume and job_file.exists()):
             job_file.write_text(yaml.safe_dump(self.job.to_wire(), sort_keys=False))
-        self.tq_address = f"127.0.0.1:{_free_port()}"
-        self.weights_address = f"127.0.0.1:{_free_port()}"
-        master = f"127.0.0.1:{_free_port()}"
+        self.tq_address = f"127.0.0.1:{free_port()}"
+        self.weights_address = f"127.0.0.1:{free_port()}"
+        master = f"127.0.0.1:{free_port()}"
         common = ["--job", str(job_file), "--run-dir", str(self.run_dir)]
         tq_args = ["transferqueue", "--listen", self.tq_address, "--job", self.job.metadata.name
                    or "rljob", "--lease-seconds", str(spec.transfer_queue.lease_seconds),

@@ -16,26 +16,21 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, closing
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..netutil import free_port
 
 ROWS_PER_BATCH = 64
 ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
 BYTES_PER_CASE = 512 << 20
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
-
-
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -50,7 +45,7 @@ def _start_redis(stack: ExitStack, password: str) -> str:
     if exe is None:
         raise SystemExit("redis-server not found: install it (Debian: apt-get install redis-server) "
                          "or pass --redis URL")
-    port = _free_port()
+    port = free_port()
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rljob-bench-redis-"))
     proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--requirepass", password, "--dir", workdir],
@@ -69,7 +64,7 @@ def _start_redis(stack: ExitStack, password: str) -> str:
 
 
 def _start_controller(stack: ExitStack, redis_url: str, password: str) -> str:
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, **{PASSWORD_ENV: password})
     proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", "transferqueue",
                              "--listen", address, "--redis", redis_url, "--job", "bench",
