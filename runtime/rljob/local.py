@@ -83,12 +83,11 @@ class LocalRun:
         steps = ["--max-steps", str(self.steps)]
         world = spec.trainer.world_size
         start_step = self._resume_step() if self.resume else 0
+        self._trainer_args = ["trainer", *common, *steps, "--tq", self.tq_address,
+                              "--weights-listen", self.weights_address, "--world-size",
+                              str(world), "--master", master]
         for r in range(world):
-            self._spawn(f"trainer-{r}", ["trainer", *common, *steps, "--tq", self.tq_address,
-                                         "--weights-listen", self.weights_address,
-                                         "--rank", str(r), "--world-size", str(world),
-                                         "--master", master]
-                        + (["--resume"] if self.resume else []))
+            self.start_trainer(r, resume=self.resume)
         for i in range(spec.rollout.replicas):
             self._spawn(f"rollout-{i}", ["rollout", *common, "--tq", self.tq_address,
                                          "--weights", self.weights_address,
@@ -96,6 +95,11 @@ class LocalRun:
         self._spawn("driver", ["driver", *common, *steps, "--tq", self.tq_address,
                                "--weights", self.weights_address,
                                "--start-step", str(start_step)])
+
+    def start_trainer(self, rank: int, resume: bool) -> subprocess.Popen:
+        """(Re)start one trainer rank; with `resume`, from the run's last checkpoint."""
+        return self._spawn(f"trainer-{rank}", [*self._trainer_args, "--rank", str(rank)]
+                           + (["--resume"] if resume else []))
 
     def _resume_step(self) -> int:
         ckpts = list((self.run_dir / "checkpoints").glob("step-*"))

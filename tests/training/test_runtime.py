@@ -137,3 +137,42 @@ def test_plots_summarise_a_run(tmp_path):
     rljob_run(path, tmp_path / "run", "--max-steps", "3")
     summary = write_plots(tmp_path / "run")
     assert summary["steps"] == 3 and 0 <= summary["bubble_ratio"] < 1
+
+
+def test_a_restarted_trainer_continues_from_its_checkpoint_and_loses_no_sample(tmp_path):
+    path = job(tmp_path, "trainer-restart", transferQueue={"leaseSeconds": 3},
+               trainer={"checkpointEvery": 2})
+    spec_job = RLJob.model_validate(yaml.safe_load(path.read_text()))
+    run = LocalRun(spec_job, tmp_path / "run", max_steps=8)
+    os.chdir(REPO)
+    run.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any(m["step"] >= 3 for m in run.metrics()):
+            assert time.monotonic() < deadline and run.failed() is None, run.failed()
+            time.sleep(0.05)
+        first = run.procs["trainer-0"]
+        os.killpg(first.pid, signal.SIGKILL)  # the pod dies between checkpoints
+        first.wait()
+        crashed_at = max(m["step"] for m in run.metrics())
+        run.start_trainer(0, resume=True)
+        while not run.trainer_done():
+            assert time.monotonic() < deadline, "the run did not finish"
+            assert run.failed() is None, run.failed()
+            time.sleep(0.2)
+        from rljob.transferqueue import TransferQueueClient
+
+        with TransferQueueClient(run.tq_address) as tq:
+            stats = {s.name: s for s in tq.stats().tasks}
+        steps = [m["step"] for m in run.metrics()]
+        after = steps[steps.index(crashed_at) + 1:]
+        resumed_from = after[0] - 1
+        # it went back to a checkpoint (every 2 steps) at or before the crash and
+        # trained the steps after it again, from the same samples
+        assert resumed_from % 2 == 0 and resumed_from <= crashed_at
+        assert after == list(range(resumed_from + 1, 9))
+        assert stats["train"].acked == 8 * 128  # every sample consumed exactly once
+        assert stats["rollout"].acked == 8 * 128  # and generated exactly once
+        assert stats["train"].expired >= 1  # the dead trainer's rows came back
+    finally:
+        run.stop()

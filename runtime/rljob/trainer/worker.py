@@ -125,11 +125,9 @@ class StepSource:
                 m.advantage = a
         return chunk
 
-    def ack_all(self) -> None:
-        for batch in self.leases:
-            self.keeper.drop(batch)
-            self.tq.ack(batch, wait=False)
-        self.leases.clear()
+    def take_leases(self) -> list:
+        leases, self.leases = self.leases, []
+        return leases
 
 
 def warm_up(model, tok, spec: RLJobSpec, rank: int, world: int, ddp_model) -> float:
@@ -214,6 +212,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         keeper = LeaseKeeper(tq)
     metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0
                     else None)
+    uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
     algo = spec.algorithm
     n, mb = algo.samples_per_step, algo.micro_batch_size
     micro_batches = n // mb
@@ -247,7 +246,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             version = t + 1
             state = policy.state_dict()
             if rank == 0:
-                source.ack_all()
+                # the step's rows stay leased (kept alive) until a checkpoint holds
+                # the update: a trainer that dies before then trains them again
+                uncommitted += source.take_leases()
                 with spans.span("weight-sync", t):
                     sender.publish(version, state)
                 m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
@@ -270,8 +271,13 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     metrics_file.write(json.dumps(m) + "\n")
                     metrics_file.flush()
                 every = spec.trainer.checkpoint_every
-                if ckpt_dir and (version % every == 0 or version == steps):
-                    _checkpoint(ckpt_dir, version, policy, ref, opt)
+                if version % every == 0 or version == steps:
+                    if ckpt_dir:
+                        _checkpoint(ckpt_dir, version, policy, ref, opt)
+                    for batch in uncommitted:  # consumed for good now
+                        keeper.drop(batch)
+                        tq.ack(batch, wait=False)
+                    uncommitted = []
         if rank == 0 and run_dir:
             final = Path(run_dir) / "final"
             policy.save_pretrained(final)
@@ -284,6 +290,10 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if keeper is not None:
             keeper.close()
         if tq is not None:
+            try:
+                tq.flush()  # surface a refused ack
+            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask
+                log.warning("an ack was refused: %s", exc)
             tq.close()
         if metrics_file:
             metrics_file.close()

@@ -230,7 +230,10 @@ class WeightReceiver:
 
     def wait_current(self, timeout: float = 600.0) -> None:
         """weightSync sync: block until the engine holds the newest published version."""
-        latest = self.client.latest()
+        try:
+            latest = self.client.latest()
+        except grpc.RpcError:
+            return  # the trainer is restarting: generate with what we hold
         deadline = time.monotonic() + timeout
         with self.swapped:
             while self.version < latest and time.monotonic() < deadline:

@@ -106,7 +106,14 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     if state_file and state_file.exists():
         history = json.loads(state_file.read_text())
     for step in range(start_step, steps):
-        while not flow.may_release(step, wait=5.0):
+        while True:
+            try:
+                if flow.may_release(step, wait=5.0):
+                    break
+            except grpc.RpcError as exc:  # the trainer (weight service) restarts
+                log.warning("weight service unavailable (%s); waiting", exc.code().name)
+                time.sleep(1.0)
+                continue
             time.sleep(poll)
         history[str(step)] = cursor.state()  # where step `step` starts: resume from here
         if state_file:
