@@ -117,9 +117,7 @@ def simulate(cfg: PipelineConfig) -> SimResult:
     active = [0] * cfg.replicas
     rollout_version = 0  # weights on the replicas
     blocked_until = 0.0  # weight sync in progress (sync transfer) blocks generation
-    done_per_step = [0] * cfg.steps  # samples generated
     ready: dict[int, int] = {}  # step -> generated samples not yet trained
-    trainer_free_at = 0.0
     trainer_busy = False
     trained_step = 0  # optimizer steps done
     next_mb = 0  # micro-batches of the current step done
@@ -185,7 +183,6 @@ def simulate(cfg: PipelineConfig) -> SimResult:
             active[r] -= 1
             if active[r] == 0:
                 result.spans.append(Span(f"rollout-{r}", "generate", busy_since[r], now, step))
-            done_per_step[step] += 1
             ready[step] = ready.get(step, 0) + 1
             result.staleness.append(step - version)
             start_samples(now)
