@@ -39,14 +39,17 @@ class LocalRun:
 
     def _cpus_for(self, name: str) -> set[int] | None:
         """Trainer ranks and rollout replicas each get a core of their own, round
-        robin, so two busy workers do not bounce between cores; the light
-        processes (controller, driver) float."""
+        robin (trainers first), so busy workers do not bounce between cores; the
+        light processes (controller, driver) share the last core, away from the
+        trainer, whose step ends every pipeline stage."""
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        if len(cpus) < 2 or not (name.startswith("trainer-") or name.startswith("rollout-")):
+        if len(cpus) < 2:
             return None
         spec = self.job.spec
         order = [f"trainer-{r}" for r in range(spec.trainer.world_size)] + \
                 [f"rollout-{i}" for i in range(spec.rollout.replicas)]
+        if name not in order:
+            return {cpus[-1]}
         return {cpus[order.index(name) % len(cpus)]}
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
