@@ -148,10 +148,15 @@ class LocalRun:
                 p.wait()
 
     def metrics(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_metrics(self.run_dir)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The per-step lines of RUN_DIR/metrics.jsonl (none yet: [])."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_plots(run_dir: Path) -> dict:
@@ -163,8 +168,7 @@ def write_plots(run_dir: Path) -> dict:
 
     from .timeline import bubble_ratio, load_spans, plot_gantt
 
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if line.strip()] if (run_dir / "metrics.jsonl").exists() else []
+    metrics = read_metrics(run_dir)
     summary: dict = {"steps": len(metrics)}
     if metrics:
         fig, ax = plt.subplots(figsize=(7, 3.5))

@@ -18,6 +18,7 @@ sampling (the behaviour policy itself, no second forward).
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 import json
 import logging
 import math
@@ -37,7 +38,7 @@ from ..models import build_model, load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
-from ..transferqueue.loader import LeaseKeeper
+from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..weights import WeightSender
 from ..workflow.tasks import TRAIN_READS
 from .algorithms import grpo_loss, group_advantages, make_batch, token_logprobs
@@ -57,14 +58,6 @@ class Sample:
     released_at: float
     finished_at: float
     advantage: float = 0.0
-
-
-def _broadcast(obj, rank: int, world: int):
-    if world == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)  # trusted peers of one gang
-    return box[0]
 
 
 class StepSource:
@@ -228,7 +221,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             opt.zero_grad()
             for j in range(micro_batches):
                 chunk = source.next_micro_batch() if rank == 0 else None
-                chunk = _broadcast(chunk, rank, world)
+                if world > 1:
+                    chunk = broadcast_object(chunk)
                 t0 = time.time()
                 step_samples += chunk
                 shard = chunk[rank::world]
@@ -304,7 +298,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
 
 def _micro_step(model, policy, ref, shard, t, tok, spec, world, last):
     algo = spec.algorithm
-    ctx = model.no_sync() if (world > 1 and not last) else _null()
+    ctx = model.no_sync() if (world > 1 and not last) else nullcontext()
     with ctx:
         if not shard:
             # this rank has nothing in this micro-batch: a zero loss keeps DDP in step
@@ -328,14 +322,6 @@ def _micro_step(model, policy, ref, shard, t, tok, spec, world, last):
         # DDP averages gradients over ranks; the objective sums over all samples
         (parts.loss * world).backward()
     return {"loss": float(parts.loss) * world, "kl": parts.kl, "clip": parts.clip_frac}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _step_metrics(t, samples, train_time, wall, sums) -> dict:

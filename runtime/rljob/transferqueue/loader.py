@@ -18,6 +18,15 @@ from typing import Any
 from .client import Batch, TransferQueueClient, TransferQueueError
 
 
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """`obj` from rank `src` on every rank of `group` (trusted peers of one job)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
 class LeaseKeeper:
     """Extends the leases of the batches held, every lease_seconds/3."""
 
@@ -154,12 +163,7 @@ class StreamLoader:
     def _broadcast(self, batch: Batch | None) -> Batch | None:
         if self.group is None:
             return batch
-        import torch.distributed as dist
-
-        box = [batch]
-        # trusted peers of one job: the batch travels as one object
-        dist.broadcast_object_list(box, src=self.src, group=self.group)
-        return box[0]
+        return broadcast_object(batch, self.src, self.group)
 
     def __iter__(self) -> Iterator[Batch]:
         if not self._is_src:

@@ -16,7 +16,7 @@ from ..api.spec import RLJobSpec
 from ..data import PromptCursor, load_examples, render_prompt
 from ..transferqueue import Batch, TransferQueueClient
 from ..weights import WeightClient
-from .tasks import TASKS, release_allowed
+from .tasks import TASKS, release_allowed, version_needed
 
 log = logging.getLogger("rljob.driver")
 
@@ -80,8 +80,7 @@ class Workflow:
     def may_release(self, step: int, wait: float = 0.0) -> bool:
         """Whether `step`'s prompts may go out; with `wait`, long-poll the weight
         service until they may (or the time is up)."""
-        need = step if self.spec.workflow.mode in ("sync", "periodic") else \
-            step - self.spec.workflow.staleness_bound
+        need = version_needed(self.spec.workflow.mode, self.spec.workflow.staleness_bound, step)
         status = self.weights.status(wait_version=need if wait else None, wait=wait)
         return release_allowed(self.spec.workflow.mode, self.spec.workflow.staleness_bound,
                                step, status.version, [r.version for r in status.replicas])

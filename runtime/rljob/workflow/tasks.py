@@ -28,6 +28,11 @@ TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "
                "finished_at"]
 
 
+def version_needed(mode: str, k: int, step: int) -> int:
+    """The weights version that must be everywhere before `step`'s prompts go out."""
+    return step if mode in ("sync", "periodic") else step - k
+
+
 def release_allowed(mode: str, k: int, step: int, trainer_version: int,
                     replica_versions: list[int]) -> bool:
     """DESIGN's release rule for the prompts of `step`.
@@ -37,5 +42,5 @@ def release_allowed(mode: str, k: int, step: int, trainer_version: int,
     weights (so no sample can be staler than k)."""
     if not replica_versions:
         return False
-    need = step if mode in ("sync", "periodic") else step - k
+    need = version_needed(mode, k, step)
     return trainer_version >= need and min(replica_versions) >= need
