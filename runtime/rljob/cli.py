@@ -1,4 +1,4 @@
-"""`rljob` command line: crd, validate (more subcommands join as they land)."""
+"""`rljob` command line: crd, validate, render, plan, simulate, run, worker, bench."""
 
 from __future__ import annotations
 
@@ -83,6 +83,25 @@ def validate(
             typer.echo(f"{source}: valid")
     if bad:
         raise typer.Exit(1)
+
+
+@app.command()
+def render(
+    file: Path = typer.Argument(..., help="RLJob YAML."),
+    namespace: str = typer.Option(None, "--namespace", "-n",
+                                  help="Namespace of the objects (default: the file's, or default)."),
+) -> None:
+    """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
+    from rljob_operator.builders import build_all, new_password, to_yaml
+
+    job = _load_job(file)
+    if namespace:
+        job.metadata.namespace = namespace
+    job.metadata.namespace = job.metadata.namespace or "default"
+    if not job.metadata.name:
+        typer.echo(f"{file}: metadata.name is required to render the job's objects", err=True)
+        raise typer.Exit(1)
+    typer.echo(to_yaml(build_all(job, new_password())), nl=False)
 
 
 def _load_job(path: Path):

@@ -232,6 +232,14 @@ class TrainerSpec(ApiModel):
     checkpoint_every: int = Field(
         50, ge=1, description="Save a checkpoint every N optimizer steps."
     )
+    checkpoint_pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim (ReadWriteMany across trainer nodes) for "
+        "checkpoints and final weights, mounted at /checkpoints; without it a restarted "
+        "trainer gang starts from step 0.",
+    )
 
     @property
     def world_size(self) -> int:
@@ -276,6 +284,10 @@ class RedisSpec(ApiModel):
         description="Requests and limits of each storage unit.",
     )
     persistence: bool = Field(False, description="Keep each unit's data on a PVC.")
+    storage_size: str = Field(
+        "20Gi", max_length=32, pattern=QUANTITY_PATTERN,
+        description="Size of each unit's PVC when persistence is on.",
+    )
 
 
 class TransferQueueSpec(ApiModel):

@@ -40,14 +40,20 @@ def decide(gen: GenProfile, workload: Workload, replicas: int, gen_seconds: floa
            allow_scale_in: bool = False) -> ScaleDecision:
     """One step's verdict from the measured Tgen/Ttrain (the operator requires it
     for consecutiveSteps in a row, outside the cooldown, before acting)."""
+    return verdict(gen_seconds, train_seconds, gain_of_one_more_replica(gen, workload, replicas),
+                   loss_of_one_fewer_replica(gen, workload, replicas), replicas, min_replicas,
+                   max_replicas, allow_scale_in)
+
+
+def verdict(gen_seconds: float, train_seconds: float, gain: float, loss: float, replicas: int,
+            min_replicas: int, max_replicas: int, allow_scale_in: bool = False) -> ScaleDecision:
+    """Scale out when δ = Tgen − Ttrain ≥ δ′ = `gain` (> 0); scale in when
+    training lags generation by at least what one fewer replica costs (`loss`)."""
     gap = gen_seconds - train_seconds
-    gain = gain_of_one_more_replica(gen, workload, replicas)
     if gap > 0 and gain > 0 and gap >= gain and replicas < max_replicas:
         return ScaleDecision(+1, f"generation lags training by {gap:.2f}s, one more replica "
                                  f"saves {gain:.2f}s", gap, gain)
-    if allow_scale_in and replicas > min_replicas:
-        loss = loss_of_one_fewer_replica(gen, workload, replicas)
-        if gap < 0 and -gap >= loss:
-            return ScaleDecision(-1, f"training lags generation by {-gap:.2f}s, one fewer "
-                                     f"replica costs {loss:.2f}s", gap, loss)
+    if allow_scale_in and replicas > min_replicas and gap < 0 and -gap >= loss:
+        return ScaleDecision(-1, f"training lags generation by {-gap:.2f}s, one fewer "
+                                 f"replica costs {loss:.2f}s", gap, loss)
     return ScaleDecision(0, "balanced", gap, gain)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
                    token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
                    partition: int | None = None, min_version: int | None = None,
                    on_stale: str = "discard", stale_producer: str | None = None,
-                   ack: Batch | None = None) -> pb.ClaimRequest:
+                   ack: Batch | None = None, consumer: str = "") -> pb.ClaimRequest:
     if policy not in _POLICY_PB:
         raise ValueError(f"unknown claim policy {policy!r}: use {sorted(_POLICY_PB)}")
     return pb.ClaimRequest(
@@ -86,7 +87,8 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
         has_partition=partition is not None, partition=partition or 0,
         has_min_version=min_version is not None, min_version=min_version or 0,
         on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "",
-        ack_lease=ack.lease if ack is not None and ack.task == task else "")
+        ack_lease=ack.lease if ack is not None and ack.task == task else "",
+        consumer=consumer)
 
 
 class _Data:
@@ -95,6 +97,8 @@ class _Data:
     def __init__(self, address: str, password: str | None):
         self.address = address
         self.password = password if password is not None else os.environ.get("RLJOB_TQ_PASSWORD")
+        # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
+        self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         self.job = ""
         self.columns: dict[str, ColumnSpec] = {}
         self.units: list[StorageUnit] = []
@@ -307,6 +311,7 @@ class TransferQueueClient:
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
+        kwargs.setdefault("consumer", self._data.consumer)
         req = _claim_request(task, count, **kwargs)
         resp = self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
         return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
@@ -432,6 +437,7 @@ class AsyncTransferQueueClient:
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
+        kwargs.setdefault("consumer", self._data.consumer)
         req = _claim_request(task, count, **kwargs)
         resp = await self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
         return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)

@@ -71,6 +71,7 @@ class Lease:
     task: str
     rows: set[int]
     deadline: float
+    consumer: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class ClaimRequest:
     min_version: int | None = None
     on_stale: str = "discard"  # discard | regenerate
     stale_producer: str | None = None
+    consumer: str = ""
 
 
 @dataclass(frozen=True)
@@ -377,7 +379,7 @@ class Controller:
         if req.policy == "token_balanced" and req.dp_size > 1:
             ranks = balance_over_ranks([self.rows[i].length for i in picked], req.dp_size)
         lease = Lease(f"{req.task}-{next(self._lease_ids)}", req.task, set(picked),
-                      self.clock() + self.lease_seconds)
+                      self.clock() + self.lease_seconds, req.consumer)
         state.leases[lease.id] = lease
         out = []
         for idx, rank in zip(picked, ranks):
@@ -554,6 +556,16 @@ class Controller:
         return Cleared(p, cells)
 
     # ---- stats ------------------------------------------------------------
+    def consumer_stats(self) -> list[dict]:
+        """Rows each named consumer holds under lease, per task."""
+        held: dict[tuple[str, str], int] = {}
+        for name, s in self.tasks.items():
+            for lease in s.leases.values():
+                if lease.consumer and lease.rows:
+                    key = (name, lease.consumer)
+                    held[key] = held.get(key, 0) + len(lease.rows)
+        return [{"task": t, "consumer": c, "claimed": n} for (t, c), n in sorted(held.items())]
+
     def task_stats(self, window: float = 10.0) -> list[dict]:
         now = self.clock()
         out = []

@@ -184,7 +184,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             partition=request.partition if request.has_partition else None,
             min_version=request.min_version if request.has_min_version else None,
             on_stale=STALE.get(request.on_stale, "discard"),
-            stale_producer=request.stale_producer or None)
+            stale_producer=request.stale_producer or None, consumer=request.consumer)
         deadline = time.monotonic() + max(request.wait_seconds, 0.0)
         if request.ack_lease:
             _, cleared = self.controller.ack(request.task, request.ack_lease)
@@ -272,6 +272,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         ctl = self.controller
         return pb.StatsResponse(
             tasks=[pb.TaskStats(**s) for s in ctl.task_stats()],
+            consumers=[pb.ConsumerStats(**s) for s in ctl.consumer_stats()],
             rows=len(ctl.rows), partitions=len(ctl.partitions),
             cleared_partitions=ctl.cleared_partitions, bytes_written=ctl.bytes_written,
             metrics=self.metrics.latest)

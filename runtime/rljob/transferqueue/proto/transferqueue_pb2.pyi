@@ -163,7 +163,7 @@ class NotifyWrittenResponse(_message.Message):
     def __init__(self, newly_ready: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease")
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer")
     TASK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class ClaimRequest(_message.Message):
     ON_STALE_FIELD_NUMBER: _ClassVar[int]
     STALE_PRODUCER_FIELD_NUMBER: _ClassVar[int]
     ACK_LEASE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
     task: str
     count: int
     min_count: int
@@ -192,7 +193,8 @@ class ClaimRequest(_message.Message):
     on_stale: StalePolicy
     stale_producer: str
     ack_lease: str
-    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ...) -> None: ...
+    consumer: str
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ...) -> None: ...
 
 class RowMeta(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank")
@@ -319,20 +321,32 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tasks", "rows", "partitions", "cleared_partitions", "bytes_written", "metrics")
+    __slots__ = ("tasks", "rows", "partitions", "cleared_partitions", "bytes_written", "metrics", "consumers")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CLEARED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     rows: int
     partitions: int
     cleared_partitions: int
     bytes_written: int
     metrics: JobMetrics
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ...) -> None: ...
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStats]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ...) -> None: ...
+
+class ConsumerStats(_message.Message):
+    __slots__ = ("task", "consumer", "claimed")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    consumer: str
+    claimed: int
+    def __init__(self, task: _Optional[str] = ..., consumer: _Optional[str] = ..., claimed: _Optional[int] = ...) -> None: ...
 
 class Op(_message.Message):
     __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve")

@@ -1,0 +1,80 @@
+"""`rljob-operator`: run the RLJob operator (kopf) against the current cluster."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def main(
+    namespace: list[str] = typer.Option(
+        [], "--namespace", "-n", envvar="RLJOB_OPERATOR_NAMESPACES",
+        help="Watch only these namespaces (repeat; glob patterns allowed). Default: all."),
+    peering: str = typer.Option(
+        None, envvar="RLJOB_OPERATOR_PEERING",
+        help="Peering object name: run as one of several replicas, the highest-priority "
+             "one active, the others on standby. Default: standalone."),
+    priority: int = typer.Option(0, envvar="RLJOB_OPERATOR_PRIORITY",
+                                 help="Peering priority of this replica."),
+    interval: float = typer.Option(5.0, envvar="RLJOB_OPERATOR_INTERVAL",
+                                   help="Seconds between level-based reconciles of each job "
+                                        "(and progress/autoscaler polls)."),
+    liveness_port: int = typer.Option(8080, envvar="RLJOB_OPERATOR_LIVENESS_PORT",
+                                      help="Serve /healthz on this port (0: off)."),
+    metrics_port: int = typer.Option(9090, envvar="RLJOB_OPERATOR_METRICS_PORT",
+                                     help="Serve Prometheus /metrics on this port (0: off)."),
+    workers: int = typer.Option(16, envvar="RLJOB_OPERATOR_WORKERS",
+                                help="Threads running reconciles."),
+    log_level: str = typer.Option("INFO", envvar="RLJOB_OPERATOR_LOG_LEVEL"),
+    log_format: str = typer.Option("json", envvar="RLJOB_OPERATOR_LOG_FORMAT",
+                                   help="json (structured) or plain."),
+) -> None:
+    """Reconcile RLJobs into TransferQueue, rollout and trainer pods."""
+    import kopf
+    from prometheus_client import start_http_server
+
+    from .handlers import Operator, configure, register
+    from .kube import load_config
+
+    if log_format not in ("json", "plain"):
+        raise typer.BadParameter("use json or plain", param_hint="--log-format")
+    kopf.configure(verbose=log_level.upper() == "DEBUG",
+                   log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
+                   log_refkey="rljob" if log_format == "json" else None)
+    logging.getLogger().setLevel(log_level.upper())
+    load_config()
+    registry = kopf.OperatorRegistry()
+    operator = Operator()
+    register(registry, operator, interval)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_):
+        configure(settings, workers)
+        if metrics_port:
+            start_http_server(metrics_port)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):
+        return kopf.login_via_client(**kwargs)
+
+    kopf.run(
+        registry=registry,
+        clusterwide=not namespace,
+        namespaces=namespace,
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+    )
+
+
+def run() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,253 @@
+"""kopf handlers: thin. Each one builds the job model, asks the pure planner
+what to do (`reconcile.plan`, `autoscaler.observe`) and applies it.
+
+create / update / resume react at once; a timer per RLJob re-reconciles every
+few seconds (level-based: whatever drifted is put back), polls the job's
+TransferQueue controller for progress and runs the autoscaler.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import kopf
+from pydantic import ValidationError
+
+from rljob.api import GROUP, PLURAL, VERSION, RLJob
+
+from . import builders as b
+from . import metrics
+from .autoscaler import Memory, observe
+from .kube import Kube
+from .reconcile import iso, now_utc, parse_time, plan
+from .stats import ADDRESS_ANNOTATION, StatsClient
+
+# Keys of RLJob.status this operator owns (anything else is dropped on compare).
+STATUS_KEYS = ("observedGeneration", "conditions", "startTime", "completionTime", "progress",
+               "rollout", "trainer", "lastScale")
+# Re-apply the long-lived children at least this often even without spec changes.
+REAPPLY_SECONDS = 60.0
+
+log = logging.getLogger("rljob_operator")
+
+
+@dataclass
+class JobState:
+    """What the operator keeps in memory per RLJob (lost on restart, by design:
+    everything that matters is re-read from the cluster)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    autoscaler: Memory = field(default_factory=Memory)
+    applied: tuple[int | None, float] = (None, 0.0)  # (generation, when)
+    warned: set[str] = field(default_factory=set)
+
+
+class Operator:
+    def __init__(self, kube: Kube | None = None, stats: StatsClient | None = None):
+        self._kube = kube
+        self.stats = stats or StatsClient()
+        self._jobs: dict[tuple[str, str], JobState] = {}
+        self._jobs_lock = threading.Lock()
+
+    @property
+    def kube(self) -> Kube:
+        if self._kube is None:
+            self._kube = Kube()
+        return self._kube
+
+    def state(self, namespace: str, name: str) -> JobState:
+        with self._jobs_lock:
+            return self._jobs.setdefault((namespace, name), JobState())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._jobs_lock:
+            self._jobs.pop((namespace, name), None)
+        metrics.forget(namespace, name)
+
+    # ---- one reconcile ----------------------------------------------------
+    def reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool) -> None:
+        metrics.RECONCILES.labels(trigger).inc()
+        try:
+            self._reconcile(body, trigger, poll_stats)
+        except Exception:
+            metrics.ERRORS.labels(trigger).inc()
+            raise
+
+    def _reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool) -> None:
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        job = to_job(body)
+        state = self.state(ns, name)
+        with state.lock:
+            raw_status = {k: copy.deepcopy(v) for k, v in (body.get("status") or {}).items()
+                          if k in STATUS_KEYS}
+            generation = meta.get("generation")
+            finished = bool(raw_status.get("completionTime"))
+            if not finished:
+                self._apply_children(job, state, generation, body)
+            pods = self.kube.list_pods(ns, name)
+
+            busy: dict[str, int] = {}
+            progress = raw_status.get("progress")
+            running = raw_status.get("startTime") and not finished and not job.spec.suspend
+            if poll_stats and running:
+                address = meta.get("annotations", {}).get(ADDRESS_ANNOTATION) or b.tq_address(job)
+                try:
+                    stats = self.stats.fetch(address)
+                except grpc.RpcError as exc:
+                    log.debug("%s/%s: stats from %s unavailable: %s", ns, name, address,
+                              exc.code())
+                    stats = None
+                if stats is not None:
+                    busy = stats.busy
+                    fresh = stats.progress(iso(now_utc()))
+                    if not progress or {k: v for k, v in progress.items()
+                                        if k != "lastUpdatedTime"} != {
+                            k: v for k, v in fresh.items() if k != "lastUpdatedTime"}:
+                        progress = fresh
+                    self._autoscale(body, job, state, raw_status, stats)
+
+            p = plan(job, raw_status, pods, now_utc(), generation, busy)
+            for obj in p.create:
+                if self.kube.create(obj):
+                    metrics.CHILDREN.labels(obj["kind"]).inc()
+            for pod_name in dict.fromkeys(p.delete):
+                self.kube.delete_pod(ns, pod_name)
+            if p.cleanup:
+                n = self.kube.delete_children(ns, name)
+                if n:
+                    kopf.event(body, type="Normal", reason="Cleaned",
+                               message=f"deleted {n} child object(s): "
+                                       "runPolicy.ttlSecondsAfterFinished passed")
+            status = p.status
+            if progress:
+                status["progress"] = progress
+            if status != raw_status:
+                self.kube.patch_status(ns, name, status)
+            for e in p.events:
+                kopf.event(body, type=e.type, reason=e.reason, message=e.message)
+            self._gauges(ns, name, job, status)
+
+    def _apply_children(self, job: RLJob, state: JobState, generation, body) -> None:
+        applied_gen, applied_at = state.applied
+        if applied_gen == generation and time.monotonic() - applied_at < REAPPLY_SECONDS:
+            return
+        ns, name = job.metadata.namespace, job.metadata.name
+        if not self.kube.exists("v1", "Secret", ns, b.secret_name(name)):
+            if self.kube.create(b.build_secret(job, b.new_password())):
+                metrics.CHILDREN.labels("Secret").inc()
+        for obj in b.build_services(job):
+            try:
+                self.kube.apply(obj)
+            except Exception as exc:  # e.g. Volcano's PodGroup CRD is not installed
+                if obj["kind"] != "PodGroup":
+                    raise
+                if "PodGroup" not in state.warned:
+                    state.warned.add("PodGroup")
+                    kopf.event(body, type="Warning", reason="PodGroupFailed",
+                               message=f"cannot create the Volcano PodGroup (is Volcano "
+                                       f"installed?): {str(exc)[:300]}")
+        state.applied = (generation, time.monotonic())
+
+    def _autoscale(self, body, job: RLJob, state: JobState, raw_status: dict, stats) -> None:
+        replicas = job.spec.rollout.replicas
+        last = parse_time((raw_status.get("lastScale") or {}).get("time"))
+        action = observe(state.autoscaler, job.spec, replicas, stats.step, stats.gen_seconds,
+                         stats.train_seconds, time.time(),
+                         last.timestamp() if last else None)
+        if action is None:
+            return
+        ns, name = job.metadata.namespace, job.metadata.name
+        self.kube.scale(ns, name, action.replicas_to)
+        d = action.decision
+        direction = "out" if action.replicas_to > replicas else "in"
+        metrics.SCALES.labels(direction).inc()
+        raw_status["lastScale"] = {
+            "time": iso(now_utc()), "from": replicas, "to": action.replicas_to,
+            "reason": d.reason, "delta": round(d.gap, 4), "gain": round(d.gain, 4)}
+        job.spec.rollout.replicas = action.replicas_to
+        kopf.event(body, type="Normal", reason=f"ScaledRollout{direction.capitalize()}",
+                   message=f"rollout replicas {replicas} → {action.replicas_to} at step "
+                           f"{stats.step}: {d.reason} (δ={d.gap:.2f}s, δ′={d.gain:.2f}s)")
+
+    @staticmethod
+    def _gauges(ns: str, name: str, job: RLJob, status: dict) -> None:
+        prog = status.get("progress") or {}
+        metrics.STEP.labels(ns, name).set(prog.get("step", 0))
+        metrics.STALENESS.labels(ns, name).set(prog.get("stalenessMean", 0))
+        metrics.TOKENS.labels(ns, name).set(prog.get("tokensPerSecond", 0))
+        metrics.GEN.labels(ns, name).set(prog.get("genSeconds", 0))
+        metrics.TRAIN.labels(ns, name).set(prog.get("trainSeconds", 0))
+        metrics.ROLLOUTS.labels(ns, name).set(job.spec.rollout.replicas)
+        ready = any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in status.get("conditions", []))
+        metrics.READY.labels(ns, name).set(1 if ready else 0)
+
+
+def to_job(body: kopf.Body) -> RLJob:
+    meta = body["metadata"]
+    doc = {
+        "apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+        "spec": dict(body.get("spec") or {}),
+    }
+    try:
+        return RLJob.model_validate(doc)
+    except ValidationError as exc:
+        # the CRD's schema and rules admit only valid specs; reaching this
+        # means the CRD on the cluster is older than this operator
+        raise kopf.PermanentError(f"spec does not validate (is the installed CRD older than "
+                                  f"the operator? upgrade crds/rljob.yaml): {exc}") from None
+
+
+def register(registry: kopf.OperatorRegistry, operator: Operator, interval: float) -> None:
+    """Attach the handlers to `registry` (the timer's interval is fixed here)."""
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+
+    @kopf.on.create(**res, id="create")
+    def on_create(body, **_):
+        operator.reconcile(body, "create", poll_stats=False)
+
+    @kopf.on.update(**res, id="update", field="spec")
+    def on_update(body, **_):
+        operator.reconcile(body, "update", poll_stats=False)
+
+    @kopf.on.resume(**res, id="resume")
+    def on_resume(body, **_):
+        operator.reconcile(body, "resume", poll_stats=False)
+
+    @kopf.timer(**res, id="reconcile", interval=interval, initial_delay=interval)
+    def on_timer(body, **_):
+        operator.reconcile(body, "timer", poll_stats=True)
+
+    @kopf.on.delete(**res, id="forget", optional=True)
+    def on_delete(body, **_):
+        meta = body["metadata"]
+        operator.forget(meta["namespace"], meta["name"])
+
+    @kopf.on.probe(registry=registry, id="jobs")
+    def probe(**_):
+        return len(operator._jobs)
+
+
+def configure(settings: kopf.OperatorSettings, workers: int) -> None:
+    # kopf's bookkeeping goes to annotations: RLJob.status has a strict schema
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # only our own kopf.event() calls become Events, not every log line
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = workers
+    settings.networking.request_timeout = 60
+    settings.watching.server_timeout = 300
+
+
+def interval_from_env(default: float = 5.0) -> float:
+    return float(os.environ.get("RLJOB_OPERATOR_INTERVAL", default))

@@ -1,0 +1,111 @@
+"""The operator's only door to the apiserver: create-or-patch, list, delete,
+status and scale writes. Thin wrappers over the official kubernetes client."""
+
+from __future__ import annotations
+
+import logging
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+from rljob.api import GROUP, PLURAL, VERSION
+
+from . import builders as b
+
+FIELD_MANAGER = "rljob-operator"
+log = logging.getLogger("rljob_operator.kube")
+
+# Kinds of the job's children, for deleting them by label (ttlSecondsAfterFinished).
+CHILD_KINDS = (("v1", "Pod"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+               ("v1", "Service"), ("v1", "ConfigMap"), ("v1", "Secret"),
+               ("scheduling.volcano.sh/v1beta1", "PodGroup"))
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient | None = None):
+        self.api = api or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self._dynamic: DynamicClient | None = None
+
+    @property
+    def dynamic(self) -> DynamicClient:
+        if self._dynamic is None:  # discovery on first use only
+            self._dynamic = DynamicClient(self.api)
+        return self._dynamic
+
+    def _resource(self, obj: dict):
+        return self.dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+    def apply(self, obj: dict) -> None:
+        """Server-side apply: creates the object or patches our fields of it."""
+        meta = obj["metadata"]
+        self.dynamic.server_side_apply(self._resource(obj), body=obj, name=meta["name"],
+                                       namespace=meta.get("namespace"),
+                                       field_manager=FIELD_MANAGER, force_conflicts=True)
+
+    def create(self, obj: dict) -> bool:
+        """Create unless it exists (pods, the Secret); True when created."""
+        try:
+            self._resource(obj).create(body=obj, namespace=obj["metadata"].get("namespace"))
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def exists(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        try:
+            self.dynamic.resources.get(api_version=api_version, kind=kind).get(
+                name=name, namespace=namespace)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def list_pods(self, namespace: str, job: str) -> list[dict]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=f"{b.LABEL_NAME}={job}")
+        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_children(self, namespace: str, job: str) -> int:
+        n = 0
+        for api_version, kind in CHILD_KINDS:
+            try:
+                res = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            except ResourceNotFoundError:
+                continue
+            items = res.get(namespace=namespace, label_selector=f"{b.LABEL_NAME}={job}").items
+            for item in items:
+                try:
+                    res.delete(name=item.metadata.name, namespace=namespace)
+                    n += 1
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+        return n
+
+    def patch_status(self, namespace: str, name: str, status: dict) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Through the scale subresource: the same path `kubectl scale` takes."""
+        self.custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}})

@@ -1,0 +1,28 @@
+"""The operator's own Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+RECONCILES = Counter("rljob_operator_reconciles_total", "Reconciles of RLJobs.", ["trigger"])
+ERRORS = Counter("rljob_operator_errors_total", "Reconciles that raised.", ["trigger"])
+SCALES = Counter("rljob_operator_scale_decisions_total", "Rollout scale decisions taken.",
+                 ["direction"])
+CHILDREN = Counter("rljob_operator_children_created_total", "Child objects created.", ["kind"])
+_labels = ["namespace", "rljob"]
+STEP = Gauge("rljob_job_step", "Optimizer steps completed.", _labels)
+STALENESS = Gauge("rljob_job_staleness_mean", "Mean staleness of the last step.", _labels)
+TOKENS = Gauge("rljob_job_tokens_per_second", "Generated tokens per second.", _labels)
+GEN = Gauge("rljob_job_gen_seconds", "Tgen of the last step.", _labels)
+TRAIN = Gauge("rljob_job_train_seconds", "Ttrain of the last step.", _labels)
+ROLLOUTS = Gauge("rljob_job_rollout_replicas", "Desired rollout replicas.", _labels)
+READY = Gauge("rljob_job_ready", "1 when the job's Ready condition is True.", _labels)
+GAUGES = (STEP, STALENESS, TOKENS, GEN, TRAIN, ROLLOUTS, READY)
+
+
+def forget(namespace: str, name: str) -> None:
+    for g in GAUGES:
+        try:
+            g.remove(namespace, name)
+        except KeyError:
+            pass

@@ -1,0 +1,289 @@
+"""One level-based reconcile of an RLJob, as a pure function.
+
+Input: the RLJob (spec + current status), the pods it owns as the apiserver
+lists them, the time, and which rollout replicas hold leased rows. Output: a
+`Plan` — pods to create and delete, the status to write, the events to post.
+The handlers apply plans; they never decide anything themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from rljob.api import RLJob
+
+from . import builders as b
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+# ---- pod state --------------------------------------------------------------
+
+def pod_ready(pod: dict) -> bool:
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def pod_phase(pod: dict) -> str:
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def deleting(pod: dict) -> bool:
+    return bool(pod.get("metadata", {}).get("deletionTimestamp"))
+
+
+def role_of(pod: dict) -> str:
+    return pod.get("metadata", {}).get("labels", {}).get(b.LABEL_ROLE, "")
+
+
+def _int_label(pod: dict, key: str) -> int:
+    try:
+        return int(pod["metadata"]["labels"][key])
+    except (KeyError, ValueError):
+        return -1
+
+
+# ---- the plan ---------------------------------------------------------------
+
+@dataclass
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    create: list[dict] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)  # pod names
+    status: dict = field(default_factory=dict)  # the whole status to write
+    events: list[Event] = field(default_factory=list)
+    cleanup: bool = False  # ttlSecondsAfterFinished passed: delete every child
+    finished: bool = False
+
+
+def _condition(previous: dict[str, dict], type_: str, ok: bool, reason: str, message: str,
+               generation: int | None, now: datetime) -> dict:
+    status = "True" if ok else "False"
+    old = previous.get(type_)
+    changed = old is None or old.get("status") != status
+    return {
+        "type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": iso(now) if changed else old.get("lastTransitionTime", iso(now)),
+        "observedGeneration": generation,
+    }
+
+
+def choose_rollouts_to_remove(pods: list[dict], count: int, busy: dict[str, int]) -> list[dict]:
+    """Which replicas go on scale-in: never one mid-generation if avoidable.
+    Not-ready replicas first, then those holding the fewest leased rows, then
+    the highest index."""
+    def key(p: dict):
+        name = p["metadata"]["name"]
+        return (pod_ready(p), busy.get(name, 0), -_int_label(p, b.LABEL_REPLICA))
+    return sorted(pods, key=key)[:count]
+
+
+def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
+         generation: int | None, busy: dict[str, int] | None = None) -> Plan:
+    """Compare what the job asks for with the pods that exist; say what to do."""
+    busy = busy or {}
+    spec = job.spec
+    name = job.metadata.name
+    out = Plan()
+    status = {k: v for k, v in raw_status.items() if k != "conditions"}
+    previous = {c["type"]: c for c in raw_status.get("conditions") or []}
+    trainer_status = dict(raw_status.get("trainer") or {})
+    restarts = int(trainer_status.get("restarts", 0))
+
+    by_role: dict[str, list[dict]] = {}
+    for p in pods:
+        by_role.setdefault(role_of(p), []).append(p)
+    trainers = [p for p in by_role.get("trainer", []) if not deleting(p)]
+    rollouts = [p for p in by_role.get("rollout", []) if not deleting(p)]
+    terminating = {p["metadata"]["name"] for p in pods if deleting(p)}
+
+    started = parse_time(raw_status.get("startTime"))
+    completed = parse_time(raw_status.get("completionTime"))
+    failed = previous.get("Failed", {}).get("status") == "True"
+    succeeded = previous.get("Succeeded", {}).get("status") == "True"
+
+    if started is None and not spec.suspend:
+        started = now
+        status["startTime"] = iso(now)
+        out.events.append(Event("Normal", "Started", "created the job's children"))
+
+    # ---- terminal states ------------------------------------------------
+    outcome: tuple[str, str, str] | None = None  # (condition, reason, message)
+    if completed is None:
+        rank0 = next((p for p in trainers if _int_label(p, b.LABEL_RANK) == 0), None)
+        failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in trainers
+                              if pod_phase(p) == "Failed")
+        current = [p for p in trainers if p["metadata"].get("annotations", {}).get(
+            b.ANNOTATION_GANG_RESTART, "0") == str(restarts)]
+        deadline = spec.run_policy.active_deadline_seconds
+        if rank0 is not None and pod_phase(rank0) == "Succeeded" and rank0 in current:
+            outcome = ("Succeeded", "TrainerSucceeded",
+                       f"trained {spec.algorithm.max_steps} steps")
+        elif failed_ranks and [p for p in current if pod_phase(p) == "Failed"]:
+            if restarts >= spec.run_policy.backoff_limit:
+                outcome = ("Failed", "BackoffLimitExceeded",
+                           f"trainer rank(s) {failed_ranks} failed after {restarts} gang "
+                           f"restart(s) (runPolicy.backoffLimit {spec.run_policy.backoff_limit})")
+            else:
+                restarts += 1
+                out.events.append(Event(
+                    "Warning", "TrainerGangRestart",
+                    f"trainer rank(s) {failed_ranks} failed: restarting the whole gang "
+                    f"from its last checkpoint ({restarts}/{spec.run_policy.backoff_limit})"))
+        elif (deadline and started is not None and not spec.suspend
+              and (now - started).total_seconds() >= deadline):
+            outcome = ("Failed", "DeadlineExceeded",
+                       f"ran longer than runPolicy.activeDeadlineSeconds ({deadline}s)")
+    if outcome is not None:
+        cond, reason, message = outcome
+        completed = now
+        status["completionTime"] = iso(now)
+        failed, succeeded = cond == "Failed", cond == "Succeeded"
+        out.events.append(Event("Normal" if succeeded else "Warning", reason, message))
+    finished = completed is not None
+    out.finished = finished
+
+    # ---- pods -----------------------------------------------------------
+    if finished:
+        # free the accelerators; finished trainer pods stay for their logs
+        out.delete += [p["metadata"]["name"] for p in rollouts]
+        out.delete += [p["metadata"]["name"] for p in trainers
+                       if pod_phase(p) not in ("Succeeded", "Failed")]
+        ttl = spec.run_policy.ttl_seconds_after_finished
+        if ttl is not None and (now - completed).total_seconds() >= ttl:
+            out.cleanup = True
+    elif spec.suspend:
+        out.delete += [p["metadata"]["name"] for p in trainers + rollouts]
+    else:
+        # trainer gang: every rank of the current restart generation
+        for p in trainers:
+            gen_ann = p["metadata"].get("annotations", {}).get(b.ANNOTATION_GANG_RESTART, "0")
+            if gen_ann != str(restarts) or _int_label(p, b.LABEL_RANK) >= spec.trainer.num_nodes:
+                out.delete.append(p["metadata"]["name"])
+        have = {_int_label(p, b.LABEL_RANK) for p in trainers}
+        for rank in range(spec.trainer.num_nodes):
+            pod_name = b.trainer_pod_name(name, rank)
+            if rank not in have and pod_name not in terminating:
+                out.create.append(b.build_trainer_pod(job, rank, restarts))
+        # rollouts: evicted/failed replicas are replaced; count follows the spec
+        live = []
+        for p in rollouts:
+            if pod_phase(p) in ("Failed", "Succeeded"):
+                out.delete.append(p["metadata"]["name"])
+            else:
+                live.append(p)
+        desired = spec.rollout.replicas
+        if len(live) > desired:
+            for p in choose_rollouts_to_remove(live, len(live) - desired, busy):
+                out.delete.append(p["metadata"]["name"])
+        elif len(live) < desired:
+            used = {_int_label(p, b.LABEL_REPLICA) for p in live}
+            used |= {int(n.rsplit("-", 1)[1]) for n in terminating
+                     if n.startswith(f"{name}-rollout-")}
+            index = 0
+            for _ in range(desired - len(live)):
+                while index in used:
+                    index += 1
+                used.add(index)
+                out.create.append(b.build_rollout_pod(job, index))
+
+    # ---- status ---------------------------------------------------------
+    tq_ready = any(pod_ready(p) for p in by_role.get("transferqueue", []))
+    storage_ready = sum(pod_ready(p) for p in by_role.get("storage", []))
+    units = spec.transfer_queue.storage_units
+    trainer_ready = sum(pod_ready(p) for p in trainers if p["metadata"]["name"] not in out.delete)
+    rollout_ready = sum(pod_ready(p) for p in rollouts if p["metadata"]["name"] not in out.delete)
+    desired = spec.rollout.replicas
+    status["observedGeneration"] = generation
+    status["rollout"] = {"replicas": desired, "readyReplicas": rollout_ready,
+                         "selector": b.selector_string(name, "rollout")}
+    status["trainer"] = {"readyNodes": trainer_ready, "restarts": restarts}
+
+    previous_desired = (raw_status.get("rollout") or {}).get("replicas")
+    last_scale = raw_status.get("lastScale") or {}
+    if previous_desired and previous_desired != desired and last_scale.get("to") != desired:
+        # kubectl scale / an edit: recorded like the autoscaler's own decisions
+        status["lastScale"] = {"time": iso(now), "from": previous_desired, "to": desired,
+                               "reason": "spec.rollout.replicas changed (kubectl scale or edit)"}
+        out.events.append(Event("Normal", "ScaleRequested",
+                                f"rollout replicas {previous_desired} → {desired} requested"))
+        last_scale = status["lastScale"]
+
+    g, n = generation, now
+    tq_ok = tq_ready and storage_ready >= units
+    conds = [
+        _condition(previous, "TransferQueueReady", tq_ok,
+                   "Ready" if tq_ok else "Waiting",
+                   f"controller {'ready' if tq_ready else 'not ready'}, "
+                   f"{storage_ready}/{units} storage unit(s) ready", g, n),
+        _condition(previous, "TrainerReady", trainer_ready >= spec.trainer.num_nodes,
+                   "Ready" if trainer_ready >= spec.trainer.num_nodes else "Waiting",
+                   f"{trainer_ready}/{spec.trainer.num_nodes} trainer node(s) ready", g, n),
+        _condition(previous, "RolloutReady", rollout_ready >= spec.rollout.min_replicas,
+                   "Ready" if rollout_ready >= spec.rollout.min_replicas else "Waiting",
+                   f"{rollout_ready}/{desired} rollout replica(s) ready "
+                   f"(minReplicas {spec.rollout.min_replicas})", g, n),
+    ]
+    scaling = (not finished and not spec.suspend and bool(last_scale)
+               and last_scale.get("to") == desired and rollout_ready != desired)
+    conds.append(_condition(
+        previous, "Scaling", scaling, "ScalingOut" if scaling and last_scale.get("from", 0) < desired
+        else "ScalingIn" if scaling else "Stable",
+        f"rollout replicas {last_scale.get('from')} → {desired}: {rollout_ready} ready"
+        if scaling else f"{rollout_ready}/{desired} rollout replica(s) ready", g, n))
+    conds.append(_condition(previous, "Suspended", spec.suspend and not finished,
+                            "Suspended" if spec.suspend else "Running",
+                            "spec.suspend is true: trainer and rollout pods deleted, "
+                            "TransferQueue kept" if spec.suspend else "", g, n))
+    ready = (not finished and not spec.suspend and all(c["status"] == "True" for c in conds[:3]))
+    not_ready = [c["type"] for c in conds[:3] if c["status"] != "True"]
+    conds.insert(0, _condition(
+        previous, "Ready", ready,
+        "Running" if ready else ("Finished" if finished else "Suspended" if spec.suspend
+                                 else "Waiting"),
+        "every component is ready" if ready else
+        ("the job finished" if finished else "suspended" if spec.suspend
+         else "waiting for " + ", ".join(not_ready)), g, n))
+    if succeeded or (outcome and outcome[0] == "Succeeded"):
+        reason, message = (outcome[1], outcome[2]) if outcome else (
+            previous["Succeeded"]["reason"], previous["Succeeded"]["message"])
+        conds.append(_condition(previous, "Succeeded", True, reason, message, g, n))
+    if failed:
+        reason, message = (outcome[1], outcome[2]) if outcome else (
+            previous["Failed"]["reason"], previous["Failed"]["message"])
+        conds.append(_condition(previous, "Failed", True, reason, message, g, n))
+    for c in conds:
+        old = previous.get(c["type"])
+        if old is not None and old.get("status") != c["status"] and c["type"] in (
+                "Ready", "TransferQueueReady", "TrainerReady", "RolloutReady"):
+            out.events.append(Event("Normal" if c["status"] == "True" else "Warning",
+                                    f"{c['type']}{c['status']}", c["message"]))
+    status["conditions"] = conds
+    out.status = status
+    return out

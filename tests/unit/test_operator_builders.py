@@ -1,0 +1,203 @@
+"""The operator's pure builders: RLJob → Kubernetes objects, no cluster."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from rljob.api.validation import load_rljob
+from rljob_operator import builders as b
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, **spec_overrides):
+    job = load_rljob(str(REPO / "examples" / name))
+    job.metadata.namespace = "team-a"
+    job.metadata.uid = "1234-uid"
+    for path, value in spec_overrides.items():
+        obj = job.spec
+        *parents, last = path.split(".")
+        for p in parents:
+            obj = getattr(obj, p)
+        setattr(obj, last, value)
+    return job
+
+
+def by_kind_name(objs):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def env_of(container) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_quickstart_children_are_named_labelled_and_owned():
+    job = load("quickstart.yaml")
+    objs = b.build_all(job, "pw")
+    names = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert names == [
+        ("Secret", "quickstart-tq-auth"), ("ConfigMap", "quickstart-spec"),
+        ("Service", "quickstart-redis"), ("StatefulSet", "quickstart-redis"),
+        ("Service", "quickstart-tq"), ("Deployment", "quickstart-tq"),
+        ("Service", "quickstart-trainer"), ("Pod", "quickstart-trainer-0"),
+        *[("Pod", f"quickstart-rollout-{i}") for i in range(job.spec.rollout.replicas)],
+    ]
+    for o in objs:
+        meta = o["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "name": "quickstart",
+            "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "rljob-operator"
+        assert meta["labels"]["rljob.dev/name"] == "quickstart"
+        assert meta["labels"]["app.kubernetes.io/component"] == meta["labels"]["rljob.dev/role"]
+    # deterministic: the same job gives the same objects
+    assert b.build_all(job, "pw") == objs
+
+
+def test_config_map_holds_the_resolved_job_that_validates():
+    job = load("quickstart.yaml")
+    cm = b.build_config_map(job)
+    doc = yaml.safe_load(cm["data"]["job.yaml"])
+    assert doc["metadata"] == {"name": "quickstart", "namespace": "team-a"}
+    # every default is written out, so workers and humans read one full spec
+    assert doc["spec"]["transferQueue"]["leaseSeconds"] == job.spec.transfer_queue.lease_seconds
+    assert doc["spec"]["workflow"]["mode"] == job.spec.workflow.mode
+    from rljob.api import RLJob
+    assert RLJob.model_validate(doc).spec == job.spec
+
+
+def test_transferqueue_wiring_matches_the_worker_entrypoints():
+    job = load("quickstart.yaml")
+    job.spec.transfer_queue.storage_units = 3
+    sts = b.build_redis_statefulset(job)
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "quickstart-redis"
+    redis = sts["spec"]["template"]["spec"]["containers"][0]
+    assert "--requirepass" in redis["args"] and "$(RLJOB_TQ_PASSWORD)" in redis["args"]
+    assert "volumeClaimTemplates" not in sts["spec"]
+    dep = b.build_tq_deployment(job)
+    ctl, driver = dep["spec"]["template"]["spec"]["containers"]
+    assert ctl["command"] == ["rljob", "worker", "transferqueue"]
+    urls = [ctl["args"][i + 1] for i, a in enumerate(ctl["args"]) if a == "--redis"]
+    assert urls == [f"redis://quickstart-redis-{i}.quickstart-redis.team-a.svc:6379/0"
+                    for i in range(3)]
+    assert ctl["readinessProbe"]["grpc"]["port"] == b.TQ_PORT
+    assert env_of(ctl)["RLJOB_TQ_PASSWORD"] == {"secretKeyRef": {
+        "name": "quickstart-tq-auth", "key": "password"}}
+    assert driver["command"][:3] == ["rljob", "worker", "driver"]
+    assert "quickstart-trainer-0.quickstart-trainer.team-a.svc:50052" in driver["args"]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod_sec = dep["spec"]["template"]["spec"]["securityContext"]
+    assert pod_sec["runAsNonRoot"] is True
+    job.spec.transfer_queue.redis.persistence = True
+    sts = b.build_redis_statefulset(job)
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert "--appendonly" in sts["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_trainer_gang_rank_env_and_headless_dns():
+    job = load("quickstart.yaml")
+    job.spec.trainer.num_nodes = 3
+    svc = b.build_trainer_service(job)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    for rank in range(3):
+        pod = b.build_trainer_pod(job, rank)
+        spec = pod["spec"]
+        assert spec["hostname"] == f"quickstart-trainer-{rank}"
+        assert spec["subdomain"] == "quickstart-trainer"
+        assert spec["restartPolicy"] == "Never"
+        env = env_of(spec["containers"][0])
+        assert env["MASTER_ADDR"] == "quickstart-trainer-0.quickstart-trainer.team-a.svc"
+        assert env["MASTER_PORT"] == "29500"
+        assert (env["RANK"], env["NODE_RANK"], env["WORLD_SIZE"], env["NNODES"]) == (
+            str(rank), str(rank), "3", "3")
+        cmd = spec["containers"][0]["command"]
+        assert cmd[:3] == ["rljob", "worker", "trainer"] and "--resume" not in cmd
+        assert pod["metadata"]["labels"]["rljob.dev/rank"] == str(rank)
+    restarted = b.build_trainer_pod(job, 0, restarts=2)
+    assert "--resume" in restarted["spec"]["containers"][0]["command"]
+    assert restarted["metadata"]["annotations"][b.ANNOTATION_GANG_RESTART] == "2"
+
+
+def test_ascend_job_gets_devices_mounts_hccl_and_volcano_gang():
+    job = load("grpo-qwen2.5-7b-ascend.yaml")
+    objs = by_kind_name(b.build_all(job, "pw"))
+    name = job.metadata.name
+    pg = objs[("PodGroup", f"{name}-trainer")]
+    assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert pg["spec"]["minMember"] == job.spec.trainer.num_nodes
+    assert pg["spec"]["queue"] == job.spec.scheduling.queue
+    trainer = objs[("Pod", f"{name}-trainer-0")]
+    spec = trainer["spec"]
+    assert spec["schedulerName"] == "volcano"
+    assert trainer["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == f"{name}-trainer"
+    assert spec["nodeSelector"] == job.spec.accelerator.node_selector
+    c = spec["containers"][0]
+    npus = str(job.spec.trainer.npus_per_node)
+    assert c["resources"] == {"requests": {"huawei.com/Ascend910": npus},
+                              "limits": {"huawei.com/Ascend910": npus}}
+    # eight NPUs per node: torchrun starts one process per NPU
+    assert c["command"][0] == "torchrun" and f"--nproc-per-node={npus}" in c["command"]
+    assert "--no-python" in c["command"]
+    env = env_of(c)
+    assert env["HCCL_IF_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["HCCL_SOCKET_IFNAME"] == job.spec.accelerator.hccl.socket_ifname
+    assert env["HCCL_CONNECT_TIMEOUT"] == str(job.spec.accelerator.hccl.connect_timeout_seconds)
+    assert "RANK" not in env and env["NODE_RANK"] == "0"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/usr/local/Ascend/driver", "/dev/shm", "/etc/rljob"} <= mounts
+    assert "/models" in mounts and "/data" in mounts
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert vols["ascend-driver"]["hostPath"]["path"] == "/usr/local/Ascend/driver"
+    rollout = objs[("Pod", f"{name}-rollout-1")]
+    rc = rollout["spec"]["containers"][0]
+    per = str(job.spec.rollout.npus_per_replica)
+    assert rc["resources"]["limits"] == {"huawei.com/Ascend910": per}
+    assert rc["command"][:3] == ["rljob", "worker", "rollout"]
+    assert rc["command"][rc["command"].index("--replica") + 1] == "1"
+    assert rollout["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] == "default"
+
+
+def test_cpu_pods_request_no_accelerator_and_run_as_non_root():
+    job = load("quickstart.yaml")
+    pod = b.build_rollout_pod(job, 0)
+    assert pod["spec"]["containers"][0]["resources"] == {}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert "nodeSelector" not in pod["spec"] and "schedulerName" not in pod["spec"]
+    assert not any(v.get("hostPath") for v in pod["spec"]["volumes"])
+    gpu = copy.deepcopy(job)
+    gpu.spec.accelerator.type = "gpu"
+    res = b.build_rollout_pod(gpu, 0)["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"nvidia.com/gpu": str(job.spec.rollout.npus_per_replica)}
+
+
+def test_checkpoint_pvc_mounts_and_run_dir():
+    job = load("quickstart.yaml")
+    job.spec.trainer.checkpoint_pvc = "ckpt"
+    c = b.build_trainer_pod(job, 0)["spec"]["containers"][0]
+    assert c["command"][c["command"].index("--run-dir") + 1] == "/checkpoints/quickstart"
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in c["volumeMounts"]
+
+
+def test_render_cli_prints_the_builders_objects(tmp_path):
+    from typer.testing import CliRunner
+
+    from rljob.cli import app
+
+    res = CliRunner().invoke(app, ["render", str(REPO / "examples/quickstart.yaml"),
+                                   "-n", "ml"])
+    assert res.exit_code == 0, res.output
+    docs = list(yaml.safe_load_all(res.output))
+    job = load_rljob(str(REPO / "examples/quickstart.yaml"))
+    job.metadata.namespace = "ml"
+    expected = b.build_all(job, "x")
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        (d["kind"], d["metadata"]["name"]) for d in expected]
+    # equal apart from the generated password
+    assert docs[1:] == expected[1:]
+    assert len(docs[0]["stringData"]["password"]) >= 24

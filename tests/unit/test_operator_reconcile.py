@@ -1,0 +1,217 @@
+"""The operator's pure reconcile plan and autoscaler, without a cluster."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from rljob.api.validation import load_rljob
+from rljob_operator import builders as b
+from rljob_operator.autoscaler import Memory, observe, predicted_change
+from rljob_operator.reconcile import choose_rollouts_to_remove, plan
+
+REPO = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def job(**kw):
+    j = load_rljob(str(REPO / "examples/quickstart.yaml"))
+    j.metadata.namespace = "default"
+    j.spec.rollout.replicas = kw.get("replicas", 2)
+    j.spec.trainer.num_nodes = kw.get("nodes", 2)
+    j.spec.run_policy.backoff_limit = kw.get("backoff", 1)
+    return j
+
+
+def pod(obj, phase="Running", ready=True, deleting=False):
+    p = {"metadata": dict(obj["metadata"]), "status": {
+        "phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return p
+
+
+def everything_ready(j, restarts=0):
+    pods = [pod(b.build_trainer_pod(j, r, restarts)) for r in range(j.spec.trainer.num_nodes)]
+    pods += [pod(b.build_rollout_pod(j, i)) for i in range(j.spec.rollout.replicas)]
+    pods.append({"metadata": {"name": "x-tq-abc", "labels": b.labels("quickstart", "transferqueue")},
+                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    pods.append({"metadata": {"name": "quickstart-redis-0", "labels": b.labels("quickstart", "storage")},
+                 "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    return pods
+
+
+def conds(p):
+    return {c["type"]: c for c in p.status["conditions"]}
+
+
+def test_fresh_job_creates_every_pod_and_waits():
+    j = job()
+    p = plan(j, {}, [], T0, 1)
+    assert sorted(o["metadata"]["name"] for o in p.create) == [
+        "quickstart-rollout-0", "quickstart-rollout-1",
+        "quickstart-trainer-0", "quickstart-trainer-1"]
+    c = conds(p)
+    assert c["Ready"]["status"] == "False" and "TrainerReady" in c["Ready"]["message"]
+    assert p.status["startTime"] == "2026-01-01T00:00:00Z"
+    assert p.status["observedGeneration"] == 1
+    assert p.status["rollout"] == {"replicas": 2, "readyReplicas": 0,
+                                   "selector": "rljob.dev/name=quickstart,rljob.dev/role=rollout"}
+    assert [e.reason for e in p.events] == ["Started"]
+
+
+def test_all_ready_sets_ready_and_keeps_transition_times():
+    j = job()
+    first = plan(j, {}, everything_ready(j), T0, 1)
+    assert first.create == [] and first.delete == []
+    assert all(conds(first)[t]["status"] == "True"
+               for t in ("Ready", "TransferQueueReady", "TrainerReady", "RolloutReady"))
+    later = plan(j, first.status, everything_ready(j), T0 + timedelta(minutes=5), 1)
+    assert conds(later)["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert later.events == []
+    # a rollout replica turning unready flips RolloutReady only below minReplicas
+    pods = everything_ready(j)
+    pods[2]["status"]["conditions"][0]["status"] = "False"
+    j.spec.rollout.min_replicas = 2
+    p = plan(j, later.status, pods, T0 + timedelta(minutes=6), 1)
+    assert conds(p)["RolloutReady"]["status"] == "False"
+    assert conds(p)["RolloutReady"]["lastTransitionTime"] == "2026-01-01T00:06:00Z"
+    assert "RolloutReadyFalse" in [e.reason for e in p.events]
+
+
+def test_scale_out_and_in_pick_replicas():
+    j = job(replicas=2)
+    st = plan(j, {}, everything_ready(j), T0, 1).status
+    j.spec.rollout.replicas = 3
+    p = plan(j, st, everything_ready(job(replicas=2)), T0, 2)
+    assert [o["metadata"]["name"] for o in p.create] == ["quickstart-rollout-2"]
+    assert p.status["lastScale"]["from"] == 2 and p.status["lastScale"]["to"] == 3
+    assert conds(p)["Scaling"]["status"] == "True"
+    assert conds(p)["Scaling"]["reason"] == "ScalingOut"
+    # scale in from 3 to 1: the busy replica stays, then the lowest index
+    pods = everything_ready(job(replicas=3))
+    j.spec.rollout.replicas = 1
+    busy = {"quickstart-rollout-0": 0, "quickstart-rollout-1": 16, "quickstart-rollout-2": 0}
+    p = plan(j, p.status, pods, T0, 3, busy)
+    assert sorted(p.delete) == ["quickstart-rollout-0", "quickstart-rollout-2"]
+
+
+def test_choose_prefers_unready_then_idle_then_highest_index():
+    j = job(replicas=4)
+    pods = [pod(b.build_rollout_pod(j, i)) for i in range(4)]
+    pods[1]["status"]["conditions"][0]["status"] = "False"
+    busy = {"quickstart-rollout-3": 5}
+    names = [p["metadata"]["name"] for p in choose_rollouts_to_remove(pods, 3, busy)]
+    assert names == ["quickstart-rollout-1", "quickstart-rollout-2", "quickstart-rollout-0"]
+
+
+def test_trainer_failure_restarts_the_whole_gang_then_fails_past_backoff():
+    j = job(nodes=2, backoff=1)
+    pods = everything_ready(j)
+    pods[1]["status"]["phase"] = "Failed"  # rank 1 died
+    p = plan(j, {}, pods, T0, 1)
+    assert sorted(p.delete) == ["quickstart-trainer-0", "quickstart-trainer-1"]
+    assert p.status["trainer"]["restarts"] == 1
+    assert "TrainerGangRestart" in [e.reason for e in p.events]
+    # while the old pods terminate nothing is created under their names
+    terminating = [pod(b.build_trainer_pod(j, r), deleting=True) for r in range(2)]
+    p2 = plan(j, p.status, terminating, T0, 1)
+    assert not [o for o in p2.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer"]
+    # once gone, the gang comes back resuming from its checkpoint
+    p3 = plan(j, p2.status, [], T0, 1)
+    trainers = [o for o in p3.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer"]
+    assert len(trainers) == 2
+    assert all("--resume" in o["spec"]["containers"][0]["command"] for o in trainers)
+    # the restarted gang fails again: backoffLimit 1 is used up
+    pods = everything_ready(j, restarts=1)
+    pods[0]["status"]["phase"] = "Failed"
+    p4 = plan(j, p3.status, pods, T0, 1)
+    c = conds(p4)
+    assert c["Failed"]["status"] == "True" and c["Failed"]["reason"] == "BackoffLimitExceeded"
+    assert p4.status["completionTime"] and p4.finished
+    assert "quickstart-rollout-0" in p4.delete and c["Ready"]["status"] == "False"
+
+
+def test_success_deadline_suspend_and_ttl():
+    j = job(nodes=1)
+    pods = everything_ready(j)
+    pods[0]["status"]["phase"] = "Succeeded"
+    p = plan(j, {}, pods, T0, 1)
+    assert conds(p)["Succeeded"]["status"] == "True"
+    assert sorted(p.delete) == ["quickstart-rollout-0", "quickstart-rollout-1"]
+    j.spec.run_policy.ttl_seconds_after_finished = 60
+    assert not plan(j, p.status, pods, T0 + timedelta(seconds=30), 1).cleanup
+    assert plan(j, p.status, pods, T0 + timedelta(seconds=60), 1).cleanup
+
+    j = job(nodes=1)
+    j.spec.run_policy.active_deadline_seconds = 100
+    st = plan(j, {}, everything_ready(j), T0, 1).status
+    p = plan(j, st, everything_ready(j), T0 + timedelta(seconds=101), 1)
+    assert conds(p)["Failed"]["reason"] == "DeadlineExceeded"
+
+    j = job()
+    st = plan(j, {}, everything_ready(j), T0, 1).status
+    j.spec.suspend = True
+    p = plan(j, st, everything_ready(j), T0, 2)
+    assert sorted(p.delete) == ["quickstart-rollout-0", "quickstart-rollout-1",
+                                "quickstart-trainer-0", "quickstart-trainer-1"]
+    assert conds(p)["Suspended"]["status"] == "True" and conds(p)["Ready"]["status"] == "False"
+    j.spec.suspend = False
+    p = plan(j, p.status, everything_ready(j)[4:], T0, 3)
+    assert len(p.create) == 4 and conds(p)["Suspended"]["status"] == "False"
+
+
+# ---- autoscaler ---------------------------------------------------------------
+
+def auto_job(**kw):
+    j = job(replicas=kw.get("replicas", 2))
+    a = j.spec.rollout.autoscaling
+    a.enabled = True
+    a.consecutive_steps = kw.get("steps", 2)
+    a.cooldown_seconds = kw.get("cooldown", 100)
+    a.allow_scale_in = kw.get("scale_in", False)
+    j.spec.rollout.max_replicas = kw.get("max", 4)
+    return j.spec
+
+
+def test_predicted_change_is_positive_and_linear_fallback():
+    spec = auto_job()
+    gain, loss = predicted_change(spec, 2, 10.0)
+    assert 0 < gain < 10 and loss > 0
+    spec.model.path = "no-such-model-anywhere"
+    assert predicted_change(spec, 2, 9.0) == pytest.approx((3.0, 9.0))
+
+
+def test_scales_out_after_consecutive_steps_honouring_cooldown_and_max():
+    spec = auto_job(steps=2, cooldown=100)
+    gain, _ = predicted_change(spec, 2, 10.0)
+    mem = Memory()
+    big, small = 10.0 - gain - 0.5, 10.0 - gain + 0.5  # Ttrain: gap above / below δ′
+    assert observe(mem, spec, 2, 1, 10.0, big, now=0, last_scale_time=None) is None
+    assert observe(mem, spec, 2, 1, 10.0, big, now=1, last_scale_time=None) is None  # same step
+    assert observe(mem, spec, 2, 2, 10.0, small, now=2, last_scale_time=None) is None  # streak reset
+    assert observe(mem, spec, 2, 3, 10.0, big, now=3, last_scale_time=None) is None
+    act = observe(mem, spec, 2, 4, 10.0, big, now=4, last_scale_time=None)
+    assert act is not None and (act.replicas_from, act.replicas_to) == (2, 3)
+    assert act.decision.gap == pytest.approx(gain + 0.5) and act.decision.gain == pytest.approx(gain)
+    # in cooldown: the streak completes but nothing happens until it passes
+    gain3, _ = predicted_change(spec, 3, 10.0)
+    t3 = 10.0 - gain3 - 0.5
+    assert observe(mem, spec, 3, 5, 10.0, t3, now=50, last_scale_time=4) is None
+    assert observe(mem, spec, 3, 6, 10.0, t3, now=60, last_scale_time=4) is None
+    act = observe(mem, spec, 3, 7, 10.0, t3, now=105, last_scale_time=4)
+    assert act is not None and act.replicas_to == 4
+    # at maxReplicas: never more
+    for step in range(8, 14):
+        assert observe(mem, spec, 4, step, 100.0, 1.0, now=1000 + step, last_scale_time=105) is None
+
+
+def test_scale_in_only_when_allowed():
+    spec = auto_job(replicas=3, steps=1, cooldown=0)
+    mem = Memory()
+    assert observe(mem, spec, 3, 1, 1.0, 50.0, now=0, last_scale_time=None) is None
+    spec = auto_job(replicas=3, steps=1, cooldown=0, scale_in=True)
+    act = observe(Memory(), spec, 3, 1, 1.0, 50.0, now=0, last_scale_time=None)
+    assert act is not None and act.replicas_to == 2
