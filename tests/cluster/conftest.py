@@ -14,7 +14,9 @@ def bin_dir():
 
 @pytest.fixture(scope="session")
 def cluster(bin_dir):
-    plane = ControlPlane(bin_dir).start()
+    # the controller-manager runs Deployments/StatefulSets into pods and garbage-
+    # collects an RLJob's children when it is deleted (operator tests)
+    plane = ControlPlane(bin_dir, with_controller_manager=True).start()
     print(f"\ncontrol plane ready in {plane.start_seconds:.1f}s at {plane.server}")
     try:
         yield plane

@@ -1,0 +1,298 @@
+"""The operator on a real kube-apiserver + etcd + kube-controller-manager:
+installed with Helm, running under the chart's ServiceAccount, driven with
+kubectl as the README's cluster journey does."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.api.validation import load_rljob
+from rljob_operator import builders as b
+from rljob_operator.autoscaler import predicted_change
+from tests.cluster.operator_harness import (
+    OPERATOR_NS,
+    RELEASE,
+    CHART,
+    OperatorProcess,
+    ScriptedStats,
+    children,
+    get_json,
+    helm,
+    mark_ready,
+    service_account_kubeconfig,
+    wait_for,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def installed(crd_installed):
+    cluster = crd_installed
+    out = helm(cluster, "install", RELEASE, str(CHART), "--namespace", OPERATOR_NS,
+               "--create-namespace").stdout
+    assert "STATUS: deployed" in out
+    yield cluster
+    helm(cluster, "uninstall", RELEASE, "--namespace", OPERATOR_NS, check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(installed, tmp_path_factory):
+    cluster = installed
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfig(cluster, tmp / "kubeconfig")
+    op = OperatorProcess(kubeconfig, tmp / "operator.log").start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def ns(installed):
+    name = f"op-{uuid.uuid4().hex[:8]}"
+    installed.kubectl("create", "namespace", name)
+    yield name
+    installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def expected_children(path: Path, ns: str) -> set[tuple[str, str]]:
+    job = load_rljob(str(path))
+    job.metadata.namespace = ns
+    return {(o["kind"], o["metadata"]["name"]) for o in b.build_all(job, "x")
+            if o["kind"] != "PodGroup"}
+
+
+def conditions(cluster, ns, name) -> dict[str, str]:
+    st = get_json(cluster, "-n", ns, "get", "rljob", name).get("status") or {}
+    return {c["type"]: c["status"] for c in st.get("conditions", [])}
+
+
+def test_helm_install_creates_the_operators_objects(installed):
+    cluster = installed
+    objs = get_json(cluster, "-n", OPERATOR_NS, "get",
+                    "serviceaccounts,deployments.apps,services", "-l",
+                    f"app.kubernetes.io/instance={RELEASE}")["items"]
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert {("ServiceAccount", RELEASE), ("Deployment", RELEASE),
+            ("Service", f"{RELEASE}-metrics")} <= kinds
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    roles = get_json(cluster, "get", "clusterroles", "-l",
+                     f"app.kubernetes.io/instance={RELEASE}")["items"]
+    assert {r["metadata"]["name"] for r in roles} == {RELEASE, f"{RELEASE}-discovery"}
+    # least privilege: the operator cannot read secrets cluster-wide by listing others' data
+    can = cluster.kubectl("auth", "can-i", "delete", "nodes",
+                          f"--as=system:serviceaccount:{OPERATOR_NS}:{RELEASE}", check=False)
+    assert can.stdout.strip() == "no"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_apply_creates_exactly_the_expected_children(operator, installed, ns, path):
+    cluster = installed
+    cluster.kubectl("-n", ns, "apply", "-f", str(path))
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    want = expected_children(path, ns)
+    wait_for(lambda: children(cluster, ns, name) == want, 30, what=f"children of {name}")
+    uid = get_json(cluster, "-n", ns, "get", "rljob", name)["metadata"]["uid"]
+    for kind, child in want:
+        obj = get_json(cluster, "-n", ns, "get", kind.lower(), child)
+        refs = obj["metadata"]["ownerReferences"]
+        assert refs[0]["uid"] == uid and refs[0]["controller"] is True
+    st = get_json(cluster, "-n", ns, "get", "rljob", name)["status"]
+    assert st["observedGeneration"] == 1 and st["startTime"]
+    assert st["rollout"]["selector"] == f"rljob.dev/name={name},rljob.dev/role=rollout"
+
+
+def test_journey_ready_restart_no_duplicates_gang_restart_delete(operator, installed, ns):
+    cluster = installed
+    path = REPO / "examples" / "quickstart.yaml"
+    cluster.kubectl("-n", ns, "apply", "-f", str(path))
+    want = expected_children(path, ns)
+    wait_for(lambda: children(cluster, ns, "quickstart") == want, 30, what="children")
+    secret = get_json(cluster, "-n", ns, "get", "secret", "quickstart-tq-auth")["data"]
+
+    # the controller-manager made the Deployment's and StatefulSet's pods; mark
+    # every pod ready as kubelets would, and the conditions follow
+    def pods():
+        return get_json(cluster, "-n", ns, "get", "pods", "-l",
+                        "rljob.dev/name=quickstart")["items"]
+    own_pods = sum(1 for kind, _ in want if kind == "Pod")
+    # + the TransferQueue Deployment's pod + one Redis pod per storage unit
+    wait_for(lambda: len(pods()) == own_pods + 1 + 1, 30, what="controller pods")
+    assert conditions(cluster, ns, "quickstart")["Ready"] == "False"
+    for p in pods():
+        mark_ready(cluster, ns, p["metadata"]["name"])
+    wait_for(lambda: conditions(cluster, ns, "quickstart").get("Ready") == "True", 20,
+             what="Ready=True")
+    conds = conditions(cluster, ns, "quickstart")
+    assert conds["TransferQueueReady"] == conds["TrainerReady"] == conds["RolloutReady"] == "True"
+    out = cluster.kubectl("-n", ns, "get", "rljobs").stdout
+    assert re.search(r"quickstart\s+True\s+", out), out
+    events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
+                             "involvedObject.kind=RLJob").stdout
+    assert "Started" in events and "ReadyTrue" in events
+
+    # a rollout pod turning unready below minReplicas flips RolloutReady and Ready
+    mark_ready(cluster, ns, "quickstart-rollout-0", ready=False)
+    mark_ready(cluster, ns, "quickstart-rollout-1", ready=False)
+    wait_for(lambda: conditions(cluster, ns, "quickstart").get("RolloutReady") == "False", 20,
+             what="RolloutReady=False")
+    assert conditions(cluster, ns, "quickstart")["Ready"] == "False"
+
+    # restarting the operator creates no duplicates and keeps the generated password
+    before = {(p["metadata"]["name"], p["metadata"]["uid"]) for p in pods()}
+    operator.stop()
+    operator.start()
+    wait_for(lambda: operator.metrics().count('rljob_operator_reconciles_total{trigger="timer"}')
+             and 'trigger="resume"' in operator.metrics(), 20, what="reconciles after restart")
+    wait_for(lambda: 'rljob_operator_reconciles_total{trigger="timer"} 3' in operator.metrics()
+             or _timer_count(operator) >= 3, 20, what="three timer reconciles")
+    assert {(p["metadata"]["name"], p["metadata"]["uid"]) for p in pods()} == before
+    assert children(cluster, ns, "quickstart") == want
+    assert get_json(cluster, "-n", ns, "get", "secret", "quickstart-tq-auth")["data"] == secret
+
+    # a trainer rank fails: the whole gang restarts, resuming from its checkpoint
+    mark_ready(cluster, ns, "quickstart-trainer-0", ready=False, phase="Failed")
+    def restarted():
+        p = [x for x in pods() if x["metadata"]["name"] == "quickstart-trainer-0"]
+        return p and p[0]["metadata"]["annotations"].get(b.ANNOTATION_GANG_RESTART) == "1" and p[0]
+    pod = wait_for(restarted, 30, what="restarted trainer pod")
+    assert "--resume" in pod["spec"]["containers"][0]["command"]
+    st = get_json(cluster, "-n", ns, "get", "rljob", "quickstart")["status"]
+    assert st["trainer"]["restarts"] == 1
+    events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
+                             "involvedObject.kind=RLJob").stdout
+    assert "TrainerGangRestart" in events
+
+    # deleting the RLJob removes every child (owner references + garbage collection)
+    cluster.kubectl("-n", ns, "delete", "rljob", "quickstart", "--wait=true", "--timeout=60s")
+    wait_for(lambda: not children(cluster, ns, "quickstart") and not pods(), 60,
+             what="children garbage-collected")
+
+
+def _timer_count(op: OperatorProcess) -> float:
+    m = re.search(r'rljob_operator_reconciles_total\{trigger="timer"\} ([0-9.e+]+)', op.metrics())
+    return float(m.group(1)) if m else 0.0
+
+
+def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
+    cluster = installed
+    job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    job["metadata"]["name"] = "elastic"
+    rollout = job["spec"].setdefault("rollout", {})
+    rollout.update({"replicas": 1, "minReplicas": 1, "maxReplicas": 3, "autoscaling": {
+        "enabled": True, "consecutiveSteps": 2, "cooldownSeconds": 10}})
+    spec = load_rljob_from_dict(job).spec
+
+    with ScriptedStats() as stats:
+        job["metadata"]["annotations"] = {"rljob.dev/transferqueue-address": stats.address}
+        cluster.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(job))
+
+        def rljob():
+            return get_json(cluster, "-n", ns, "get", "rljob", "elastic")
+
+        def observed(step):
+            stats_calls = stats.calls
+            wait_for(lambda: (rljob().get("status") or {}).get("progress", {}).get("step") == step
+                     and stats.calls >= stats_calls + 2, 20, what=f"progress step {step}")
+
+        def rollouts():
+            return sorted(p["metadata"]["name"] for p in get_json(
+                cluster, "-n", ns, "get", "pods", "-l",
+                "rljob.dev/name=elastic,rljob.dev/role=rollout")["items"])
+
+        wait_for(lambda: rollouts() == ["elastic-rollout-0"], 30, what="first rollout pod")
+        tgen = 10.0
+        gain1, _ = predicted_change(spec, 1, tgen)
+        gain2, _ = predicted_change(spec, 2, tgen)
+        assert gain1 > 0 and gain2 > 0
+        below, above = tgen - gain1 + 0.3, tgen - gain1 - 0.3  # Ttrain: δ just under / over δ′
+
+        # δ < δ′ for many steps: nothing happens
+        step = 0
+        for _ in range(3):
+            step += 1
+            stats.set(step, tgen, below)
+            observed(step)
+        assert rljob()["spec"]["rollout"]["replicas"] == 1
+        # δ ≥ δ′ once, then under again: the streak breaks
+        step += 1
+        stats.set(step, tgen, above)
+        observed(step)
+        step += 1
+        stats.set(step, tgen, below)
+        observed(step)
+        assert rljob()["spec"]["rollout"]["replicas"] == 1
+        # δ ≥ δ′ for consecutiveSteps (2) steps: exactly one replica more
+        step += 1
+        stats.set(step, tgen, above)
+        observed(step)
+        assert rljob()["spec"]["rollout"]["replicas"] == 1
+        step += 1
+        stats.set(step, tgen, above)
+        wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 2, 20, what="scale to 2")
+        wait_for(lambda: rollouts() == ["elastic-rollout-0", "elastic-rollout-1"], 20,
+                 what="second rollout pod")
+        last = rljob()["status"]["lastScale"]
+        assert (last["from"], last["to"]) == (1, 2)
+        assert last["delta"] == pytest.approx(gain1 + 0.3, abs=1e-3)
+        assert last["gain"] == pytest.approx(gain1, abs=1e-3)
+        assert rljob()["status"]["conditions"][[c["type"] for c in rljob()["status"][
+            "conditions"]].index("Scaling")]["status"] == "True"
+        # still lagging, but inside the cooldown: no scale
+        above2 = tgen - gain2 - 0.3
+        for _ in range(2):
+            step += 1
+            stats.set(step, tgen, above2)
+            observed(step)
+        assert rljob()["spec"]["rollout"]["replicas"] == 2
+        # after the cooldown the next qualifying step scales again, up to maxReplicas
+        wait_until_cooldown_passed(rljob)
+        for _ in range(2):
+            step += 1
+            stats.set(step, tgen, above2)
+            observed(step)
+        wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 3, 20, what="scale to 3")
+        wait_until_cooldown_passed(rljob)
+        for _ in range(3):
+            step += 1
+            stats.set(step, tgen, 1.0)  # a huge gap, but maxReplicas is 3
+            observed(step)
+        assert rljob()["spec"]["rollout"]["replicas"] == 3
+        wait_for(lambda: len(rollouts()) == 3, 20, what="three rollout pods")
+
+        out = cluster.kubectl("-n", ns, "get", "rljobs", "-o", "wide").stdout
+        header, row = out.strip().splitlines()[:2]
+        cols = dict(zip(header.split(), row.split()))
+        assert cols["ROLLOUTS"] == "3" and cols["STEP"] == str(step)
+        assert cols["TOKENS/S"] == "1000" and cols["STALENESS"] == "0.5"
+        events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
+                                 "involvedObject.kind=RLJob").stdout
+        assert events.count("ScaledRolloutOut") == 2
+        metrics = operator.metrics()
+        assert 'rljob_operator_scale_decisions_total{direction="out"}' in metrics
+        assert re.search(rf'rljob_job_rollout_replicas{{namespace="{ns}",rljob="elastic"}} 3',
+                         metrics)
+
+
+def wait_until_cooldown_passed(rljob) -> None:
+    import time
+    from datetime import datetime
+
+    obj = rljob()
+    last = datetime.fromisoformat(obj["status"]["lastScale"]["time"].replace("Z", "+00:00"))
+    cooldown = obj["spec"]["rollout"]["autoscaling"]["cooldownSeconds"]
+    time.sleep(max(0.0, last.timestamp() + cooldown + 1.0 - time.time()))
+
+
+def load_rljob_from_dict(doc: dict):
+    from rljob.api import RLJob
+    return RLJob.model_validate(json.loads(json.dumps(doc)))
