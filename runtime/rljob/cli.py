@@ -370,8 +370,13 @@ def worker_trainer(
     from .transferqueue.alloc import tune_allocator
     from .trainer.worker import run_trainer
 
+    import os
+
     _worker_logging()
     tune_allocator()
+    if metrics_port and os.environ.get("LOCAL_RANK"):
+        # torchrun starts one process per accelerator in the pod: one port each
+        metrics_port += int(os.environ["LOCAL_RANK"])
     run_trainer(_job_spec(job), tq, weights_listen, rank, world_size, master, run_dir, resume,
                 max_steps, metrics_port)
 

@@ -1,0 +1,60 @@
+"""The Helm chart: lint clean in both scopes, its CRD is the generated one,
+namespace mode grants a Role per watched namespace and no job ClusterRole."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.cluster.operator_harness import CHART, helm
+from tests.cluster.controlplane import REPO
+
+
+def test_chart_crd_is_the_generated_crd():
+    assert (CHART / "crds" / "rljob.yaml").read_bytes() == (REPO / "crds" / "rljob.yaml").read_bytes(), (
+        "charts/rljob-operator/crds/rljob.yaml differs from crds/rljob.yaml: "
+        "cp crds/rljob.yaml charts/rljob-operator/crds/")
+
+
+def test_helm_lint_clean_in_every_mode(cluster):
+    for args in ([], ["--set", "scope=namespace", "--set", "watchNamespaces={a,b}"],
+                 ["--set", "peering.enabled=true", "--set", "replicaCount=2",
+                  "--set", "serviceMonitor.enabled=true"]):
+        out = helm(cluster, "lint", "--strict", str(CHART), *args)
+        assert "0 chart(s) failed" in out.stdout, out.stdout
+
+
+def render(cluster, *args: str) -> list[dict]:
+    out = helm(cluster, "template", "rel", str(CHART), "--namespace", "ops",
+               "--kube-version", "v1.34.4", *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_namespace_scope_grants_roles_only_where_it_watches(cluster):
+    docs = render(cluster, "--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}")
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}
+    assert roles == {("Role", "team-a", "rel-rljob-operator"),
+                     ("Role", "team-b", "rel-rljob-operator"),
+                     ("ClusterRole", None, "rel-rljob-operator-discovery")}
+    discovery = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in discovery["rules"])
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_OPERATOR_NAMESPACES"] == "team-a team-b"
+
+
+def test_cluster_scope_default_and_peering_replicas(cluster):
+    docs = render(cluster)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+                     "Deployment", "Service", "ServiceAccount"]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["resources"]["limits"]["memory"]
+    docs = render(cluster, "--set", "peering.enabled=true", "--set", "replicaCount=2",
+                  "--set", "serviceMonitor.enabled=true")
+    assert {"ClusterKopfPeering", "ServiceMonitor"} <= {d["kind"] for d in docs}
+    bad = helm(cluster, "template", "rel", str(CHART), "--kube-version", "v1.34.4",
+               "--set", "replicaCount=2", check=False)
+    assert bad.returncode != 0 and "peering.enabled" in bad.stderr
