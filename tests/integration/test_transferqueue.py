@@ -70,9 +70,14 @@ def test_round_trip_streams_rows_through_tasks_and_clears(server, redis_units):
         assert t.data["reward"] == [float(i) for i in range(8)]
         # zero-copy: a read-only view straight over the received buffer
         assert not t.data["response_ids"][0].flags.writeable
-        assert c.stats().rows == 8
+        st = c.stats()
+        assert st.rows == 8
+        # the claim names its consumer (this process): who holds rows, for the operator
+        assert [(x.task, x.consumer, x.claimed) for x in st.consumers] == [
+            ("train", c._data.consumer, 8)]
         c.ack(t)
         st = c.stats()
+        assert not st.consumers
         assert st.rows == 0 and st.cleared_partitions == 1
         job = c._data.job
     if "--redis" in server.proc.args:

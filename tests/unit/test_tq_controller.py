@@ -177,3 +177,22 @@ def test_reserved_indices_create_rows_once():
         c.notify_written([start], ["prompt"], create=True, partition=3)
     with pytest.raises(Conflict, match="not reserved"):
         c.notify_written([start + 99], ["prompt"], create=True, partition=3)
+
+
+def test_consumer_stats_show_who_holds_rows():
+    c, clock = make()
+    c.allocate(0, 6)
+    c.notify_written(list(range(6)), ["prompt"])
+    a = claim(c, "rollout", 2, consumer="job-rollout-0")
+    b = claim(c, "rollout", 3, consumer="job-rollout-1")
+    claim(c, "rollout", 1)  # anonymous claims are not listed
+    assert c.consumer_stats() == [
+        {"task": "rollout", "consumer": "job-rollout-0", "claimed": 2},
+        {"task": "rollout", "consumer": "job-rollout-1", "claimed": 3}]
+    c.ack("rollout", a.lease)
+    c.release("rollout", b.lease)
+    assert c.consumer_stats() == []
+    claim(c, "rollout", 2, consumer="job-rollout-1")
+    clock.t += 11  # an expired lease no longer counts
+    c.expire()
+    assert c.consumer_stats() == []
