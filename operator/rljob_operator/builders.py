@@ -158,10 +158,14 @@ def _meta(job: RLJob, name: str, role: str, extra_labels: dict | None = None,
     return meta
 
 
+def _password_env(job: RLJob, env_name: str = PASSWORD_ENV) -> dict:
+    return {"name": env_name, "valueFrom": {"secretKeyRef": {
+        "name": secret_name(job.metadata.name), "key": PASSWORD_KEY}}}
+
+
 def _env_common(job: RLJob) -> list[dict]:
     return [
-        {"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
-            "name": secret_name(job.metadata.name), "key": PASSWORD_KEY}}},
+        _password_env(job),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -291,18 +295,23 @@ def build_secret(job: RLJob, password: str) -> dict:
     }
 
 
-def build_redis_service(job: RLJob) -> dict:
-    name = job.metadata.name
+def _headless_service(job: RLJob, name: str, role: str, ports: dict[str, int]) -> dict:
+    """Stable per-pod DNS names, published before the pods are ready (ranks and
+    storage units must resolve each other while starting)."""
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(job, redis_name(name), "storage"),
+        "metadata": _meta(job, name, role),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": selector(name, "storage"),
-            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": REDIS_PORT}],
+            "selector": selector(job.metadata.name, role),
+            "ports": [{"name": n, "port": port, "targetPort": port} for n, port in ports.items()],
         },
     }
+
+
+def build_redis_service(job: RLJob) -> dict:
+    return _headless_service(job, redis_name(job.metadata.name), "storage", {"redis": REDIS_PORT})
 
 
 def build_redis_statefulset(job: RLJob) -> dict:
@@ -321,10 +330,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
         "imagePullPolicy": "IfNotPresent",
         "command": ["redis-server"],
         "args": args,
-        "env": [{"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
-            "name": secret_name(name), "key": PASSWORD_KEY}}},
-            {"name": "REDISCLI_AUTH", "valueFrom": {"secretKeyRef": {
-                "name": secret_name(name), "key": PASSWORD_KEY}}}],
+        "env": [_password_env(job), _password_env(job, "REDISCLI_AUTH")],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "readinessProbe": {"exec": {"command": ["sh", "-c", "redis-cli ping | grep -q PONG"]},
                            "periodSeconds": 5},
@@ -437,22 +443,9 @@ def build_tq_deployment(job: RLJob) -> dict:
 
 
 def build_trainer_service(job: RLJob) -> dict:
-    name = job.metadata.name
-    return {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(job, trainer_name(name), "trainer"),
-        "spec": {
-            "clusterIP": "None",
-            # ranks must resolve each other before any of them is ready
-            "publishNotReadyAddresses": True,
-            "selector": selector(name, "trainer"),
-            "ports": [
-                {"name": "master", "port": MASTER_PORT, "targetPort": MASTER_PORT},
-                {"name": "weights", "port": WEIGHTS_PORT, "targetPort": WEIGHTS_PORT},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
-            ],
-        },
-    }
+    return _headless_service(job, trainer_name(job.metadata.name), "trainer",
+                             {"master": MASTER_PORT, "weights": WEIGHTS_PORT,
+                              "metrics": METRICS_PORT})
 
 
 def volcano(job: RLJob) -> bool:
