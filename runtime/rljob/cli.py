@@ -328,7 +328,8 @@ def bench_dispatch(
 @bench_app.command("workflow")
 def bench_workflow(
     steps: int = typer.Option(20, help="Steps per mode (the first 3 are not measured)."),
-    keep: Path = typer.Option(None, help="Keep the three run directories here."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    rounds: int = typer.Option(3, min=1, help="Rounds of the three modes; medians are printed."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The same small job in sync, periodic and async(1): tokens/s, bubbles, speedups."""
@@ -336,7 +337,7 @@ def bench_workflow(
 
     from .bench import workflow as bench
 
-    results = bench.run(steps, keep)
+    results = bench.run(steps, keep, rounds)
     if json_out:
         typer.echo(json.dumps(results, indent=2))
     else:
@@ -378,7 +379,7 @@ def worker_trainer(
         # torchrun starts one process per accelerator in the pod: one port each
         metrics_port += int(os.environ["LOCAL_RANK"])
     run_trainer(_job_spec(job), tq, weights_listen, rank, world_size, master, run_dir, resume,
-                max_steps, metrics_port)
+                max_steps, metrics_port, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
 @worker_app.command("rollout")

@@ -93,3 +93,18 @@ def test_rollout_logprobs_match_the_trainers_for_the_same_weights():
     for i, g in enumerate(gen):
         got = logp[i][b.mask[i].bool()]
         assert torch.allclose(got, torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_right_padding_changes_no_logprob_of_a_real_token():
+    """token_logprobs runs without a padding mask: a sequence's log-probs alone and
+    in a batch padded to a longer one must agree on its response tokens."""
+    tok, model = tiny()
+    prompts, responses, _ = _samples(tok)
+    prompts[0] = prompts[0] + tok.encode("123456789", add_special_tokens=False)  # the longest
+    batch = make_batch(prompts, responses, tok.pad_token_id)
+    padded = token_logprobs(model, batch)
+    assert (batch.attention_mask == 0).any()  # some rows really are padded
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        alone = make_batch([p], [r], tok.pad_token_id)
+        own = token_logprobs(model, alone)[0][alone.mask[0].bool()]
+        torch.testing.assert_close(padded[i][batch.mask[i].bool()], own, rtol=1e-5, atol=1e-5)

@@ -13,11 +13,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_bench_workflow_prints_modes_and_speedups():
     out = subprocess.run([sys.executable, "-m", "rljob", "bench", "workflow", "--steps", "5",
-                          "--json"], capture_output=True, text=True, cwd=REPO, timeout=600)
+                          "--rounds", "1", "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     assert set(res["tokens_per_s"]) == {"sync", "periodic", "async(1)"}
-    assert res["speedup"]["sync"] == 1.0
+    assert res["speedup"]["sync"] == 1.0 and res["rounds"] == 1
+    assert res["speedup_per_round"] == [res["speedup"]]
     assert all(v > 0 for v in res["tokens_per_s"].values())
     modes = res["modes"]
     assert modes["sync"]["staleness_max"] == 0 and modes["periodic"]["staleness_max"] == 0

@@ -5,11 +5,19 @@ the rollout and trainer processes), and each mode's speedup over sync.
 The job is shaped so overlap can pay on a 2-core machine: one rollout replica
 and one trainer rank, each a single-threaded process pinned to its own core,
 with generation and training of one step taking about the same time (128
-samples of up to 20 tokens from 8 prompts × 16; ~0.2 s each alone)."""
+samples of up to 24 tokens from 8 prompts × 16; ~0.25 s each alone), and a
+step cut in 8 micro-batches of one group each, so periodic's pipeline fill
+(the first group's generation) and drain (the last micro-batch's training)
+are an eighth of a step.
+
+The modes run in rounds (sync, periodic, async(1), sync, ...): a shared machine
+drifts in speed over a minute, so each round's speedups compare runs made next
+to each other, and the figures printed are medians over the rounds."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +44,7 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path) -> RLJob:
             "algorithm": {"groupSize": 16, "globalBatchSize": 8, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
-            "rollout": {"replicas": 1, "maxNewTokens": 20},
+            "rollout": {"replicas": 1, "maxNewTokens": 24},
             "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
             "reward": {"name": "arith_partial"},
         }})
@@ -71,17 +79,30 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     }
 
 
-def run(steps: int = 20, keep: Path | None = None) -> dict:
+def run(steps: int = 20, keep: Path | None = None, rounds: int = 3) -> dict:
+    per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
-        results = {}
-        for mode, k in MODES:
-            name = mode if k is None else f"async({k})"
-            results[name] = run_mode(mode, k, steps, root)
-    base = results["sync"]["tokens_per_s"]
-    return {"tokens_per_s": {m: r["tokens_per_s"] for m, r in results.items()},
-            "speedup": {m: r["tokens_per_s"] / base for m, r in results.items()},
-            "modes": results}
+        for r in range(rounds):
+            results = {}
+            for mode, k in MODES:
+                name = mode if k is None else f"async({k})"
+                results[name] = run_mode(mode, k, steps, root / f"round-{r}")
+            per_round.append(results)
+    names = list(per_round[0])
+    modes = {}
+    for m in names:
+        runs = [res[m] for res in per_round]
+        modes[m] = {key: (statistics.median(r[key] for r in runs)
+                          if key != "staleness_max" else max(r[key] for r in runs))
+                    for key in runs[0]}
+    speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
+                                    for res in per_round) for m in names}
+    return {"tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
+            "speedup": speedup, "rounds": len(per_round),
+            "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
+                                   for m in names} for res in per_round],
+            "modes": modes}
 
 
 def render(results: dict) -> None:
@@ -89,7 +110,7 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     table = Table(title="the same job in three workflow modes (1 rollout replica, 1 trainer "
-                        "rank, steady state)")
+                        f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "step s", "Tgen s", "Ttrain s", "bubble ratio",
                 "max staleness"):
         table.add_column(col, justify="right")

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,10 +23,10 @@ from ..models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
-from ..transferqueue import TransferQueueClient
+from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
-from ..workflow.tasks import ROLLOUT_READS
+from ..workflow.tasks import ROLLOUT_READS, TASKS
 from .engine import SamplingParams, make_engine
 
 log = logging.getLogger("rljob.rollout")
@@ -54,6 +55,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         receiver.load_latest(engine, 0)  # joining: the newest version first
     receiver.start_background(engine)
     tq = TransferQueueClient(tq_address)
+    tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
     keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
     # claim about one trainer micro-batch at a time, so samples stream to the
@@ -62,6 +64,32 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     claim_rows = g * max(1, min(per_replica, spec.algorithm.micro_batch_size) // g)
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
+    wait_weights = spec.workflow.weight_sync == "sync"
+
+    def claim() -> tuple[Batch, int]:
+        """The next groups, and (weightSync sync) the newest version published then."""
+        batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
+                             wait=0.5, min_count=g)
+        if batch.rows:
+            keeper.hold(batch)  # generation may outlast the lease
+        return batch, (receiver.latest() if batch.rows and wait_weights else -1)
+
+    def write(batch: Batch, flat: list, scored: list, version: int, done: float) -> None:
+        tq.write(batch.indices, {
+            "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
+            "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
+            "reward": [s.score for s in scored],
+            "reward_error": [s.error for s in scored],
+            "finished_at": [done] * len(flat),
+        }, versions=[version] * len(flat), length_column="response_ids")
+        keeper.drop(batch)
+        tq.ack(batch, wait=False)
+
+    # the I/O of a generation overlaps the next one: one claim is in flight while
+    # a group generates, and its results are written while the next generates
+    io = ThreadPoolExecutor(2, thread_name_prefix="rljob-rollout-io")
+    ahead = io.submit(claim)
+    written: Future | None = None
     logged_swaps = 0
     try:
         while not stop.is_set():
@@ -69,13 +97,12 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 spans.add("weight-sync", t0, t1, v)
             logged_swaps = len(receiver.swap_seconds)
             metrics.version.set(receiver.version)
-            batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
-                                 wait=0.5, min_count=g)
+            batch, latest = ahead.result()
+            ahead = io.submit(claim)
             if not batch.rows:
                 continue
-            keeper.hold(batch)  # generation may outlast the lease
-            if spec.workflow.weight_sync == "sync":
-                receiver.wait_current()  # generation waits for the newest weights
+            if wait_weights:
+                receiver.wait_version(latest)  # generation waits for the newest weights
             step = batch.rows[0].partition
             firsts = list(range(0, len(batch.rows), g))
             t0 = time.time()
@@ -90,17 +117,11 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                                             SamplingParams(**{**params.__dict__, "seed": seed}))[0]
             texts = [tok.decode(x.response_ids) for x in flat]
             scored = score_all(reward_fn, batch.data["prompt"], texts, batch.data["answer"])
-            spans.add("generate", t0, time.time(), step)
             done = time.time()
-            tq.write(batch.indices, {
-                "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
-                "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
-                "reward": [s.score for s in scored],
-                "reward_error": [s.error for s in scored],
-                "finished_at": [done] * len(flat),
-            }, versions=[version] * len(flat), length_column="response_ids")
-            keeper.drop(batch)
-            tq.ack(batch, wait=False)
+            spans.add("generate", t0, done, step)
+            if written is not None:
+                written.result()  # one write in flight at most; a refusal surfaces here
+            written = io.submit(write, batch, flat, scored, version, done)
             metrics.samples.inc(len(flat))
             metrics.tokens.inc(sum(len(x.response_ids) for x in flat))
             errors = [s.error for s in scored if s.error]
@@ -108,6 +129,16 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 log.warning("reward failed for %d of %d samples: %s", len(errors), len(flat),
                             errors[0])
     finally:
+        if written is not None:
+            written.result()
+        try:  # the claim in flight: its rows go back to the queue at once
+            unused, _ = ahead.result()
+            if unused.rows:
+                keeper.drop(unused)
+                tq.release(unused)
+        except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires instead
+            log.warning("could not release a claimed batch: %s", exc)
+        io.shutdown()
         keeper.close()
         receiver.stop()
         tq.close()

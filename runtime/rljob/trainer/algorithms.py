@@ -62,11 +62,16 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
 
 @dataclass
 class Batch:
-    """Padded prompt+response sequences; `mask` marks response tokens of `input_ids[:, 1:]`."""
+    """Right-padded prompt+response sequences; `mask` marks response tokens of
+    `input_ids[:, 1:]`."""
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
     mask: torch.Tensor  # [B, L-1]: 1 where the next token is a response token
+
+    def to(self, device) -> Batch:
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device),
+                     self.mask.to(device))
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
@@ -84,7 +89,12 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
 
 
 def token_logprobs(model, batch: Batch) -> torch.Tensor:
-    """log π(next token) at every position: [B, L-1]."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    """log π(next token) at every position: [B, L-1].
+
+    Sequences are right-padded, so under causal attention no real token ever
+    sees a pad: the padding mask changes nothing where `mask` is 1, and leaving
+    it out lets attention take its plain causal path (no 4-D mask built per
+    call)."""
+    logits = model(input_ids=batch.input_ids).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

@@ -11,6 +11,14 @@ MindSpeed) and GPU, written against mcore's public API and imported lazily
 - `hf_to_mcore` / `mcore_to_hf`: the weight layouts (fused QKV interleaved per
   query group, fused gate/up projection), also used to publish trainer weights
   to vLLM rollouts, which load Hugging Face names.
+- `shard_tp` / `unshard_tp`: a full mcore state ↔ one tensor-parallel rank's
+  shards (vocab-parallel embedding and output layer, column-parallel QKV by
+  query groups and gate/up halves, row-parallel projections).
+- `MegatronPolicy`: the trainer worker's `trainer.engine: megatron` (see
+  `policy.py`): policy and frozen reference GPTModels, log-probs through the
+  vocab-parallel cross entropy, DDP over the data-parallel group, weights
+  gathered over the tensor-parallel group and published under Hugging Face names.
+  Pipeline parallelism (pp > 1) is not wired into the worker.
 """
 
 from __future__ import annotations
@@ -88,6 +96,61 @@ def mcore_to_hf(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
     return out
 
 
+# mcore parameter suffix → how tensor parallelism splits it (dimension, kind)
+_COLUMN = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias")
+_ROW = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_VOCAB = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def _tp_kind(name: str) -> str:
+    if name in _VOCAB:
+        return "vocab"
+    if name.endswith(_COLUMN):
+        return "column"
+    if name.endswith("mlp.linear_fc1.weight"):
+        return "glu"
+    if name.endswith(_ROW):
+        return "row"
+    return "replicated"  # norms
+
+
+def shard_tp(state: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """One tensor-parallel rank's part of a full mcore state (pure)."""
+    out = {}
+    for name, t in state.items():
+        kind = _tp_kind(name)
+        if tp == 1 or kind == "replicated":
+            out[name] = t
+            continue
+        dim = 1 if kind == "row" else 0
+        if t.shape[dim] % (2 * tp if kind == "glu" else tp):
+            raise ValueError(f"{name}: size {t.shape[dim]} does not split over "
+                             f"trainer.parallelism.tp={tp}; choose a tp that divides it")
+        if kind == "glu":  # [gate; up] → [gate part; up part] per rank
+            gate, up = t.chunk(2)
+            out[name] = torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]])
+        else:  # QKV is laid out per query group, so a contiguous part is whole groups
+            out[name] = t.chunk(tp, dim=dim)[rank].contiguous()
+    return out
+
+
+def unshard_tp(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The inverse of `shard_tp`: the full state from every rank's part, in rank order."""
+    tp = len(shards)
+    out = {}
+    for name, t in shards[0].items():
+        kind = _tp_kind(name)
+        parts = [s[name] for s in shards]
+        if tp == 1 or kind == "replicated":
+            out[name] = t
+        elif kind == "glu":
+            halves = [p.chunk(2) for p in parts]
+            out[name] = torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+        else:
+            out[name] = torch.cat(parts, dim=1 if kind == "row" else 0)
+    return out
+
+
 class MegatronEngine:
     """One trainer rank's model under Megatron-core parallelism."""
 
@@ -161,3 +224,133 @@ class MegatronEngine:
                             causal[None, None] | padded)
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+class MegatronPolicy:
+    """trainer.engine megatron in the trainer worker (see policy.TorchPolicy)."""
+
+    def __init__(self, spec, tok, device, torch_device, rank: int, world: int):
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        from ..models import build_model
+
+        par = spec.trainer.parallelism
+        if par.pp != 1:
+            raise SystemExit("trainer.parallelism.pp > 1: the trainer worker does not run "
+                             "mcore's pipeline schedule; use pp: 1 (tp and data parallelism "
+                             "are supported)")
+        if world % par.tp:
+            raise SystemExit(f"trainer.parallelism.tp={par.tp} does not divide the "
+                             f"{world} trainer ranks")
+        self.device = torch_device
+        self.tp = par.tp
+        dtype = getattr(torch, spec.model.dtype)
+        # the starting weights as Hugging Face builds them (pretrained or random init)
+        hf = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype)
+        self.cfg = hf.config.to_dict()
+        self.hf_config = hf.config
+        full = hf_to_mcore(hf.state_dict(), self.cfg)
+        del hf
+        self.engine = MegatronEngine(self.cfg, par.tp, par.pp, dtype=dtype)
+        self.model = self.engine.build().to(torch_device)
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self._load(self.model, shard_tp(full, self.tp, self.tp_rank))
+        self.data_rank = parallel_state.get_data_parallel_rank()
+        self.data_world = parallel_state.get_data_parallel_world_size()
+        self.wrapped = self.model
+        if self.data_world > 1:
+            ids = [torch_device] if device.accelerated else None
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ids,
+                process_group=parallel_state.get_data_parallel_group())
+        self.ref = None
+        self._dist = dist
+
+    @staticmethod
+    def _load(model, shard: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = model.load_state_dict(shard, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the mcore model: missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]}")
+
+    def freeze_reference(self, state: dict | None = None) -> None:
+        ref = MegatronEngine(self.cfg, self.tp, 1, dtype=self.engine.dtype).build()
+        ref = ref.to(self.device)
+        ref.load_state_dict(state if state is not None else self.model.state_dict())
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.ref = ref
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def _logprobs(self, model, batch) -> torch.Tensor:
+        from megatron.core import tensor_parallel
+
+        ids = batch.input_ids
+        length = ids.shape[1]
+        position_ids = torch.arange(length, device=ids.device).unsqueeze(0).expand_as(ids)
+        # right-padded: causal attention alone keeps every real token off the pads
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).triu(1)
+        logits = model(ids, position_ids, causal[None, None])  # [B, L, V/tp]
+        # log π(target) over the whole vocabulary, summed across the tp shards
+        nll = tensor_parallel.vocab_parallel_cross_entropy(
+            logits[:, :-1].float().contiguous(), ids[:, 1:].contiguous())
+        return -nll
+
+    def logprobs(self, batch) -> torch.Tensor:
+        return self._logprobs(self.wrapped, batch)
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch) -> torch.Tensor:
+        return self._logprobs(self.ref, batch)
+
+    def no_sync(self, last: bool):
+        from contextlib import nullcontext
+
+        if self.wrapped is self.model or last:
+            return nullcontext()
+        return self.wrapped.no_sync()
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """Collective over the tensor-parallel group: the full weights, HF names, on CPU."""
+        mine = {k: v.detach() for k, v in self.model.state_dict().items()
+                if "_extra_state" not in k}
+        if self.tp == 1:
+            full = mine
+        else:
+            shards = []
+            for name in mine:
+                parts = [torch.empty_like(mine[name]) for _ in range(self.tp)]
+                self._dist.all_gather(parts, mine[name].contiguous(), group=self.tp_group)
+                shards.append((name, parts))
+            full = unshard_tp([{n: p[r] for n, p in shards} for r in range(self.tp)])
+        return {k: v.cpu() for k, v in mcore_to_hf(full, self.cfg).items()}
+
+    def saves_checkpoint(self, rank: int) -> bool:
+        return self.data_rank == 0  # one copy of each tensor-parallel shard
+
+    def checkpoint_name(self) -> str:
+        return f"trainer-tp{self.tp_rank}.pt"
+
+    def checkpoint_state(self) -> dict:
+        return {"model": self.model.state_dict(), "ref": self.ref.state_dict()}
+
+    def load_checkpoint(self, ck: dict) -> dict | None:
+        self.model.load_state_dict(ck["model"])
+        return ck["ref"]
+
+    def save_pretrained(self, path, tok) -> None:
+        """Collective: rank 0 writes a Hugging Face checkpoint of the gathered weights."""
+        from transformers import AutoModelForCausalLM
+
+        state = self.hf_state()
+        if self._dist.get_rank() == 0:
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+            model.load_state_dict(state, strict=False)
+            model.save_pretrained(path)
+            tok.save_pretrained(path)

@@ -17,13 +17,12 @@ sampling (the behaviour policy itself, no second forward).
 
 from __future__ import annotations
 
-import copy
-from contextlib import nullcontext
 import json
 import logging
 import math
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +33,16 @@ import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
 from ..data import load_examples, render_prompt
-from ..models import build_model, load_tokenizer
+from ..device import activate, resolve as resolve_device
+from ..models import load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..weights import WeightSender
-from ..workflow.tasks import TRAIN_READS
-from .algorithms import grpo_loss, group_advantages, make_batch, token_logprobs
+from ..workflow.tasks import TASKS, TRAIN_READS
+from .algorithms import grpo_loss, group_advantages, make_batch
+from .policy import make_policy
 
 log = logging.getLogger("rljob.trainer")
 
@@ -63,9 +64,11 @@ class Sample:
 class StepSource:
     """Rank 0's view of a step: samples in slot order, micro-batch by micro-batch.
 
-    sync: waits for the whole step, then cuts it. periodic/async: claims whole
-    groups as they become ready, and hands out micro-batch j once slots
-    [j·mb, (j+1)·mb) have all arrived."""
+    A background thread claims the step's rows while the trainer computes, so no
+    claim round trip sits between two micro-steps. sync: it waits for the whole
+    step at once. periodic/async: it claims whole groups as they become ready,
+    and micro-batch j is handed out once slots [j·mb, (j+1)·mb) have all
+    arrived."""
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper):
         self.spec, self.tq, self.step = spec, tq, step
@@ -77,33 +80,55 @@ class StepSource:
         self.leases = []
         self.next_slot = 0
         self.scored: set[int] = set()  # groups whose advantages are set
+        self._arrived = threading.Condition()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._claimer, name="rljob-step-claimer",
+                                        daemon=True)
+        self._thread.start()
+
+    def _claimer(self) -> None:
+        streaming = self.spec.workflow.mode != "sync"
+        try:
+            while not self._stop.is_set():
+                with self._arrived:
+                    missing = self.n - len(self.buffer)
+                if missing <= 0:
+                    return
+                # sync: the whole step at once; streaming: whatever whole groups are ready
+                self._claim(missing, min(self.g, missing) if streaming else missing)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            with self._arrived:
+                self._error = exc
+                self._arrived.notify_all()
 
     def _claim(self, count: int, min_count: int) -> None:
         batch = self.tq.claim_get("train", count, TRAIN_READS, policy="group",
                                   partition=self.step, wait=1.0, min_count=min_count)
         if not batch.rows:
             return
-        d = batch.data
-        for i, row in enumerate(batch.rows):
-            s = Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
-                       d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
-                       float(d["reward"][i]),
-                       float(d["released_at"][i]), float(d["finished_at"][i]))
-            self.buffer[s.slot] = s
-        self.leases.append(batch)
         self.keeper.hold(batch)
+        d = batch.data
+        samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
+                          d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
+                          float(d["reward"][i]),
+                          float(d["released_at"][i]), float(d["finished_at"][i]))
+                   for i, row in enumerate(batch.rows)]
+        with self._arrived:
+            self.leases.append(batch)
+            for s in samples:
+                self.buffer[s.slot] = s
+            self._arrived.notify_all()
 
     def next_micro_batch(self) -> list[Sample] | None:
         if self.next_slot >= self.n:
             return None
         want = range(self.next_slot, self.next_slot + self.mb)
-        streaming = self.spec.workflow.mode != "sync"
-        while not all(s in self.buffer for s in want):
-            missing = self.n - len(self.buffer)
-            if streaming:
-                self._claim(missing, min(self.g, missing))
-            else:
-                self._claim(missing, missing)  # sync: the whole step at once
+        with self._arrived:
+            while not all(s in self.buffer for s in want):
+                if self._error is not None:
+                    raise self._error
+                self._arrived.wait(1.0)
         self.next_slot += self.mb
         chunk = [self.buffer[s] for s in want]
         # claims bring whole groups, so each sample's group is complete in the buffer
@@ -119,27 +144,34 @@ class StepSource:
         return chunk
 
     def take_leases(self) -> list:
-        leases, self.leases = self.leases, []
+        """The step's batches (all of them: the step was trained whole)."""
+        self.close()
+        with self._arrived:
+            leases, self.leases = self.leases, []
         return leases
 
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
-def warm_up(model, tok, spec: RLJobSpec, rank: int, world: int, ddp_model) -> float:
+
+def warm_up(policy, tok, spec: RLJobSpec) -> float:
     """Supervised steps on prompt → answer (teacher forcing) for random-init models."""
     steps = spec.model.warmup_steps
     if steps == 0:
         return 0.0
     examples = load_examples(spec.dataset)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.model.warmup_lr)
+    opt = torch.optim.AdamW(policy.parameters(), lr=spec.model.warmup_lr)
     rng = np.random.default_rng(spec.algorithm.seed)
     batch = 64
     loss = torch.tensor(0.0)
     for _ in range(steps):
-        picked = rng.choice(len(examples), size=batch)[rank::world]
+        picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
         prompts = [tok.encode(render_prompt(tok, examples[i].prompt)) for i in picked]
         answers = [tok.encode(examples[i].answer, add_special_tokens=False) + [tok.eos_token_id]
                    for i in picked]
-        b = make_batch(prompts, answers, tok.pad_token_id)
-        logp = token_logprobs(ddp_model, b)
+        b = make_batch(prompts, answers, tok.pad_token_id).to(policy.device)
+        logp = policy.logprobs(b)
         loss = -(logp * b.mask).sum() / b.mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -150,27 +182,23 @@ def warm_up(model, tok, spec: RLJobSpec, rank: int, world: int, ddp_model) -> fl
 def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
                 world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
-                metrics_port: int | None = None) -> None:
-    if spec.trainer.engine != "torch":
-        raise SystemExit("trainer.engine megatron: this trainer worker runs the torch engine; "
-                         "the Megatron-core adapter (rljob.trainer.megatron_engine) is not "
-                         "wired into it yet: use trainer.engine: torch")
+                metrics_port: int | None = None, local_rank: int = 0) -> None:
     torch.set_num_threads(1)
     # the weight service and TransferQueue threads answer while the main thread
     # computes: hand the GIL over sooner than the default 5 ms
     sys.setswitchinterval(0.0005)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank,
+    device = resolve_device(spec.accelerator.type, local_rank)
+    torch_device = activate(device)
+    if world > 1 or spec.trainer.engine == "megatron":
+        dist.init_process_group(device.backend, init_method=f"tcp://{master}", rank=rank,
                                 world_size=world)
     name = f"trainer-{rank}"
     spans = SpanLog(run_dir, name)
     prom = WorkerMetrics(name, metrics_port)
     tok = load_tokenizer(spec.model)
-    dtype = torch.float32 if spec.accelerator.type == "cpu" else None
-    policy = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype)
-    model = (torch.nn.parallel.DistributedDataParallel(policy) if world > 1 else policy)
+    policy = make_policy(spec, tok, device, torch_device, rank, world)
     steps = max_steps or spec.algorithm.max_steps
     ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
     start = 0
@@ -180,28 +208,27 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         latest = max(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]),
                      default=None)
         if latest is not None:
-            ck = torch.load(latest / "trainer.pt", weights_only=True)
-            policy.load_state_dict(ck["model"])
-            ref_state, opt_state, start = ck["ref"], ck["optimizer"], ck["step"]
+            ck = torch.load(latest / policy.checkpoint_name(), weights_only=True,
+                            map_location=torch_device)
+            ref_state = policy.load_checkpoint(ck)
+            opt_state, start = ck["optimizer"], ck["step"]
     sender = WeightSender(weights_listen) if rank == 0 else None
     if start == 0 and ref_state is None:
         with spans.span("train", -1):
-            warm_loss = warm_up(policy, tok, spec, rank, world, model)
+            warm_loss = warm_up(policy, tok, spec)
         if rank == 0 and spec.model.warmup_steps:
             log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps, warm_loss)
-    ref = copy.deepcopy(policy).eval()
-    if ref_state is not None:
-        ref.load_state_dict(ref_state)
-    for p in ref.parameters():
-        p.requires_grad_(False)
+    policy.freeze_reference(ref_state)
     opt = torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
     if opt_state is not None:
         opt.load_state_dict(opt_state)
 
     tq = keeper = None
+    state = policy.hf_state()  # collective (megatron gathers tensor-parallel shards)
     if rank == 0:
-        sender.publish(start, policy.state_dict())
+        sender.publish(start, state)
         tq = TransferQueueClient(tq_address)
+        tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
         keeper = LeaseKeeper(tq)
     metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0
                     else None)
@@ -209,6 +236,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     algo = spec.algorithm
     n, mb = algo.samples_per_step, algo.micro_batch_size
     micro_batches = n // mb
+    source = None
     try:
         for t in range(start, steps):
             if stop["now"]:
@@ -225,8 +253,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     chunk = broadcast_object(chunk)
                 t0 = time.time()
                 step_samples += chunk
-                shard = chunk[rank::world]
-                parts = _micro_step(model, policy, ref, shard, t, tok, spec, world,
+                shard = chunk[policy.data_rank::policy.data_world]
+                parts = _micro_step(policy, shard, t, tok, spec,
                                     last=(j == micro_batches - 1))
                 for key in sums:
                     sums[key] += parts[key] / micro_batches
@@ -238,7 +266,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             spans.add("optimizer", t0, time.time(), t)
             train_time += time.time() - t0
             version = t + 1
-            state = policy.state_dict()
+            state = policy.hf_state()  # collective
             if rank == 0:
                 # the step's rows stay leased (kept alive) until a checkpoint holds
                 # the update: a trainer that dies before then trains them again
@@ -264,19 +292,22 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 if metrics_file:
                     metrics_file.write(json.dumps(m) + "\n")
                     metrics_file.flush()
-                every = spec.trainer.checkpoint_every
-                if version % every == 0 or version == steps:
-                    if ckpt_dir:
-                        _checkpoint(ckpt_dir, version, policy, ref, opt)
+            every = spec.trainer.checkpoint_every
+            if version % every == 0 or version == steps:
+                if ckpt_dir and policy.saves_checkpoint(rank):
+                    _checkpoint(ckpt_dir, version, policy, opt)
+                if world > 1:
+                    dist.barrier()  # every shard is on disk before the rows are acked
+                if rank == 0:
                     for batch in uncommitted:  # consumed for good now
                         keeper.drop(batch)
                         tq.ack(batch, wait=False)
                     uncommitted = []
-        if rank == 0 and run_dir:
-            final = Path(run_dir) / "final"
-            policy.save_pretrained(final)
-            tok.save_pretrained(final)
+        if run_dir:
+            policy.save_pretrained(Path(run_dir) / "final", tok)  # collective
     finally:
+        if source is not None:
+            source.close()
         if sender is not None:
             # let replicas pick up the last version before the sender goes away
             time.sleep(0.5)
@@ -296,32 +327,34 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             dist.destroy_process_group()
 
 
-def _micro_step(model, policy, ref, shard, t, tok, spec, world, last):
+def _micro_step(policy, shard, t, tok, spec, last):
     algo = spec.algorithm
-    ctx = model.no_sync() if (world > 1 and not last) else nullcontext()
-    with ctx:
+    with policy.no_sync(last):
         if not shard:
             # this rank has nothing in this micro-batch: a zero loss keeps DDP in step
             loss = sum(p.sum() for p in policy.parameters()) * 0.0
             loss.backward()
             return {"loss": 0.0, "kl": 0.0, "clip": 0.0}
         batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
-                           tok.pad_token_id)
-        logp = token_logprobs(model, batch)
+                           tok.pad_token_id).to(policy.device)
+        logp = policy.logprobs(batch)
         with torch.no_grad():
             # no KL term, no reference forward
-            ref_logp = token_logprobs(ref, batch) if algo.kl_coef else logp.detach()
+            ref_logp = policy.ref_logprobs(batch) if algo.kl_coef else logp.detach()
             old_logp = logp.detach().clone()
             for i, s in enumerate(shard):
                 if s.version != t:  # async: the behaviour policy's own log-probs
                     pos = batch.mask[i].nonzero().squeeze(1)
-                    old_logp[i, pos] = torch.tensor(s.rollout_logp[:len(pos)])
-        adv = torch.tensor([s.advantage for s in shard])
+                    old_logp[i, pos] = torch.tensor(s.rollout_logp[:len(pos)],
+                                                    device=old_logp.device)
+        adv = torch.tensor([s.advantage for s in shard], device=logp.device)
         parts = grpo_loss(logp, old_logp, ref_logp, adv, batch.mask, algo.clip_ratio,
                           algo.kl_coef, algo.samples_per_step)
-        # DDP averages gradients over ranks; the objective sums over all samples
-        (parts.loss * world).backward()
-    return {"loss": float(parts.loss) * world, "kl": parts.kl, "clip": parts.clip_frac}
+        # DDP averages gradients over the data-parallel ranks; the objective sums
+        # over all samples
+        (parts.loss * policy.data_world).backward()
+    return {"loss": float(parts.loss) * policy.data_world, "kl": parts.kl,
+            "clip": parts.clip_frac}
 
 
 def _step_metrics(t, samples, train_time, wall, sums) -> dict:
@@ -347,10 +380,11 @@ def _step_metrics(t, samples, train_time, wall, sums) -> dict:
     }
 
 
-def _checkpoint(ckpt_dir: Path, version: int, policy, ref, opt) -> None:
+def _checkpoint(ckpt_dir: Path, version: int, policy, opt) -> None:
     path = ckpt_dir / f"step-{version}"
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "trainer.pt.partial"
-    torch.save({"model": policy.state_dict(), "ref": ref.state_dict(),
-                "optimizer": opt.state_dict(), "step": version}, tmp)
-    tmp.rename(path / "trainer.pt")
+    name = policy.checkpoint_name()
+    tmp = path / f"{name}.partial"
+    torch.save({**policy.checkpoint_state(), "optimizer": opt.state_dict(), "step": version},
+               tmp)
+    tmp.rename(path / name)

@@ -228,16 +228,24 @@ class WeightReceiver:
         self._thread = threading.Thread(target=run, name="rljob-weight-receiver", daemon=True)
         self._thread.start()
 
-    def wait_current(self, timeout: float = 600.0) -> None:
-        """weightSync sync: block until the engine holds the newest published version."""
+    def latest(self) -> int:
+        """The newest version the sender has published; -1 while it is unreachable
+        (a restarting trainer: generate with what we hold)."""
         try:
-            latest = self.client.latest()
+            return self.client.latest()
         except grpc.RpcError:
-            return  # the trainer is restarting: generate with what we hold
+            return -1
+
+    def wait_version(self, version: int, timeout: float = 600.0) -> None:
+        """Block until the engine holds `version` or newer (or `timeout` s)."""
         deadline = time.monotonic() + timeout
         with self.swapped:
-            while self.version < latest and time.monotonic() < deadline:
+            while self.version < version and time.monotonic() < deadline:
                 self.swapped.wait(0.5)
+
+    def wait_current(self, timeout: float = 600.0) -> None:
+        """weightSync sync: block until the engine holds the newest published version."""
+        self.wait_version(self.latest(), timeout)
 
     def stop(self) -> None:
         self._stop.set()

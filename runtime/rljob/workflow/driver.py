@@ -54,17 +54,24 @@ class Workflow:
             time.sleep(0.2)
 
     def put_prompts_data(self, step: int, examples) -> list[int]:
+        return self.put_prepared(step, self.prepare_prompts(examples))
+
+    def prepare_prompts(self, examples) -> dict[str, list]:
+        """Step prompts rendered and tokenized, G rows per prompt (before release)."""
         g = self.spec.algorithm.group_size
         prompts = [render_prompt(self.tok, e.prompt) for e in examples]
         ids = [np.asarray(self.tok.encode(p), dtype=np.int32) for p in prompts]
-        now = time.time()
-        return self.tq.put(step, {
-            "prompt": [p for p in prompts for _ in range(g)],
-            "answer": [e.answer for e in examples for _ in range(g)],
-            "prompt_ids": [x for x in ids for _ in range(g)],
-            "slot": list(range(len(examples) * g)),
-            "released_at": [now] * (len(examples) * g),
-        }, group_size=g, lengths=[len(x) for x in ids for _ in range(g)])
+        return {"prompt": [p for p in prompts for _ in range(g)],
+                "answer": [e.answer for e in examples for _ in range(g)],
+                "prompt_ids": [x for x in ids for _ in range(g)],
+                "slot": list(range(len(examples) * g))}
+
+    def put_prepared(self, step: int, columns: dict[str, list]) -> list[int]:
+        """Release prepared prompts: one put, stamped with the release time."""
+        n = len(columns["slot"])
+        return self.tq.put(step, {**columns, "released_at": [time.time()] * n},
+                           group_size=self.spec.algorithm.group_size,
+                           lengths=[len(x) for x in columns["prompt_ids"]])
 
     def put_experience_data(self, batch: Batch, columns: dict[str, list[Any]], **kw) -> int:
         return self.tq.write(batch.indices, columns, **kw)
@@ -105,6 +112,12 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     if state_file and state_file.exists():
         history = json.loads(state_file.read_text())
     for step in range(start_step, steps):
+        # everything but the put happens before the release is allowed, so the
+        # rollouts get the prompts as soon as the weights are everywhere
+        history[str(step)] = cursor.state()  # where step `step` starts: resume from here
+        if state_file:
+            state_file.write_text(json.dumps(history))
+        prepared = flow.prepare_prompts(cursor.take(spec.algorithm.global_batch_size))
         while True:
             try:
                 if flow.may_release(step, wait=5.0):
@@ -114,11 +127,16 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
                 time.sleep(1.0)
                 continue
             time.sleep(poll)
-        history[str(step)] = cursor.state()  # where step `step` starts: resume from here
-        if state_file:
-            state_file.write_text(json.dumps(history))
-        flow.put_prompts_data(step, cursor.take(spec.algorithm.global_batch_size))
+        flow.put_prepared(step, prepared)
         prom.step.set(step)
         log.info("released step %d", step)
+    # stay until the trainer has published the last version: the job is not over
+    # before, and the driver's exit should not take CPU from the last step
+    while True:
+        try:
+            if weights.status(wait_version=steps, wait=5.0).version >= steps:
+                break
+        except grpc.RpcError:
+            break  # the trainer has finished and gone (or is restarting: nothing left to release)
     tq.close()
     weights.close()

@@ -1,0 +1,48 @@
+"""Where a worker computes: the torch device and the collective backend for
+`accelerator.type` (cpu → gloo; ascend → npu:LOCAL_RANK + hccl through
+torch_npu, imported only here; gpu → cuda:LOCAL_RANK + nccl)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # cpu | ascend | gpu
+    name: str  # the torch device: cpu, npu:0, cuda:0
+    backend: str  # torch.distributed backend: gloo, hccl, nccl
+
+    @property
+    def accelerated(self) -> bool:
+        return self.kind != "cpu"
+
+
+def resolve(kind: str, local_rank: int = 0) -> Device:
+    """The device for an accelerator type; pure (nothing imported or touched)."""
+    if kind == "cpu":
+        return Device("cpu", "cpu", "gloo")
+    if kind == "ascend":
+        return Device("ascend", f"npu:{local_rank}", "hccl")
+    if kind == "gpu":
+        return Device("gpu", f"cuda:{local_rank}", "nccl")
+    raise ValueError(f"accelerator.type {kind!r}: use cpu, ascend or gpu")
+
+
+def activate(device: Device):
+    """Make the device usable in this process and return its torch.device."""
+    import torch
+
+    if device.kind == "ascend":
+        try:
+            import torch_npu  # noqa: F401 - registers the npu device and hccl
+        except ImportError as exc:
+            raise RuntimeError("accelerator.type ascend needs torch_npu: "
+                               "pip install 'rljob[npu]' in the runtime image") from exc
+        torch.npu.set_device(device.name)
+    elif device.kind == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError("accelerator.type gpu but torch sees no CUDA device "
+                               "(check the pod's GPU request and the image's torch build)")
+        torch.cuda.set_device(device.name)
+    return torch.device(device.name)
