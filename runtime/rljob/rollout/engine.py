@@ -61,15 +61,16 @@ class HFEngine(RolloutEngine):
             attn[i, width - len(p):] = 1
         if params.seed is not None:
             torch.manual_seed(params.seed)
+        device = next(self.model.parameters()).device
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=ids, attention_mask=attn, do_sample=True,
+                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
                 temperature=params.temperature, top_p=params.top_p, top_k=0,
                 max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
                 output_logits=True)
-        new = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / params.temperature
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu() / params.temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         results: list[list[Generation]] = []
         for i in range(len(prompts)):

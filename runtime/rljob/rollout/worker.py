@@ -10,6 +10,7 @@ the latest version before its first generation."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -19,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ..api.spec import RLJobSpec
+from ..device import activate, resolve as resolve_device
 from ..models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..timeline import SpanLog
@@ -43,8 +45,11 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     tok = load_tokenizer(spec.model)
     dtype = torch.float32 if spec.accelerator.type == "cpu" else None
-    model = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype) \
-        if spec.rollout.engine == "hf" else None
+    model = None
+    if spec.rollout.engine == "hf":  # vLLM places itself
+        device = activate(resolve_device(spec.accelerator.type,
+                                         int(os.environ.get("LOCAL_RANK", "0"))))
+        model = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype).to(device)
     engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model)
     reward_fn = get_reward(spec.reward.name)
     spans = SpanLog(run_dir, name)
