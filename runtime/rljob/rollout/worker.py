@@ -134,8 +134,11 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 log.warning("reward failed for %d of %d samples: %s", len(errors), len(flat),
                             errors[0])
     finally:
-        if written is not None:
-            written.result()
+        try:
+            if written is not None:
+                written.result()
+        except Exception as exc:  # noqa: BLE001 - shutting down: the rows' lease expires
+            log.warning("the last write was refused: %s", exc)
         try:  # the claim in flight: its rows go back to the queue at once
             unused, _ = ahead.result()
             if unused.rows:
