@@ -6,7 +6,7 @@ MindSpeed) and GPU, written against mcore's public API and imported lazily
   (`parallel_state.initialize_model_parallel`), a `GPTModel` whose
   `TransformerConfig` mirrors the Hugging Face config (GQA, SwiGLU, RMSNorm,
   QKV bias for Qwen2), weights converted from the Hugging Face checkpoint.
-- `token_logprobs(...)`: the same quantity the torch engine computes, so the
+- `mcore_token_logprobs(...)`: the same quantity the torch engine computes, so the
   GRPO code in `algorithms.py` runs unchanged on top of it.
 - `hf_to_mcore` / `mcore_to_hf`: the weight layouts (fused QKV interleaved per
   query group, fused gate/up projection), also used to publish trainer weights
@@ -24,6 +24,8 @@ MindSpeed) and GPU, written against mcore's public API and imported lazily
 from __future__ import annotations
 
 import torch
+
+from .policy import Policy
 
 
 def _layout(cfg: dict) -> tuple[int, int, int, int]:
@@ -203,31 +205,40 @@ class MegatronEngine:
         return self.model
 
     def load_hf_state(self, state: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(hf_to_mcore(state, self.cfg),
-                                                         strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit the mcore model: missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]}")
+        load_mcore_state(self.model, hf_to_mcore(state, self.cfg))
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
         return mcore_to_hf(state, self.cfg)
 
-    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """log π(next token) per position, as the torch engine's `token_logprobs`."""
-        length = input_ids.shape[1]
-        position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
-        causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
-        padded = attention_mask[:, None, None, :] == 0
-        logits = self.model(input_ids, position_ids.expand_as(input_ids),
-                            causal[None, None] | padded)
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+def load_mcore_state(model, state: dict[str, torch.Tensor]) -> None:
+    """Load mcore-named weights (a whole model or one tp rank's shard); every
+    parameter must be given (mcore's `_extra_state` buffers excepted)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the mcore model: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}")
 
 
-class MegatronPolicy:
-    """trainer.engine megatron in the trainer worker (see policy.TorchPolicy)."""
+def mcore_token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """log π(next token) per position of right-padded sequences, as the torch
+    engine's `token_logprobs`: causal attention alone keeps every real token off
+    the pads, and the vocab-parallel cross entropy sums over the tp shards."""
+    from megatron.core import tensor_parallel
+
+    length = input_ids.shape[1]
+    position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
+    causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
+    logits = model(input_ids, position_ids.expand_as(input_ids), causal[None, None])
+    nll = tensor_parallel.vocab_parallel_cross_entropy(
+        logits[:, :-1].float().contiguous(), input_ids[:, 1:].contiguous())
+    return -nll
+
+
+class MegatronPolicy(Policy):
+    """trainer.engine megatron in the trainer worker."""
 
     def __init__(self, spec, tok, device, torch_device, rank: int, world: int):
         import torch.distributed as dist
@@ -256,7 +267,7 @@ class MegatronPolicy:
         self.model = self.engine.build().to(torch_device)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
-        self._load(self.model, shard_tp(full, self.tp, self.tp_rank))
+        load_mcore_state(self.model, shard_tp(full, self.tp, self.tp_rank))
         self.data_rank = parallel_state.get_data_parallel_rank()
         self.data_world = parallel_state.get_data_parallel_world_size()
         self.wrapped = self.model
@@ -268,14 +279,6 @@ class MegatronPolicy:
         self.ref = None
         self._dist = dist
 
-    @staticmethod
-    def _load(model, shard: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = model.load_state_dict(shard, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit the mcore model: missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]}")
-
     def freeze_reference(self, state: dict | None = None) -> None:
         ref = MegatronEngine(self.cfg, self.tp, 1, dtype=self.engine.dtype).build()
         ref = ref.to(self.device)
@@ -285,36 +288,8 @@ class MegatronPolicy:
             p.requires_grad_(False)
         self.ref = ref
 
-    def parameters(self):
-        return self.model.parameters()
-
     def _logprobs(self, model, batch) -> torch.Tensor:
-        from megatron.core import tensor_parallel
-
-        ids = batch.input_ids
-        length = ids.shape[1]
-        position_ids = torch.arange(length, device=ids.device).unsqueeze(0).expand_as(ids)
-        # right-padded: causal attention alone keeps every real token off the pads
-        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).triu(1)
-        logits = model(ids, position_ids, causal[None, None])  # [B, L, V/tp]
-        # log π(target) over the whole vocabulary, summed across the tp shards
-        nll = tensor_parallel.vocab_parallel_cross_entropy(
-            logits[:, :-1].float().contiguous(), ids[:, 1:].contiguous())
-        return -nll
-
-    def logprobs(self, batch) -> torch.Tensor:
-        return self._logprobs(self.wrapped, batch)
-
-    @torch.no_grad()
-    def ref_logprobs(self, batch) -> torch.Tensor:
-        return self._logprobs(self.ref, batch)
-
-    def no_sync(self, last: bool):
-        from contextlib import nullcontext
-
-        if self.wrapped is self.model or last:
-            return nullcontext()
-        return self.wrapped.no_sync()
+        return mcore_token_logprobs(model, batch.input_ids)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Collective over the tensor-parallel group: the full weights, HF names, on CPU."""
@@ -336,13 +311,6 @@ class MegatronPolicy:
 
     def checkpoint_name(self) -> str:
         return f"trainer-tp{self.tp_rank}.pt"
-
-    def checkpoint_state(self) -> dict:
-        return {"model": self.model.state_dict(), "ref": self.ref.state_dict()}
-
-    def load_checkpoint(self, ck: dict) -> dict | None:
-        self.model.load_state_dict(ck["model"])
-        return ck["ref"]
 
     def save_pretrained(self, path, tok) -> None:
         """Collective: rank 0 writes a Hugging Face checkpoint of the gathered weights."""

@@ -19,7 +19,47 @@ from ..models import build_model
 from .algorithms import Batch, token_logprobs
 
 
-class TorchPolicy:
+class Policy:
+    """What both engines share: `model` (this rank's trainable module), `wrapped`
+    (it under DDP, or itself), `ref` (the frozen reference), `device`,
+    `data_rank` / `data_world` (this rank's place among the data-parallel ranks)."""
+
+    model: torch.nn.Module
+    wrapped: torch.nn.Module
+    ref: torch.nn.Module | None
+    device: torch.device
+    data_rank: int
+    data_world: int
+
+    def _logprobs(self, model, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        return self._logprobs(self.wrapped, batch)
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self._logprobs(self.ref, batch)
+
+    def no_sync(self, last: bool):
+        """Skip the gradient all-reduce on all but a step's last micro-batch."""
+        if self.wrapped is self.model or last:
+            return nullcontext()
+        return self.wrapped.no_sync()
+
+    def checkpoint_state(self) -> dict:
+        return {"model": self.model.state_dict(), "ref": self.ref.state_dict()}
+
+    def load_checkpoint(self, ck: dict) -> dict | None:
+        """Load the policy; return the reference's state (for freeze_reference)."""
+        self.model.load_state_dict(ck["model"])
+        return ck["ref"]
+
+
+class TorchPolicy(Policy):
     """trainer.engine torch: policy and frozen reference as transformers models."""
 
     def __init__(self, spec: RLJobSpec, tok, device: Device, torch_device, rank: int,
@@ -44,21 +84,8 @@ class TorchPolicy:
         for p in self.ref.parameters():
             p.requires_grad_(False)
 
-    def parameters(self):
-        return self.model.parameters()
-
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return token_logprobs(self.wrapped, batch)
-
-    @torch.no_grad()
-    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
-        return token_logprobs(self.ref, batch)
-
-    def no_sync(self, last: bool):
-        """Skip the gradient all-reduce on all but a step's last micro-batch."""
-        if self.wrapped is self.model or last:
-            return nullcontext()
-        return self.wrapped.no_sync()
+    def _logprobs(self, model, batch: Batch) -> torch.Tensor:
+        return token_logprobs(model, batch)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Weights under Hugging Face names (what rollouts load)."""
@@ -69,14 +96,6 @@ class TorchPolicy:
 
     def checkpoint_name(self) -> str:
         return "trainer.pt"
-
-    def checkpoint_state(self) -> dict:
-        return {"model": self.model.state_dict(), "ref": self.ref.state_dict()}
-
-    def load_checkpoint(self, ck: dict) -> dict | None:
-        """Load the policy; return the reference's state (for freeze_reference)."""
-        self.model.load_state_dict(ck["model"])
-        return ck["ref"]
 
     def save_pretrained(self, path: Path, tok) -> None:
         if self.rank == 0:

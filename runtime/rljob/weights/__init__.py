@@ -180,7 +180,7 @@ class WeightReceiver:
     next version, fetches it into host memory and swaps it into the engine under
     the engine lock, i.e. between two generations (AsyncFlow's delayed parameter
     update). With `weightSync: sync` the rollout loop also refuses to generate
-    while a newer version than its engine's exists (`wait_current`)."""
+    with an older version than the newest published (`latest` + `wait_version`)."""
 
     def __init__(self, address: str, replica: str, mode: str = "async"):
         self.client = WeightClient(address)
@@ -242,10 +242,6 @@ class WeightReceiver:
         with self.swapped:
             while self.version < version and time.monotonic() < deadline:
                 self.swapped.wait(0.5)
-
-    def wait_current(self, timeout: float = 600.0) -> None:
-        """weightSync sync: block until the engine holds the newest published version."""
-        self.wait_version(self.latest(), timeout)
 
     def stop(self) -> None:
         self._stop.set()
