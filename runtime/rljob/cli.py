@@ -329,7 +329,9 @@ def bench_dispatch(
 def bench_workflow(
     steps: int = typer.Option(20, help="Steps per mode (the first 3 are not measured)."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
-    rounds: int = typer.Option(3, min=1, help="Rounds of the three modes; medians are printed."),
+    rounds: int = typer.Option(5, min=1, help="Rounds of the three modes; medians are printed."),
+    prompts: int = typer.Option(16, min=1, help="Prompts per step (16 samples each, one "
+                                                "micro-batch per prompt)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The same small job in sync, periodic and async(1): tokens/s, bubbles, speedups."""
@@ -337,7 +339,7 @@ def bench_workflow(
 
     from .bench import workflow as bench
 
-    results = bench.run(steps, keep, rounds)
+    results = bench.run(steps, keep, rounds, prompts)
     if json_out:
         typer.echo(json.dumps(results, indent=2))
     else:

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_bench_workflow_prints_modes_and_speedups():
     out = subprocess.run([sys.executable, "-m", "rljob", "bench", "workflow", "--steps", "5",
-                          "--rounds", "1", "--json"],
+                          "--prompts", "4", "--rounds", "1", "--json"],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)

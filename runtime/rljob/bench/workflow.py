@@ -4,11 +4,14 @@ the rollout and trainer processes), and each mode's speedup over sync.
 
 The job is shaped so overlap can pay on a 2-core machine: one rollout replica
 and one trainer rank, each a single-threaded process pinned to its own core,
-with generation and training of one step taking about the same time (128
-samples of up to 24 tokens from 8 prompts × 16; ~0.25 s each alone), and a
-step cut in 8 micro-batches of one group each, so periodic's pipeline fill
-(the first group's generation) and drain (the last micro-batch's training)
-are an eighth of a step.
+with generation and training of one step taking about the same time (256
+samples of up to 22 tokens from 16 prompts × 16; ~0.5 s each alone), and a
+step cut in 16 micro-batches of one group each. Periodic's pipeline fill (the
+first group's generation, the trainer waiting) and drain (the last
+micro-batch's training and the optimizer, the rollout waiting for the new
+weights) are then a sixteenth of a step each; with 8 groups per step they
+were an eighth, which caps periodic at 2 / (1 + 1/8) ≈ 1.78x before any
+overhead, against 2 / (1 + 1/16) ≈ 1.88x now.
 
 The modes run in rounds (sync, periodic, async(1), sync, ...): a shared machine
 drifts in speed over a minute, so each round's speedups compare runs made next
@@ -27,9 +30,11 @@ from ..local import LocalRun
 from ..timeline import bubble_ratio, load_spans
 
 MODES = (("sync", None), ("periodic", None), ("async", 1))
+PROMPTS = 16  # prompts per step, 16 samples each
+MAX_NEW_TOKENS = 22
 
 
-def bench_job(mode: str, k: int | None, steps: int, root: Path) -> RLJob:
+def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS) -> RLJob:
     workflow = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
@@ -41,17 +46,18 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path) -> RLJob:
             "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
                       "tokenizer": "builtin:char", "dtype": "float32"},
             "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": 16, "globalBatchSize": 8, "microBatchSize": 16,
+            "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
-            "rollout": {"replicas": 1, "maxNewTokens": 24},
+            "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS},
             "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
             "reward": {"name": "arith_partial"},
         }})
 
 
-def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3) -> dict:
-    job = bench_job(mode, k, steps, root)
+def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3,
+             prompts: int = PROMPTS) -> dict:
+    job = bench_job(mode, k, steps, root, prompts)
     run = LocalRun(job, root / mode)
     run.start()
     try:
@@ -79,7 +85,8 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     }
 
 
-def run(steps: int = 20, keep: Path | None = None, rounds: int = 3) -> dict:
+def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
+        prompts: int = PROMPTS) -> dict:
     per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
@@ -87,7 +94,7 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 3) -> dict:
             results = {}
             for mode, k in MODES:
                 name = mode if k is None else f"async({k})"
-                results[name] = run_mode(mode, k, steps, root / f"round-{r}")
+                results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts)
             per_round.append(results)
     names = list(per_round[0])
     modes = {}

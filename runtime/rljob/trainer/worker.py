@@ -309,9 +309,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if source is not None:
             source.close()
         if sender is not None:
-            # let replicas pick up the last version before the sender goes away
-            time.sleep(0.5)
-            sender.stop()
+            # let the replicas pick up the last version before the sender goes away
+            sender.wait_replicas(sender.version, timeout=5.0)
+            sender.stop(grace=1.0)
         if keeper is not None:
             keeper.close()
         if tq is not None:

@@ -57,6 +57,7 @@ class WeightSender(pbg.WeightServiceServicer):
     def __init__(self, listen: str):
         self._latest: _Published | None = None
         self._cond = threading.Condition()
+        self._closing = False
         self._replicas: dict[str, tuple[int, float]] = {}
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
         pbg.add_WeightServiceServicer_to_server(self, self._server)
@@ -78,8 +79,26 @@ class WeightSender(pbg.WeightServiceServicer):
             self._latest = _Published(version, tensors)
             self._cond.notify_all()
 
+    def wait_replicas(self, version: int, timeout: float, fresh_seconds: float = 10.0) -> bool:
+        """Wait until every live replica reports `version` or newer (or `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                replicas = self._fresh(fresh_seconds)
+                if replicas and min(r.version for r in replicas) >= version:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+
     def stop(self, grace: float = 2.0) -> None:
-        self._server.stop(grace)
+        """Stop serving: waits for a version (Fetch, Status) end at once, transfers
+        in progress get `grace` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._server.stop(grace).wait()
 
     # ---- RPCs ----
     def Latest(self, request, context):
@@ -90,6 +109,9 @@ class WeightSender(pbg.WeightServiceServicer):
         deadline = time.monotonic() + request.wait_seconds
         with self._cond:
             while self._latest is None or self._latest.version < request.min_version:
+                if self._closing:
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  f"the weight sender stopped at version {self.version}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -119,7 +141,7 @@ class WeightSender(pbg.WeightServiceServicer):
     def Status(self, request, context):
         deadline = time.monotonic() + request.wait_seconds
         with self._cond:
-            while request.wait:
+            while request.wait and not self._closing:
                 replicas = self._fresh(request.fresh_seconds)
                 if (self.version >= request.wait_version and replicas
                         and min(r.version for r in replicas) >= request.wait_version):
@@ -208,6 +230,8 @@ class WeightReceiver:
                 try:
                     version, state = self.client.fetch(self.version + 1, heartbeat)
                 except grpc.RpcError as exc:
+                    if self._stop.is_set():
+                        return  # stop() cancelled the fetch
                     if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED,
                                           grpc.StatusCode.UNAVAILABLE):
                         raise
@@ -245,6 +269,6 @@ class WeightReceiver:
 
     def stop(self) -> None:
         self._stop.set()
+        self.client.close()  # cancels the fetch in flight: the thread ends at once
         if self._thread:
             self._thread.join(timeout=5)
-        self.client.close()

@@ -1,0 +1,128 @@
+"""Weight sync over real gRPC on loopback: WeightSender (trainer rank 0) →
+WeightReceiver (a rollout replica), versions, chunking, replica reports, and
+shutdown that does not hang on a long poll."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+import torch
+
+from rljob.netutil import free_port
+from rljob.weights import CHUNK, WeightClient, WeightReceiver, WeightSender
+
+
+class Engine:
+    """What the receiver needs from a rollout engine: load_weights + version."""
+
+    def __init__(self):
+        self.version = -1
+        self.state: dict[str, torch.Tensor] = {}
+        self.loads = 0
+
+    def load_weights(self, state, version):
+        self.state, self.version = state, version
+        self.loads += 1
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        # larger than one chunk: streamed in several messages and joined
+        "big": torch.randn(CHUNK // 4 + 1000, generator=g),
+        "bf16": torch.randn(3, 5, generator=g).to(torch.bfloat16),
+        "ints": torch.arange(7, dtype=torch.int64).reshape(7, 1) * seed,
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, t in want.items():
+        assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+        assert torch.equal(got[name], t), name
+
+
+@pytest.fixture
+def sender():
+    s = WeightSender(f"127.0.0.1:{free_port()}")
+    yield s
+    s.stop(grace=0)
+
+
+def test_versions_stream_to_a_replica_and_it_reports_them(sender):
+    address = f"127.0.0.1:{sender.port}"
+    sender.publish(0, weights(0))
+    engine = Engine()
+    receiver = WeightReceiver(address, "rollout-0", mode="async")
+    assert receiver.load_latest(engine) == 0  # a replica joining: the newest version first
+    assert_same(engine.state, weights(0))
+    assert sender.wait_replicas(0, timeout=10)
+    receiver.start_background(engine, heartbeat=60)  # long polls: stop() must cut them
+    try:
+        for v in (1, 2):
+            sender.publish(v, weights(v))
+            receiver.wait_version(v, timeout=30)
+            assert engine.version == v and receiver.version == v
+            assert_same(engine.state, weights(v))
+            assert sender.wait_replicas(v, timeout=10)
+        client = WeightClient(address)
+        status = client.status(wait_version=2, wait=10)
+        assert status.version == 2
+        assert [(r.replica, r.version) for r in status.replicas] == [("rollout-0", 2)]
+        assert client.latest() == 2
+        client.close()
+        # a version nobody reached yet: the wait gives up and says so
+        assert not sender.wait_replicas(3, timeout=0.3)
+    finally:
+        receiver.stop()
+    assert not receiver._thread.is_alive()  # stop cancelled its long poll
+    assert engine.loads == 3
+
+
+def test_a_fetch_of_a_version_not_yet_published_waits_for_it(sender):
+    sender.publish(4, weights(4))
+    client = WeightClient(f"127.0.0.1:{sender.port}")
+    got = {}
+
+    def fetch():
+        got["version"], got["state"] = client.fetch(min_version=5, wait=30)
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()  # version 4 is too old for this fetch
+    sender.publish(5, weights(5))
+    t.join(30)
+    assert got["version"] == 5
+    assert_same(got["state"], weights(5))
+    with pytest.raises(grpc.RpcError) as err:
+        client.fetch(min_version=6, wait=0.2)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "version 6 not published" in err.value.details()
+    client.close()
+
+
+def test_stopping_the_sender_ends_waiting_fetches_at_once():
+    sender = WeightSender(f"127.0.0.1:{free_port()}")
+    sender.publish(0, weights(0))
+    client = WeightClient(f"127.0.0.1:{sender.port}")
+    errors = []
+
+    def fetch():
+        try:
+            client.fetch(min_version=1, wait=600)
+        except grpc.RpcError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()
+    sender.stop(grace=20)  # a waiting fetch is not a transfer: it ends now, not after grace
+    t.join(30)
+    assert not t.is_alive()
+    assert errors and errors[0].code() == grpc.StatusCode.UNAVAILABLE
+    client.close()
