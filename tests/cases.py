@@ -80,8 +80,13 @@ INVALID = [
             "be a multiple of rollout.tensorParallel"),
     Invalid("tp-needs-megatron",
             {"spec": {**ASCEND, "trainer": {"npusPerNode": 8, "parallelism": {"tp": 2}}}},
-            'spec.trainer.parallelism: Invalid value: "object": trainer.parallelism.tp and '
-            "trainer.parallelism.pp above 1 need trainer.engine: megatron"),
+            'spec.trainer.parallelism: Invalid value: "object": trainer.parallelism.tp above 1 '
+            "needs trainer.engine: megatron"),
+    Invalid("pp-not-supported",
+            {"spec": {**ASCEND, "trainer": {"engine": "megatron", "npusPerNode": 8,
+                                            "parallelism": {"tp": 2, "pp": 2}}}},
+            'spec.trainer.parallelism: Invalid value: "object": trainer.parallelism.pp above 1 '
+            "is not supported: the trainer runs tensor and data parallelism only; set pp: 1"),
     Invalid("parallelism-does-not-divide",
             {"spec": {**ASCEND, "trainer": {"engine": "megatron", "npusPerNode": 6,
                                             "parallelism": {"tp": 4}}}},

@@ -247,10 +247,17 @@ class TrainerSpec(ApiModel):
 
     rules = (
         Rule(
-            cel="self.engine == 'megatron' || (self.parallelism.tp == 1 && self.parallelism.pp == 1)",
-            message="trainer.parallelism.tp and trainer.parallelism.pp above 1 need "
-            "trainer.engine: megatron (the torch engine is data-parallel only)",
-            check=lambda t: t.engine == "megatron" or (t.parallelism.tp, t.parallelism.pp) == (1, 1),
+            cel="self.engine == 'megatron' || self.parallelism.tp == 1",
+            message="trainer.parallelism.tp above 1 needs trainer.engine: megatron "
+            "(the torch engine is data-parallel only)",
+            check=lambda t: t.engine == "megatron" or t.parallelism.tp == 1,
+            field_path=".parallelism",
+        ),
+        Rule(
+            cel="self.parallelism.pp == 1",
+            message="trainer.parallelism.pp above 1 is not supported: the trainer runs "
+            "tensor and data parallelism only; set pp: 1",
+            check=lambda t: t.parallelism.pp == 1,
             field_path=".parallelism",
         ),
         Rule(

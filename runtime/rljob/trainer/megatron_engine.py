@@ -18,7 +18,7 @@ MindSpeed) and GPU, written against mcore's public API and imported lazily
   `policy.py`): policy and frozen reference GPTModels, log-probs through the
   vocab-parallel cross entropy, DDP over the data-parallel group, weights
   gathered over the tensor-parallel group and published under Hugging Face names.
-  Pipeline parallelism (pp > 1) is not wired into the worker.
+  Pipeline parallelism (pp > 1) is not wired into the worker; the API refuses it.
 """
 
 from __future__ import annotations
