@@ -126,3 +126,66 @@ def test_stopping_the_sender_ends_waiting_fetches_at_once():
     assert not t.is_alive()
     assert errors and errors[0].code() == grpc.StatusCode.UNAVAILABLE
     client.close()
+
+
+def test_a_replica_keeps_receiving_across_a_trainer_restart():
+    """The sender goes away (trainer pod restarts) and comes back on the same
+    address: the replica's background receiver reconnects and takes the next
+    version, instead of dying with the first failed call."""
+    port = free_port()
+    first = WeightSender(f"127.0.0.1:{port}")
+    first.publish(0, weights(0))
+    engine = Engine()
+    receiver = WeightReceiver(f"127.0.0.1:{port}", "rollout-0", mode="sync")
+    receiver.load_latest(engine)
+    receiver.start_background(engine, heartbeat=0.5)
+    try:
+        first.publish(1, weights(1))
+        receiver.wait_version(1, timeout=30)
+        assert engine.version == 1
+        first.stop(grace=0)
+        t = threading.Event()
+        t.wait(1.5)  # heartbeats fail while no trainer listens
+        assert receiver._thread.is_alive()
+        second = WeightSender(f"127.0.0.1:{port}")  # resumed from the step-1 checkpoint
+        try:
+            second.publish(2, weights(2))
+            receiver.wait_version(2, timeout=30)
+            assert engine.version == 2
+            assert_same(engine.state, weights(2))
+            assert second.wait_replicas(2, timeout=10)
+        finally:
+            second.stop(grace=0)
+    finally:
+        receiver.stop()
+
+
+class FlakySender(WeightSender):
+    """Refuses replica reports until told otherwise (an overloaded or restarting
+    trainer answers some calls and not others)."""
+
+    refuse = True
+
+    def Report(self, request, context):
+        if self.refuse:
+            context.abort(grpc.StatusCode.INTERNAL, "not now")
+        return super().Report(request, context)
+
+
+def test_a_refused_report_does_not_stop_the_receiver():
+    sender = FlakySender(f"127.0.0.1:{free_port()}")
+    sender.publish(0, weights(0))
+    engine = Engine()
+    receiver = WeightReceiver(f"127.0.0.1:{sender.port}", "rollout-0", mode="async")
+    receiver.start_background(engine, heartbeat=0.5)
+    try:
+        receiver.wait_version(0, timeout=30)  # swapped in; its report was refused
+        assert engine.version == 0
+        sender.publish(1, weights(1))
+        receiver.wait_version(1, timeout=30)
+        assert engine.version == 1 and receiver._thread.is_alive()
+        sender.refuse = False
+        assert sender.wait_replicas(1, timeout=10)  # the next heartbeat got through
+    finally:
+        receiver.stop()
+        sender.stop(grace=0)

@@ -11,6 +11,7 @@ rollout blocks until the new weights are loaded.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import torch
 
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
+
+log = logging.getLogger("rljob.weights")
 
 CHUNK = 4 << 20
 OPTIONS = [("grpc.max_send_message_length", 64 << 20),
@@ -225,20 +228,25 @@ class WeightReceiver:
         return version
 
     def start_background(self, engine, heartbeat: float = 2.0) -> None:
+        def report(version: int) -> None:
+            try:
+                self.client.report(self.replica, version)
+            except (grpc.RpcError, ValueError):  # ValueError: stop() closed the channel
+                pass  # the trainer is away (restarting): the next heartbeat says it again
+
         def run():
             while not self._stop.is_set():
                 try:
                     version, state = self.client.fetch(self.version + 1, heartbeat)
-                except grpc.RpcError as exc:
+                except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
                     if self._stop.is_set():
                         return  # stop() cancelled the fetch
-                    if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED,
-                                          grpc.StatusCode.UNAVAILABLE):
-                        raise
-                    try:  # no new version yet: say we are alive
-                        self.client.report(self.replica, self.version)
-                    except grpc.RpcError:
-                        pass
+                    code = exc.code() if isinstance(exc, grpc.RpcError) else None
+                    if code not in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    grpc.StatusCode.UNAVAILABLE):
+                        log.error("fetching weights failed (retrying): %s", exc)
+                        self._stop.wait(1.0)
+                    report(self.version)  # no new version yet: say we are alive
                     continue
                 t0 = time.time()
                 with self.lock:  # waits for the generation in progress to finish
@@ -247,7 +255,8 @@ class WeightReceiver:
                 self.swap_seconds.append((t0, time.time(), version))
                 with self.swapped:
                     self.swapped.notify_all()
-                self.client.report(self.replica, version)
+                if not self._stop.is_set():
+                    report(version)
 
         self._thread = threading.Thread(target=run, name="rljob-weight-receiver", daemon=True)
         self._thread.start()
