@@ -17,6 +17,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +61,16 @@ class ControlPlane:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
+
+    @contextmanager
+    def namespace(self, prefix: str) -> Iterator[str]:
+        """A fresh namespace for one test, deleted (without waiting) afterwards."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        try:
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 60) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from pathlib import Path
 
 import pytest
@@ -55,10 +54,8 @@ def operator(installed, tmp_path_factory):
 
 @pytest.fixture
 def ns(installed):
-    name = f"op-{uuid.uuid4().hex[:8]}"
-    installed.kubectl("create", "namespace", name)
-    yield name
-    installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with installed.namespace("op") as name:
+        yield name
 
 
 def expected_children(path: Path, ns: str) -> set[tuple[str, str]]:
@@ -216,28 +213,28 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
         assert gain1 > 0 and gain2 > 0
         below, above = tgen - gain1 + 0.3, tgen - gain1 - 0.3  # Ttrain: δ just under / over δ′
 
-        # δ < δ′ for many steps: nothing happens
         step = 0
-        for _ in range(3):
-            step += 1
-            stats.set(step, tgen, below)
-            observed(step)
+
+        def feed(ttrain, times=1, observe=True):
+            """The next `times` steps report (tgen, ttrain); wait until each is seen."""
+            nonlocal step
+            for _ in range(times):
+                step += 1
+                stats.set(step, tgen, ttrain)
+                if observe:
+                    observed(step)
+
+        # δ < δ′ for many steps: nothing happens
+        feed(below, 3)
         assert rljob()["spec"]["rollout"]["replicas"] == 1
         # δ ≥ δ′ once, then under again: the streak breaks
-        step += 1
-        stats.set(step, tgen, above)
-        observed(step)
-        step += 1
-        stats.set(step, tgen, below)
-        observed(step)
+        feed(above)
+        feed(below)
         assert rljob()["spec"]["rollout"]["replicas"] == 1
         # δ ≥ δ′ for consecutiveSteps (2) steps: exactly one replica more
-        step += 1
-        stats.set(step, tgen, above)
-        observed(step)
+        feed(above)
         assert rljob()["spec"]["rollout"]["replicas"] == 1
-        step += 1
-        stats.set(step, tgen, above)
+        feed(above, observe=False)
         wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 2, 20, what="scale to 2")
         wait_for(lambda: rollouts() == ["elastic-rollout-0", "elastic-rollout-1"], 20,
                  what="second rollout pod")
@@ -249,23 +246,14 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
             "conditions"]].index("Scaling")]["status"] == "True"
         # still lagging, but inside the cooldown: no scale
         above2 = tgen - gain2 - 0.3
-        for _ in range(2):
-            step += 1
-            stats.set(step, tgen, above2)
-            observed(step)
+        feed(above2, 2)
         assert rljob()["spec"]["rollout"]["replicas"] == 2
         # after the cooldown the next qualifying step scales again, up to maxReplicas
         wait_until_cooldown_passed(rljob)
-        for _ in range(2):
-            step += 1
-            stats.set(step, tgen, above2)
-            observed(step)
+        feed(above2, 2)
         wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 3, 20, what="scale to 3")
         wait_until_cooldown_passed(rljob)
-        for _ in range(3):
-            step += 1
-            stats.set(step, tgen, 1.0)  # a huge gap, but maxReplicas is 3
-            observed(step)
+        feed(1.0, 3)  # a huge gap, but maxReplicas is 3
         assert rljob()["spec"]["rollout"]["replicas"] == 3
         wait_for(lambda: len(rollouts()) == 3, 20, what="three rollout pods")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,8 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 @pytest.fixture
 def ns(crd_installed):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    crd_installed.kubectl("create", "namespace", name)
-    yield name
-    crd_installed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with crd_installed.namespace("t") as name:
+        yield name
 
 
 def get_json(cluster, ns, name):

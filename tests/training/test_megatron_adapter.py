@@ -37,13 +37,8 @@ def gloo():
 
 def test_weights_convert_both_ways_and_load_into_gptmodel(gloo):
     warnings.filterwarnings("ignore", message="Apex is not installed")
-    spec = ModelSpec(path="random:examples/models/tiny-qwen2", tokenizer="builtin:char",
-                     dtype="float32")
-    tok = load_tokenizer(spec)
-    hf = build_model(spec, tok, seed=0)
-    cfg = json.loads((REPO / "examples/models/tiny-qwen2/config.json").read_text())
-    cfg["vocab_size"] = len(tok)
-    state = {k: v for k, v in hf.state_dict().items()}
+    cfg, hf = _tiny_model()
+    state = hf.state_dict()
     back = mcore_to_hf(hf_to_mcore(state, cfg), cfg)
     for k, v in state.items():
         assert torch.equal(back[k], v), k
@@ -57,13 +52,19 @@ def test_weights_convert_both_ways_and_load_into_gptmodel(gloo):
         assert torch.equal(v, state[k]), k
 
 
-def _tiny_state():
+def _tiny_model():
+    """The tiny Qwen2 of the examples (random init) and its config."""
     spec = ModelSpec(path="random:examples/models/tiny-qwen2", tokenizer="builtin:char",
                      dtype="float32")
     tok = load_tokenizer(spec)
     hf = build_model(spec, tok, seed=0)
     cfg = json.loads((REPO / "examples/models/tiny-qwen2/config.json").read_text())
     cfg["vocab_size"] = len(tok)
+    return cfg, hf
+
+
+def _tiny_state():
+    cfg, hf = _tiny_model()
     return cfg, hf.state_dict()
 
 

@@ -35,6 +35,13 @@ def _layout(cfg: dict) -> tuple[int, int, int, int]:
     return heads, groups, head_dim, heads // groups
 
 
+# per-layer tensors that keep their layout and only change name (HF, mcore)
+_SAME_PER_LAYER = (("self_attn.o_proj.weight", "self_attention.linear_proj.weight"),
+                   ("input_layernorm.weight", "input_layernorm.weight"),
+                   ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight"),
+                   ("mlp.down_proj.weight", "mlp.linear_fc2.weight"))
+
+
 def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """Hugging Face Llama/Qwen2 names → mcore GPTModel names (TP = 1 shards)."""
     heads, groups, hd, per = _layout(cfg)
@@ -54,12 +61,10 @@ def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
                 parts += [q[g * per * hd:(g + 1) * per * hd], k[g * hd:(g + 1) * hd],
                           v[g * hd:(g + 1) * hd]]
             out[f"{mc}self_attention.linear_qkv.{kind}"] = torch.cat(parts)
-        out[f"{mc}self_attention.linear_proj.weight"] = state[f"{hf}self_attn.o_proj.weight"]
-        out[f"{mc}input_layernorm.weight"] = state[f"{hf}input_layernorm.weight"]
-        out[f"{mc}pre_mlp_layernorm.weight"] = state[f"{hf}post_attention_layernorm.weight"]
+        for hf_name, mc_name in _SAME_PER_LAYER:
+            out[mc + mc_name] = state[hf + hf_name]
         out[f"{mc}mlp.linear_fc1.weight"] = torch.cat([state[f"{hf}mlp.gate_proj.weight"],
                                                        state[f"{hf}mlp.up_proj.weight"]])
-        out[f"{mc}mlp.linear_fc2.weight"] = state[f"{hf}mlp.down_proj.weight"]
     return out
 
 
@@ -88,13 +93,11 @@ def mcore_to_hf(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
             out[f"{hf}self_attn.q_proj.{kind}"] = torch.cat(qs)
             out[f"{hf}self_attn.k_proj.{kind}"] = torch.cat(ks)
             out[f"{hf}self_attn.v_proj.{kind}"] = torch.cat(vs)
-        out[f"{hf}self_attn.o_proj.weight"] = state[f"{mc}self_attention.linear_proj.weight"]
-        out[f"{hf}input_layernorm.weight"] = state[f"{mc}input_layernorm.weight"]
-        out[f"{hf}post_attention_layernorm.weight"] = state[f"{mc}pre_mlp_layernorm.weight"]
+        for hf_name, mc_name in _SAME_PER_LAYER:
+            out[hf + hf_name] = state[mc + mc_name]
         gate, up = state[f"{mc}mlp.linear_fc1.weight"].chunk(2)
         out[f"{hf}mlp.gate_proj.weight"] = gate
         out[f"{hf}mlp.up_proj.weight"] = up
-        out[f"{hf}mlp.down_proj.weight"] = state[f"{mc}mlp.linear_fc2.weight"]
     return out
 
 
