@@ -20,6 +20,7 @@ import grpc
 
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
+from .controller import storage_column
 from .schema import ColumnError, ColumnSpec, decode, encode
 from .service import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
 from .session import AsyncSession, SyncSession
@@ -37,6 +38,17 @@ class TransferQueueError(RuntimeError):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+    @property
+    def unavailable(self) -> bool:
+        """The controller could not be reached (it may be restarting): try again."""
+        return self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                             grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    @property
+    def refused(self) -> bool:
+        """The controller said no (e.g. a lease that expired): drop the work."""
+        return not self.unavailable
 
 
 def _wrap(exc: grpc.RpcError) -> TransferQueueError:
@@ -100,6 +112,7 @@ class _Data:
         # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
         self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         self.job = ""
+        self.table_id = ""
         self.columns: dict[str, ColumnSpec] = {}
         self.units: list[StorageUnit] = []
         self.max_row_bytes = 0
@@ -109,6 +122,7 @@ class _Data:
 
     def set_layout(self, layout: pb.LayoutResponse) -> None:
         self.job = layout.job
+        self.table_id = layout.table_id
         self.max_row_bytes = layout.max_row_bytes
         self.set_columns(layout.columns)
         for u in self.units:
@@ -141,7 +155,7 @@ class _Data:
                 raise _wrap(exc) from None
 
     def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
-                    length_column: str | None):
+                    length_column: str | None, tag: str = ""):
         """Per-unit cell lists, per-row lengths and bytes; raises before any write."""
         n = len(indices)
         for name, values in columns.items():
@@ -157,7 +171,8 @@ class _Data:
                 nbytes[r] += len(data)
                 if name == length_column:
                     lengths[r] = length
-                per_unit.setdefault(idx % len(self.units), []).append((idx, name, data))
+                per_unit.setdefault(idx % len(self.units), []).append(
+                    (idx, storage_column(name, tag), data))
         too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
         if too_big:
             raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
@@ -184,12 +199,14 @@ class _Data:
 
     @staticmethod
     def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
-                       length_column=None, create=False, partition=0, group_size=1):
+                       length_column=None, create=False, partition=0, group_size=1,
+                       lease: Batch | None = None):
         return pb.NotifyWrittenRequest(
             indices=list(indices), columns=list(columns),
             lengths=list(lengths) if lengths is not None else (measured if length_column else []),
             versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
-            group_size=group_size)
+            group_size=group_size, task=lease.task if lease else "",
+            lease=lease.lease if lease else "")
 
     def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
         specs = [self.column(c) for c in columns]
@@ -198,7 +215,14 @@ class _Data:
             by_unit.setdefault(row.unit, []).append(pos)
         out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
         for unit, positions in by_unit.items():
-            cells = self.units[unit].get([rows[p].index for p in positions], columns)
+            if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
+                keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
+                        for p in positions for c in columns]
+                flat = self.units[unit].get_cells(keys)
+                cells = [flat[k * len(columns):(k + 1) * len(columns)]
+                         for k in range(len(positions))]
+            else:
+                cells = self.units[unit].get([rows[p].index for p in positions], columns)
             for p, values in zip(positions, cells):
                 for spec, value in zip(specs, values):
                     if value is None:
@@ -246,16 +270,26 @@ class TransferQueueClient:
         return self._call(self._stub.Allocate, pb.AllocateRequest(
             partition=partition, count=count, group_size=group_size))
 
+    @property
+    def table_id(self) -> str:
+        """The table's id: another one after a restarted controller lost the table."""
+        return self._data.table_id
+
     def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
               versions: Sequence[int] | None = None, length_column: str | None = None,
-              lengths: Sequence[int] | None = None) -> int:
-        """Write columns of existing rows, then notify; returns rows newly ready."""
-        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+              lengths: Sequence[int] | None = None, lease: Batch | None = None) -> int:
+        """Write columns of existing rows, then notify; returns rows newly ready.
+
+        With `lease` (the Batch the rows were claimed in) the write is fenced:
+        if that lease has expired meanwhile, the controller refuses it
+        (FAILED_PRECONDITION) and no reader ever sees these cells."""
+        per_unit, measured, nbytes = self._data.encode_rows(
+            indices, columns, length_column, lease.lease if lease else "")
         for unit, cells in per_unit.items():
             self._data.units[unit].put(cells)
         return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column)).newly_ready
+            length_column=length_column, lease=lease)).newly_ready
 
     def _reserve(self, n: int) -> list[int]:
         while (got := self._data.take_reserved(n, self._session.open())) is None:
@@ -349,6 +383,16 @@ class TransferQueueClient:
         return self._session.call("release", pb.ReleaseRequest(
             task=batch.task, lease=batch.lease)).released
 
+    def release_consumer(self, consumer: str | None = None) -> int:
+        """Give back every lease `consumer` (default: this process's name) holds,
+        e.g. those of a previous life of a restarted worker."""
+        return self._call(self._stub.ReleaseConsumer, pb.ReleaseConsumerRequest(
+            consumer=consumer or self._data.consumer)).released
+
+    @property
+    def consumer(self) -> str:
+        return self._data.consumer
+
     def report_metrics(self, **fields: Any) -> None:
         self._call(self._stub.ReportMetrics, pb.JobMetrics(**fields))
 
@@ -399,12 +443,13 @@ class AsyncTransferQueueClient:
 
     async def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
                     versions: Sequence[int] | None = None, length_column: str | None = None,
-                    lengths: Sequence[int] | None = None) -> int:
-        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
+                    lengths: Sequence[int] | None = None, lease: Batch | None = None) -> int:
+        per_unit, measured, nbytes = self._data.encode_rows(
+            indices, columns, length_column, lease.lease if lease else "")
         await self._store(per_unit)
         resp = await self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column))
+            length_column=length_column, lease=lease))
         return resp.newly_ready
 
     async def _store(self, per_unit) -> None:

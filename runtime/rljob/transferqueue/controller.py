@@ -9,12 +9,24 @@ Claims are leases. Unacked rows return to ready when the lease expires; acked
 rows never come back to that task. A row is *done* when every consuming task
 has acked it; a partition whose rows are all done is cleared, and the caller
 deletes its cells from the storage units.
+
+Every change is made by applying a record (a JSON-ready dict) that is also
+appended to `self.journal`: the service persists the records before it answers,
+and a restarted controller replays them (`replay`) into the same state.
+`snapshot()` writes the live state as records, so a journal can be compacted.
+Decisions (which rows a claim picks) are journaled as their effects, never
+re-made on replay.
+
+Writes by a task that holds a lease are fenced: the cells go under a key tagged
+with the lease id and the notify is refused once that lease is gone, so a
+worker that was paused past its lease can neither overwrite nor publish the
+rows someone else has since produced.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -41,6 +53,39 @@ class Conflict(TQError):
     code = "failed_precondition"
 
 
+class Exhausted(TQError):
+    """Over a limit: retry later (back-pressure) or ask for less."""
+
+    code = "resource_exhausted"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request, and the table as a whole, may hold."""
+
+    rows_per_call: int = 16384      # Allocate / Reserve / Claim / NotifyWritten
+    table_rows: int = 1 << 21       # rows alive + indices reserved
+    unconsumed_bytes: int = 16 << 30  # bytes of rows not yet cleared: new rows wait
+    max_dp_size: int = 4096
+    max_wait_seconds: float = 600.0
+
+
+MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+
+
+def check_lease_seconds(value: float) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value)
+            and 0 < value <= MAX_LEASE_SECONDS):
+        raise TQError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
+                      f"got {value!r}: a claim must expire so a dead consumer's rows come back")
+    return float(value)
+
+
+def storage_column(column: str, tag: str = "") -> str:
+    """The name a cell is stored under: fenced writes carry their lease id."""
+    return f"{column}:{tag}" if tag else column
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
@@ -60,6 +105,8 @@ class Row:
     nbytes: int = 0
     acked: set[str] = field(default_factory=set)
     leased: dict[str, str] = field(default_factory=dict)  # task -> lease id
+    tags: dict[str, str] = field(default_factory=dict)  # column -> lease id of its cells
+    issued: dict[str, str] = field(default_factory=dict)  # lease id -> producing task
     # the consuming tasks this row flows through (set by its first write)
     relevant: frozenset[str] | None = None
     initial: frozenset[str] = frozenset()
@@ -83,6 +130,7 @@ class ClaimedRow:
     version: int
     group: int
     rank: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -133,18 +181,31 @@ class Cleared:
     cells: list[tuple[int, int, tuple[str, ...]]]  # (unit, index, columns)
 
 
+def _spec_record(spec: TaskSpec) -> dict:
+    return {"name": spec.name, "consumes": sorted(spec.consumes),
+            "produces": [[c.name, c.kind, c.dtype, list(c.trailing_shape)]
+                         for c in spec.produces]}
+
+
+def _spec_from_record(d: dict) -> TaskSpec:
+    return TaskSpec(d["name"], frozenset(d["consumes"]),
+                    tuple(ColumnSpec(n, k, t, tuple(sh)) for n, k, t, sh in d["produces"]))
+
+
 class Controller:
     def __init__(
         self,
         num_units: int = 1,
         lease_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        limits: Limits = Limits(),
     ):
         if num_units < 1:
             raise TQError("num_units must be at least 1")
         self.num_units = num_units
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = check_lease_seconds(lease_seconds)
         self.clock = clock
+        self.limits = limits
         self.columns: dict[str, ColumnSpec] = {}
         self.tasks: dict[str, TaskState] = {}
         self.rows: dict[int, Row] = {}
@@ -153,19 +214,83 @@ class Controller:
         self.groups: dict[int, list[int]] = {}
         self.cleared_partitions = 0
         self.bytes_written = 0
+        self.live_bytes = 0  # bytes of rows not cleared yet
+        self.next_partition = 0  # one past the highest partition that ever had rows
         self._next_index = 0
         self._next_group = 0
         self._reserved: set[int] = set()  # indices handed to writers, rows not yet created
         self._relevance: dict[frozenset[str], frozenset[str]] = {}
-        self._lease_ids = itertools.count(1)
+        self._lease_seq = 0
+        self._cleared: list[Cleared] = []  # completed by discarding stale rows in a claim
+        self.journal: list[dict] = []  # records applied since the service last drained it
+        self.journaling = True
+
+    # ---- records: every change goes through _do ---------------------------
+    def _do(self, rec: dict):
+        if self.journaling:
+            self.journal.append(rec)
+        return getattr(self, "_apply_" + rec["op"])(rec)
+
+    def drain(self) -> list[dict]:
+        out, self.journal = self.journal, []
+        return out
+
+    def replay(self, records: Iterable[dict]) -> list[Cleared]:
+        """Apply journaled records (a restarted controller); returns what they cleared,
+        whose cells may still be in storage if the last run stopped before deleting them."""
+        cleared: list[Cleared] = []
+        self.journaling = False
+        try:
+            for rec in records:
+                out = getattr(self, "_apply_" + rec["op"])(rec)
+                if isinstance(out, list):
+                    cleared.extend(c for c in out if isinstance(c, Cleared))
+        finally:
+            self.journaling = True
+        return cleared
+
+    def renew_leases(self) -> None:
+        """After a restart: every lease gets a full term, so its holder can reconnect."""
+        deadline = self.clock() + self.lease_seconds
+        for state in self.tasks.values():
+            for lease in state.leases.values():
+                lease.deadline = max(lease.deadline, deadline)
+
+    def snapshot(self) -> list[dict]:
+        """The live state as records: replaying them rebuilds it (journal compaction)."""
+        recs: list[dict] = [{"op": "register", "tasks": [_spec_record(s.spec)
+                                                          for s in self.tasks.values()]}]
+        recs.append({"op": "counters", "next_index": self._next_index,
+                     "next_group": self._next_group, "lease_seq": self._lease_seq,
+                     "cleared_partitions": self.cleared_partitions,
+                     "bytes_written": self.bytes_written, "next_partition": self.next_partition,
+                     "reserved": sorted(self._reserved),
+                     "tasks": {n: [s.claimed, s.acked, s.expired, s.stale_discarded,
+                                   s.stale_regenerated] for n, s in self.tasks.items()}})
+        for p in sorted(self.partitions):
+            groups = sorted({self.rows[i].group for i in self.partitions[p]})
+            recs.append({"op": "rows", "partition": p,
+                         "groups": [[g, self.groups[g]] for g in groups]})
+        for idx in sorted(self.rows):
+            r = self.rows[idx]
+            recs.append({"op": "row", "index": idx, "written": sorted(r.written),
+                         "length": r.length, "version": r.version, "nbytes": r.nbytes,
+                         "acked": sorted(r.acked), "tags": r.tags, "issued": r.issued,
+                         "initial": None if r.relevant is None else sorted(r.initial)})
+        for name, state in self.tasks.items():
+            for lease in state.leases.values():
+                recs.append({"op": "lease", "task": name, "lease": lease.id,
+                             "rows": sorted(lease.rows), "consumer": lease.consumer,
+                             "deadline": lease.deadline, "counted": False})
+        return recs
 
     # ---- registration -------------------------------------------------
     def register(self, specs: Iterable[TaskSpec]) -> None:
         specs = list(specs)
         new_columns: dict[str, ColumnSpec] = {}
         for spec in specs:
-            if not spec.name:
-                raise TQError("task name must not be empty")
+            if not spec.name or ":" in spec.name:
+                raise TQError(f"task name {spec.name!r} must be non-empty and without ':'")
             for col in spec.produces:
                 col.check()
                 known = self.columns.get(col.name) or new_columns.get(col.name)
@@ -182,7 +307,15 @@ class Controller:
                 raise NotFound(f"task {spec.name!r} consumes undeclared column(s) "
                                f"{sorted(unknown)}: register the task that produces them first "
                                "(or in the same call)")
-        self.columns.update(new_columns)
+        if all(s.name in self.tasks for s in specs):
+            return  # already registered: nothing to journal
+        self._do({"op": "register", "tasks": [_spec_record(s) for s in specs]})
+
+    def _apply_register(self, rec: dict) -> None:
+        specs = [_spec_from_record(d) for d in rec["tasks"]]
+        for spec in specs:
+            for col in spec.produces:
+                self.columns[col.name] = col
         added = False
         for spec in specs:
             if spec.name in self.tasks:
@@ -197,6 +330,35 @@ class Controller:
             for row in self.rows.values():
                 if row.relevant is not None:
                     row.relevant = self._relevant_tasks(row.initial)
+
+    def _apply_counters(self, rec: dict) -> None:
+        self._next_index = rec["next_index"]
+        self._next_group = rec["next_group"]
+        self._lease_seq = rec["lease_seq"]
+        self.cleared_partitions = rec["cleared_partitions"]
+        self.bytes_written = rec["bytes_written"]
+        self.next_partition = rec["next_partition"]
+        self._reserved = set(rec["reserved"])
+        for name, (cl, ac, ex, sd, sr) in rec["tasks"].items():
+            s = self.tasks[name]
+            s.claimed, s.acked, s.expired, s.stale_discarded, s.stale_regenerated = \
+                cl, ac, ex, sd, sr
+
+    def _apply_row(self, rec: dict) -> None:
+        """A row's whole state (snapshots)."""
+        row = self.rows[rec["index"]]
+        row.written = set(rec["written"])
+        row.length, row.version, row.nbytes = rec["length"], rec["version"], rec["nbytes"]
+        self.live_bytes += row.nbytes
+        row.acked = set(rec["acked"])
+        row.tags, row.issued = dict(rec["tags"]), dict(rec["issued"])
+        if rec["initial"] is not None:
+            row.initial = frozenset(rec["initial"])
+            row.relevant = self._relevant_tasks(row.initial)
+            if row.relevant <= row.acked:
+                self.partition_done[row.partition] += 1
+        for state in self.tasks.values():
+            self._refresh(row, state)
 
     def _relevant_tasks(self, initial: frozenset[str]) -> frozenset[str]:
         """Consuming tasks reachable from a row's first columns through the task graph.
@@ -229,52 +391,67 @@ class Controller:
                            f"(known: {sorted(self.tasks)})") from None
 
     # ---- rows -----------------------------------------------------------
-    def allocate(self, partition: int, count: int, group_size: int = 1) -> list[Row]:
+    def _check_count(self, what: str, count: int) -> None:
         if count < 1:
-            raise TQError(f"count must be at least 1, got {count}")
+            raise TQError(f"{what} must be at least 1, got {count}")
+        if count > self.limits.rows_per_call:
+            raise Exhausted(f"{what} {count} is over the limit of {self.limits.rows_per_call} "
+                            "rows per call: split the request")
+
+    def _check_room(self, count: int) -> None:
+        held = len(self.rows) + len(self._reserved)
+        if held + count > self.limits.table_rows:
+            raise Exhausted(f"the table holds {held} rows (alive or reserved); {count} more would "
+                            f"pass its limit of {self.limits.table_rows}: consume rows first")
+
+    def _check_bytes(self) -> None:
+        if self.live_bytes >= self.limits.unconsumed_bytes:
+            raise Exhausted(f"{self.live_bytes} bytes of rows are not consumed yet (limit "
+                            f"{self.limits.unconsumed_bytes}): new rows wait until tasks catch up")
+
+    def _check_partition(self, partition: int) -> None:
+        if partition < 0:
+            raise TQError(f"partition must be >= 0, got {partition}")
+
+    def allocate(self, partition: int, count: int, group_size: int = 1) -> list[Row]:
+        self._check_count("count", count)
+        self._check_partition(partition)
         group_size = max(group_size, 1)
         if count % group_size:
             raise TQError(f"count {count} is not a multiple of group_size {group_size}")
-        rows = []
-        for g in range(count // group_size):
-            gid = self._next_group
-            self._next_group += 1
-            members = []
-            for _ in range(group_size):
-                idx = self._next_index
-                self._next_index += 1
-                row = Row(idx, partition, gid, idx % self.num_units)
-                self.rows[idx] = row
-                self.partitions.setdefault(partition, set()).add(idx)
-                members.append(idx)
-                rows.append(row)
-            self.groups[gid] = members
-        self.partition_done.setdefault(partition, 0)
-        return rows
+        self._check_room(count)
+        start = self._next_index
+        self._do({"op": "rows", "partition": partition, "groups": [
+            [self._next_group + g, list(range(start + g * group_size,
+                                              start + (g + 1) * group_size))]
+            for g in range(count // group_size)]})
+        return [self.rows[i] for i in range(start, start + count)]
 
     def reserve(self, count: int) -> int:
         """Hand a writer `count` fresh indices (first one returned); rows come with notify."""
-        if count < 1:
-            raise TQError(f"count must be at least 1, got {count}")
+        self._check_count("count", count)
+        self._check_room(count)
         start = self._next_index
-        self._next_index += count
-        self._reserved.update(range(start, start + count))
+        self._do({"op": "reserve", "start": start, "count": count})
         return start
 
-    def _create(self, indices: list[int], partition: int, group_size: int) -> None:
-        group_size = max(group_size, 1)
-        if len(indices) % group_size:
-            raise TQError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
-        for start in range(0, len(indices), group_size):
-            gid = self._next_group
-            self._next_group += 1
-            members = indices[start:start + group_size]
+    def _apply_reserve(self, rec: dict) -> None:
+        start, count = rec["start"], rec["count"]
+        self._next_index = max(self._next_index, start + count)
+        self._reserved.update(range(start, start + count))
+
+    def _apply_rows(self, rec: dict) -> None:
+        partition = rec["partition"]
+        for gid, members in rec["groups"]:
+            self._next_group = max(self._next_group, gid + 1)
             for idx in members:
                 self._reserved.discard(idx)
+                self._next_index = max(self._next_index, idx + 1)
                 self.rows[idx] = Row(idx, partition, gid, idx % self.num_units)
                 self.partitions.setdefault(partition, set()).add(idx)
             self.groups[gid] = list(members)
         self.partition_done.setdefault(partition, 0)
+        self.next_partition = max(self.next_partition, partition + 1)
 
     def notify_written(
         self,
@@ -286,40 +463,74 @@ class Controller:
         create: bool = False,
         partition: int = 0,
         group_size: int = 1,
+        task: str = "",
+        lease: str = "",
     ) -> int:
         """Record that `columns` of `indices` are in storage; returns rows newly ready.
 
         With `create`, the indices must be reserved (see `reserve`) and become
-        new rows of `partition` first.
+        new rows of `partition` first. With `lease` (of `task`), the write is
+        fenced: refused unless that lease still holds every row, and the cells
+        are read back under the lease's tag.
         """
+        self._check_count("rows", len(indices))
         unknown = [c for c in columns if c not in self.columns]
         if unknown:
             raise NotFound(f"unknown column(s) {unknown}: declare them in a task's produces")
         if create:
+            self._check_partition(partition)
             bad = [i for i in indices if i not in self._reserved]
             if bad or len(set(indices)) != len(indices):
                 raise Conflict(f"indices {bad[:5] or indices[:5]} are not reserved for new rows "
                                "(reserve them first; each index creates one row once)")
             if len(indices) % max(group_size, 1):
                 raise TQError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
+            if lease:
+                raise TQError("a write that creates rows holds no lease")
+            self._check_bytes()
         else:
             missing = [i for i in indices if i not in self.rows]
             if missing:
                 raise NotFound(f"unknown row index(es) {missing[:5]}: allocate rows before "
                                "writing (or the partition was already cleared)")
+        if lease:
+            held = self._lease(task, lease)
+            outside = [i for i in indices if i not in held.rows]
+            if outside:
+                raise Conflict(f"rows {outside[:5]} are not in lease {lease!r}")
+            foreign = set(columns) - {c.name for c in self.tasks[task].spec.produces}
+            if foreign:
+                raise TQError(f"task {task!r} does not produce column(s) {sorted(foreign)}")
         for name, values in (("lengths", lengths), ("versions", versions), ("nbytes", nbytes)):
             if values and len(values) != len(indices):
                 raise TQError(f"{name} has {len(values)} entries for {len(indices)} rows")
         if create:
-            self._create(list(indices), partition, group_size)
+            g = max(group_size, 1)
+            self._do({"op": "rows", "partition": partition, "groups": [
+                [self._next_group + k, list(indices[k * g:(k + 1) * g])]
+                for k in range(len(indices) // g)]})
         before = sum(t.n_ready for t in self.tasks.values())
+        self._do({"op": "written", "indices": list(indices), "columns": list(columns),
+                  "lengths": list(lengths or []), "versions": list(versions or []),
+                  "nbytes": list(nbytes or []), "tag": lease})
+        return sum(t.n_ready for t in self.tasks.values()) - before
+
+    def _apply_written(self, rec: dict) -> None:
+        columns, lengths, versions, nbytes = (rec["columns"], rec["lengths"], rec["versions"],
+                                              rec["nbytes"])
+        tag = rec["tag"]
         first = frozenset(columns)
-        for i, idx in enumerate(indices):
+        for i, idx in enumerate(rec["indices"]):
             row = self.rows[idx]
             if row.relevant is None:
                 row.initial = first
                 row.relevant = self._relevant_tasks(first)
             row.written.update(columns)
+            for c in columns:
+                if tag:
+                    row.tags[c] = tag
+                else:
+                    row.tags.pop(c, None)
             if lengths:
                 row.length = int(lengths[i])
             if versions:
@@ -327,9 +538,9 @@ class Controller:
             if nbytes:
                 row.nbytes += int(nbytes[i])
                 self.bytes_written += int(nbytes[i])
+                self.live_bytes += int(nbytes[i])
             for state in self.tasks.values():
                 self._refresh(row, state)
-        return sum(t.n_ready for t in self.tasks.values()) - before
 
     def _is_ready(self, row: Row, state: TaskState) -> bool:
         name = state.spec.name
@@ -360,10 +571,14 @@ class Controller:
     def claim(self, req: ClaimRequest) -> Claim | None:
         """Lease up to `count` ready rows, or None if fewer than `min_count` are ready."""
         state = self._task(req.task)
-        if req.count < 1:
-            raise TQError(f"count must be at least 1, got {req.count}")
+        self._check_count("count", req.count)
         if req.policy not in POLICIES:
             raise TQError(f"unknown claim policy {req.policy!r}: use one of {', '.join(POLICIES)}")
+        if not 1 <= req.dp_size <= min(self.limits.max_dp_size, req.count):
+            raise TQError(f"dp_size must be between 1 and min(count, "
+                          f"{self.limits.max_dp_size}), got {req.dp_size}")
+        if req.token_budget is not None and req.token_budget < 0:
+            raise TQError(f"token_budget must be >= 0, got {req.token_budget}")
         if req.on_stale == "regenerate":
             if not req.stale_producer:
                 raise TQError("on_stale regenerate needs stale_producer (the task that makes rows)")
@@ -378,18 +593,32 @@ class Controller:
         ranks = [0] * len(picked)
         if req.policy == "token_balanced" and req.dp_size > 1:
             ranks = balance_over_ranks([self.rows[i].length for i in picked], req.dp_size)
-        lease = Lease(f"{req.task}-{next(self._lease_ids)}", req.task, set(picked),
-                      self.clock() + self.lease_seconds, req.consumer)
-        state.leases[lease.id] = lease
+        lease_id = f"{req.task}-{self._lease_seq + 1}"
+        self._do({"op": "lease", "task": req.task, "lease": lease_id, "rows": picked,
+                  "consumer": req.consumer, "deadline": self.clock() + self.lease_seconds,
+                  "counted": True})
         out = []
         for idx, rank in zip(picked, ranks):
             row = self.rows[idx]
-            row.leased[req.task] = lease.id
-            self._refresh(row, state)
             out.append(ClaimedRow(idx, row.partition, row.unit, row.length, row.version,
-                                  row.group, rank))
-        state.claimed += len(out)
-        return Claim(lease.id, out)
+                                  row.group, rank, dict(row.tags)))
+        return Claim(lease_id, out)
+
+    def _apply_lease(self, rec: dict) -> None:
+        task, lease_id = rec["task"], rec["lease"]
+        state = self.tasks[task]
+        self._lease_seq = max(self._lease_seq, int(lease_id.rsplit("-", 1)[1]))
+        lease = Lease(lease_id, task, set(rec["rows"]), rec["deadline"], rec["consumer"])
+        state.leases[lease_id] = lease
+        produces = bool(state.spec.produces)
+        for idx in rec["rows"]:
+            row = self.rows[idx]
+            row.leased[task] = lease_id
+            if produces:
+                row.issued[lease_id] = task  # its cells may exist: deleted with the row
+            self._refresh(row, state)
+        if rec["counted"]:
+            state.claimed += len(rec["rows"])
 
     def _candidate_partitions(self, state: TaskState, req: ClaimRequest) -> list[int]:
         if req.partition is not None:
@@ -432,22 +661,41 @@ class Controller:
                 return picked
         return picked
 
-    def _filter_stale(self, state: TaskState, req: ClaimRequest) -> None:
+    def _filter_stale(self, state: TaskState, req: ClaimRequest) -> list[Cleared]:
+        cleared: list[Cleared] = []
         for p in list(self._candidate_partitions(state, req)):
             stale = [i for i in state.ready.get(p, ()) if self.rows[i].version < req.min_version]
-            for idx in stale:
-                row = self.rows[idx]
-                if req.on_stale == "regenerate":
-                    self._regenerate(row, req.stale_producer)
-                    state.stale_regenerated += 1
-                else:
-                    row.acked.add(state.spec.name)
-                    self._refresh(row, state)
-                    state.stale_discarded += 1
-                    self._maybe_done(row)
+            if not stale:
+                continue
+            if req.on_stale == "regenerate":
+                self._do({"op": "regenerate", "task": state.spec.name,
+                          "producer": req.stale_producer, "indices": stale})
+            else:
+                cleared += self._do({"op": "discard", "task": state.spec.name, "indices": stale})
+        self._cleared.extend(cleared)
+        return cleared
 
-    def _regenerate(self, row: Row, producer: str) -> None:
-        """Clear what `producer` and the tasks downstream of it wrote for `row`."""
+    def take_cleared(self) -> list[Cleared]:
+        """Partitions a claim's staleness filter completed: their cells can go."""
+        out, self._cleared = self._cleared, []
+        return out
+
+    def _apply_discard(self, rec: dict) -> list[Cleared]:
+        state = self.tasks[rec["task"]]
+        cleared = []
+        for idx in rec["indices"]:
+            row = self.rows[idx]
+            row.acked.add(state.spec.name)
+            self._refresh(row, state)
+            state.stale_discarded += 1
+            c = self._maybe_done(row)
+            if c:
+                cleared.append(c)
+        return cleared
+
+    def _apply_regenerate(self, rec: dict) -> None:
+        """Clear what `producer` and the tasks downstream of it wrote for the rows."""
+        producer = rec["producer"]
         cleared = {c.name for c in self.tasks[producer].spec.produces}
         redo = {producer}
         changed = True
@@ -458,10 +706,13 @@ class Controller:
                     redo.add(state.spec.name)
                     cleared |= {c.name for c in state.spec.produces}
                     changed = True
-        row.written -= cleared
-        row.acked -= redo
-        for state in self.tasks.values():
-            self._refresh(row, state)
+        self.tasks[rec["task"]].stale_regenerated += len(rec["indices"])
+        for idx in rec["indices"]:
+            row = self.rows[idx]
+            row.written -= cleared
+            row.acked -= redo
+            for state in self.tasks.values():
+                self._refresh(row, state)
 
     # ---- acks, releases, leases -----------------------------------------
     def _lease(self, task: str, lease_id: str) -> Lease:
@@ -474,14 +725,20 @@ class Controller:
 
     def ack(self, task: str, lease_id: str, indices: list[int] | None = None) -> tuple[int, list[Cleared]]:
         lease = self._lease(task, lease_id)
-        chosen = set(indices) if indices else set(lease.rows)
-        foreign = chosen - lease.rows
+        chosen = sorted(set(indices) if indices else lease.rows)
+        foreign = set(chosen) - lease.rows
         if foreign:
             raise Conflict(f"rows {sorted(foreign)[:5]} are not in lease {lease_id!r}")
+        cleared = self._do({"op": "ack", "task": task, "lease": lease_id, "indices": chosen})
+        return len(chosen), cleared
+
+    def _apply_ack(self, rec: dict) -> list[Cleared]:
+        task, lease_id = rec["task"], rec["lease"]
         state = self.tasks[task]
+        lease = state.leases[lease_id]
         cleared: list[Cleared] = []
         now = self.clock()
-        for idx in chosen:
+        for idx in rec["indices"]:
             row = self.rows[idx]
             del row.leased[task]
             row.acked.add(task)
@@ -493,37 +750,53 @@ class Controller:
                 cleared.append(c)
         if not lease.rows:
             del state.leases[lease_id]
-        return len(chosen), cleared
+        return cleared
 
     def extend(self, task: str, lease_id: str) -> float:
         """Push a held lease's deadline to now + lease_seconds."""
-        lease = self._lease(task, lease_id)
-        lease.deadline = self.clock() + self.lease_seconds
+        self._lease(task, lease_id)
+        self._do({"op": "extend", "task": task, "lease": lease_id,
+                  "deadline": self.clock() + self.lease_seconds})
         return self.lease_seconds
+
+    def _apply_extend(self, rec: dict) -> None:
+        self.tasks[rec["task"]].leases[rec["lease"]].deadline = rec["deadline"]
 
     def release(self, task: str, lease_id: str) -> int:
         lease = self._lease(task, lease_id)
-        self._return(self.tasks[task], lease)
-        return len(lease.rows)
+        n = len(lease.rows)
+        self._do({"op": "return", "task": task, "lease": lease_id, "expired": False})
+        return n
 
-    def _return(self, state: TaskState, lease: Lease) -> None:
+    def release_consumer(self, consumer: str) -> int:
+        """Return every row a consumer holds (it restarted: its leases are dead)."""
+        n = 0
+        for name, state in self.tasks.items():
+            for lease in [le for le in state.leases.values() if le.consumer == consumer]:
+                n += len(lease.rows)
+                self._do({"op": "return", "task": name, "lease": lease.id, "expired": False})
+        return n
+
+    def _apply_return(self, rec: dict) -> None:
+        state = self.tasks[rec["task"]]
+        lease = state.leases.pop(rec["lease"])
+        if rec["expired"]:
+            state.expired += len(lease.rows)
         for idx in lease.rows:
             row = self.rows.get(idx)
             if row is None:
                 continue
             row.leased.pop(state.spec.name, None)
             self._refresh(row, state)
-        state.leases.pop(lease.id, None)
 
     def expire(self) -> int:
         """Return the rows of every expired lease to their task's ready set."""
         now = self.clock()
         n = 0
-        for state in self.tasks.values():
+        for name, state in self.tasks.items():
             for lease in [le for le in state.leases.values() if le.deadline <= now]:
-                state.expired += len(lease.rows)
                 n += len(lease.rows)
-                self._return(state, lease)
+                self._do({"op": "return", "task": name, "lease": lease.id, "expired": True})
         return n
 
     def next_deadline(self) -> float | None:
@@ -541,7 +814,11 @@ class Controller:
         cells = []
         for idx in sorted(self.partitions.pop(p)):
             r = self.rows.pop(idx)
-            cells.append((r.unit, idx, tuple(sorted(r.written))))
+            self.live_bytes -= r.nbytes
+            names = {storage_column(c, r.tags.get(c, "")) for c in r.written}
+            for tag, task in r.issued.items():  # cells of leases that never published
+                names.update(storage_column(c.name, tag) for c in self.tasks[task].spec.produces)
+            cells.append((r.unit, idx, tuple(sorted(names))))
             self.groups.pop(r.group, None)
             for state in self.tasks.values():
                 state.group_ready.pop(r.group, None)
@@ -554,6 +831,26 @@ class Controller:
         del self.partition_done[p]
         self.cleared_partitions += 1
         return Cleared(p, cells)
+
+    def writable(self, index: int) -> bool:
+        """Whether cells of `index` may be stored: a row, or an index reserved for one."""
+        return index in self.rows or index in self._reserved
+
+    def refused_cells(self, indices: list[int], columns: list[str], tag: str, create: bool
+                      ) -> Cleared | None:
+        """Cells a refused write may have left in storage, if no accepted write owns them."""
+        cells = []
+        for idx in indices:
+            row = self.rows.get(idx)
+            if row is not None and not tag and not create:
+                continue  # untagged cells of a live row: an accepted write may own them
+            if create and (row is not None or idx in self._reserved):
+                continue  # still the writer's: it may notify again
+            names = tuple(storage_column(c, tag) for c in columns
+                          if row is None or row.tags.get(c) != tag)
+            if names:
+                cells.append((idx % self.num_units, idx, names))
+        return Cleared(-1, cells) if cells else None
 
     # ---- stats ------------------------------------------------------------
     def consumer_stats(self) -> list[dict]:

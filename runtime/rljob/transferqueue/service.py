@@ -5,21 +5,29 @@ service for memory units, the gRPC health service for probes, and a Prometheus
 endpoint. The controller state machine is synchronous and every RPC runs on
 one asyncio loop, so each request is applied atomically; long-poll claims wait
 on a condition that writes, releases and lease expiry signal.
+
+With Redis units every change is journaled in Redis before the answer goes
+out (see `journal`), so a restarted controller continues where it stopped;
+a journal that cannot be written stops the controller (fail-stop: no answer is
+ever given for a change that would be lost).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from .controller import ClaimRequest, Cleared, Controller, TaskSpec, TQError
+from .controller import ClaimRequest, Cleared, Controller, Limits, TaskSpec, TQError
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, ColumnSpec
@@ -37,7 +45,8 @@ STALE = {pb.STALE_POLICY_UNSPECIFIED: "discard", pb.DISCARD: "discard",
          pb.REGENERATE: "regenerate"}
 GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "not_found": grpc.StatusCode.NOT_FOUND,
-             "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION}
+             "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
+             "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
 GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
                 ("grpc.max_receive_message_length", 1 << 30)]
 # clients: reconnect promptly when the controller pod comes back
@@ -45,6 +54,23 @@ CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 100),
                                  ("grpc.min_reconnect_backoff_ms", 100),
                                  ("grpc.max_reconnect_backoff_ms", 1000)]
 DEFAULT_MAX_ROW_BYTES = 64 << 20
+EXIT_STORAGE_LOST = 3  # the controller's exit status when its journal or a unit is gone
+PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
+
+
+class StorageError(RuntimeError):
+    """Storage cannot be used (unreachable, refused credentials): one clear line."""
+
+
+def check_unit_url(url: str) -> str:
+    """A Redis URL without credentials (they come from RLJOB_TQ_PASSWORD)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise StorageError(f"storage unit URL {url!r}: use redis://HOST:PORT/DB")
+    if parts.password is not None or parts.username:
+        raise StorageError("storage unit URL carries credentials: give the password in "
+                           f"{PASSWORD_ENV} instead (a URL shows in ps, logs and Layout)")
+    return url
 
 
 SESSION_OPS = {}  # filled below the class: op name -> TransferQueueService method
@@ -75,24 +101,91 @@ class JobMetricsStore:
 
 class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServiceServicer):
     def __init__(self, job: str, units: list[UnitConfig], lease_seconds: float = 60.0,
-                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, public_address: str = ""):
+                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, public_address: str = "",
+                 limits: Limits = Limits(), storage_wait: float = 30.0,
+                 compact_every: int = 50_000):
         if not units:
             raise ValueError("at least one storage unit is needed")
         self.job = job
         self.unit_configs = units
         self.max_row_bytes = max_row_bytes
         self.public_address = public_address
-        self.controller = Controller(len(units), lease_seconds)
+        # wall-clock deadlines: a journaled lease means the same in the next process
+        self.controller = Controller(len(units), lease_seconds, clock=time.time, limits=limits)
         self.units: list[StorageUnit] = []
         for u in units:
             if u.backend == "memory":
                 self.units.append(MemoryUnit(max_cell_bytes=max_row_bytes))
             else:
-                self.units.append(connect(u.backend, u.address, job=job, password=u.password))
+                self.units.append(connect(u.backend, check_unit_url(u.address), job=job,
+                                          password=u.password))
         self.metrics = JobMetricsStore()
         self._changed: asyncio.Condition | None = None
         self._to_delete: list[Cleared] = []
         self._delete_wanted = asyncio.Event()
+        self.compact_every = compact_every
+        self.journal = None
+        self.table_id = uuid.uuid4().hex
+        self.recovered = "new"
+        if all(u.backend == "redis" for u in units):
+            self._open_journal(storage_wait)
+
+    def _open_journal(self, storage_wait: float) -> None:
+        import redis
+
+        from .journal import RedisJournal
+
+        deadline = time.monotonic() + storage_wait
+        for i, unit in enumerate(self.units):
+            while True:
+                try:
+                    unit.client.ping()
+                    break
+                except redis.AuthenticationError as exc:
+                    raise StorageError(
+                        f"storage unit {i} refused the password ({exc}): set {PASSWORD_ENV} to "
+                        "the Redis requirepass (on a cluster: the job's NAME-tq-auth Secret)"
+                    ) from None
+                except redis.ResponseError as exc:
+                    if "without any password" in str(exc) or "NOAUTH" in str(exc):
+                        raise StorageError(f"storage unit {i}: {exc}; check {PASSWORD_ENV}") \
+                            from None
+                    raise
+                except redis.ConnectionError as exc:
+                    if time.monotonic() > deadline:
+                        raise StorageError(f"storage unit {i} is unreachable after "
+                                           f"{storage_wait:.0f}s: {exc}") from None
+                    log.warning("storage unit %d unreachable (%s); waiting", i, exc)
+                    time.sleep(0.5)
+        self.journal = RedisJournal(self.units, self.job)
+        records, self.recovered = self.journal.open()
+        self.table_id = self.journal.table_id
+        if records:
+            t0 = time.monotonic()
+            self._clear(self.controller.replay(records))  # cells a crash left undeleted
+            self.controller.renew_leases()
+            log.warning("recovered the table from its journal: %d records, %d rows, %d leases "
+                        "in %.2fs", len(records), len(self.controller.rows),
+                        sum(len(s.leases) for s in self.controller.tasks.values()),
+                        time.monotonic() - t0)
+        elif self.recovered == "lost":
+            log.error("a storage unit came back empty: the table is lost; a new one starts "
+                      "(the job continues from its last checkpoint)")
+
+    def persist(self) -> None:
+        """Journal what the controller changed; without a journal, forget it."""
+        records = self.controller.drain()
+        if not records or self.journal is None:
+            return
+        try:
+            self.journal.append(records)
+            if self.journal.length >= max(self.compact_every, 4 * len(self.controller.rows)):
+                self.journal.compact(self.controller.snapshot())
+        except Exception as exc:  # noqa: BLE001 - fail-stop: never answer past a lost change
+            log.critical("cannot write the journal (%s): stopping; a restart recovers the "
+                         "table from what was journaled", exc)
+            logging.shutdown()
+            os._exit(EXIT_STORAGE_LOST)
 
     # ---- helpers ------------------------------------------------------------
     @property
@@ -135,13 +228,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             except Exception:  # storage down: the cells stay, the job goes on
                 log.exception("could not delete the cells of partition %d", c.partition)
                 continue
-            log.info("cleared partition %d (%d rows)", c.partition, len(c.cells))
+            if c.partition >= 0:
+                log.info("cleared partition %d (%d rows)", c.partition, len(c.cells))
 
     def unit_infos(self) -> list[pb.StorageUnitInfo]:
         out = []
         for i, u in enumerate(self.unit_configs):
             # memory units are served by this process: clients use the controller's address
-            address = u.address if u.backend != "memory" else ""
+            address = check_unit_url(u.address) if u.backend != "memory" else ""
             out.append(pb.StorageUnitInfo(id=i, backend=u.backend, address=address))
         return out
 
@@ -165,13 +259,23 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                   count=request.count)
 
     async def _notify(self, request):
-        too_big = [i for i, n in zip(request.indices, request.nbytes) if n > self.max_row_bytes]
-        if too_big:
-            raise TQError(f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
-        n = self.controller.notify_written(
-            list(request.indices), list(request.columns), list(request.lengths) or None,
-            list(request.versions) or None, list(request.nbytes) or None,
-            create=request.create, partition=request.partition, group_size=request.group_size)
+        try:
+            too_big = [i for i, n in zip(request.indices, request.nbytes)
+                       if n > self.max_row_bytes]
+            if too_big:
+                raise TQError(f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
+            n = self.controller.notify_written(
+                list(request.indices), list(request.columns), list(request.lengths) or None,
+                list(request.versions) or None, list(request.nbytes) or None,
+                create=request.create, partition=request.partition,
+                group_size=request.group_size, task=request.task, lease=request.lease)
+        except TQError:
+            # the refused writer's cells are nobody's: delete them (fenced or orphan writes)
+            refused = self.controller.refused_cells(list(request.indices)[:65536],
+                                                    list(request.columns), request.lease,
+                                                    request.create)
+            self._clear([refused] if refused else [])
+            raise
         if n:
             await self._signal()
         return pb.NotifyWrittenResponse(newly_ready=n)
@@ -185,18 +289,25 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             min_version=request.min_version if request.has_min_version else None,
             on_stale=STALE.get(request.on_stale, "discard"),
             stale_producer=request.stale_producer or None, consumer=request.consumer)
-        deadline = time.monotonic() + max(request.wait_seconds, 0.0)
+        wait = request.wait_seconds
+        if not 0 <= wait <= self.controller.limits.max_wait_seconds:  # also refuses nan
+            raise TQError(f"wait_seconds must be in [0, {self.controller.limits.max_wait_seconds:.0f}]"
+                          f", got {wait}")
+        deadline = time.monotonic() + wait
         if request.ack_lease:
             _, cleared = self.controller.ack(request.task, request.ack_lease)
             self._clear(cleared)
         while True:
             claim = self.controller.claim(req)
+            self._clear(self.controller.take_cleared())
+            self.persist()
             if claim is not None:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 # out of time: hand over whatever is ready (maybe nothing)
                 claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
+                self._clear(self.controller.take_cleared())
                 break
             try:
                 async with asyncio.timeout(min(remaining, 0.5)), self.changed:
@@ -208,7 +319,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         return pb.ClaimResponse(
             lease=claim.lease, lease_seconds=self.controller.lease_seconds,
             rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
-                             version=r.version, group=r.group, rank=r.rank) for r in claim.rows])
+                             version=r.version, group=r.group, rank=r.rank, tags=r.tags)
+                  for r in claim.rows])
 
     async def _ack(self, request):
         n, cleared = self.controller.ack(request.task, request.lease,
@@ -224,17 +336,27 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def _extend(self, request):
         return pb.ExtendResponse(lease_seconds=self.controller.extend(request.task, request.lease))
 
+    async def _release_consumer(self, request):
+        if not request.consumer:
+            raise TQError("consumer must not be empty")
+        n = self.controller.release_consumer(request.consumer)
+        if n:
+            await self._signal()
+        return pb.ReleaseResponse(released=n)
+
     async def _unary(self, op, request, context):
         try:
             return await op(request)
         except (TQError, ColumnError) as exc:
             await self._fail(context, exc)
+        finally:
+            self.persist()  # before the answer leaves: what the op changed is journaled
 
     # ---- unary RPCs ---------------------------------------------------------------
     async def Layout(self, request, context):
         return pb.LayoutResponse(job=self.job, units=self.unit_infos(),
                                  columns=[column_to_pb(c) for c in self.controller.columns.values()],
-                                 max_row_bytes=self.max_row_bytes)
+                                 max_row_bytes=self.max_row_bytes, table_id=self.table_id)
 
     async def RegisterTasks(self, request, context):
         return await self._unary(self._register, request, context)
@@ -257,6 +379,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def Release(self, request, context):
         return await self._unary(self._release, request, context)
 
+    async def ReleaseConsumer(self, request, context):
+        return await self._unary(self._release_consumer, request, context)
+
     async def Extend(self, request, context):
         return await self._unary(self._extend, request, context)
 
@@ -275,7 +400,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             consumers=[pb.ConsumerStats(**s) for s in ctl.consumer_stats()],
             rows=len(ctl.rows), partitions=len(ctl.partitions),
             cleared_partitions=ctl.cleared_partitions, bytes_written=ctl.bytes_written,
-            metrics=self.metrics.latest)
+            metrics=self.metrics.latest, next_partition=ctl.next_partition,
+            table_id=self.table_id)
 
     # ---- session: the same operations over one bidirectional stream ----------------
     async def Session(self, request_iterator, context):
@@ -294,6 +420,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 result.code = GRPC_CODE.get(getattr(exc, "code", ""),
                                             grpc.StatusCode.INVALID_ARGUMENT).value[0]
                 result.error = str(exc)
+            finally:
+                self.persist()
             async with write_lock:
                 await context.write(result)
 
@@ -325,7 +453,12 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     async def Put(self, request, context):
         try:
-            self._memory_unit(request.unit).put([(c.index, c.column, c.data) for c in request.cells])
+            unit = self._memory_unit(request.unit)
+            unknown = [c.index for c in request.cells if not self.controller.writable(c.index)]
+            if unknown:
+                raise TQError(f"rows {sorted(set(unknown))[:5]} were never created nor reserved: "
+                              "reserve indices (or allocate rows) before writing cells")
+            unit.put([(c.index, c.column, c.data) for c in request.cells])
         except (TQError, ValueError) as exc:
             await self._fail(context, exc)
         return pb.PutResponse()
@@ -335,6 +468,10 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             unit = self._memory_unit(request.unit)
         except TQError as exc:
             await self._fail(context, exc)
+        if request.cells:
+            keys = [(c.index, c.column) for c in request.cells]
+            return pb.GetResponse(cells=[pb.Cell(index=i, column=c, data=v) for (i, c), v
+                                         in zip(keys, unit.get_cells(keys)) if v is not None])
         values = unit.get(list(request.indices), list(request.columns))
         cells = [pb.Cell(index=i, column=c, data=v)
                  for i, row in zip(request.indices, values)
@@ -342,11 +479,23 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         return pb.GetResponse(cells=cells)
 
     # ---- background -----------------------------------------------------------
-    async def reap_leases(self, interval: float = 0.25) -> None:
+    async def reap_leases(self, interval: float = 0.25, check_units: float = 2.0) -> None:
+        last_check = time.monotonic()
         while True:
             await asyncio.sleep(interval)
-            if self.controller.expire():
+            expired = self.controller.expire()
+            self.persist()
+            if expired:
                 await self._signal()
+            if self.journal is not None and time.monotonic() - last_check > check_units:
+                last_check = time.monotonic()
+                lost = await asyncio.get_running_loop().run_in_executor(
+                    None, self.journal.lost_units)
+                if lost:
+                    log.critical("storage unit(s) %s came back empty: the table's cells are "
+                                 "gone; stopping (a restart starts a new table)", lost)
+                    logging.shutdown()
+                    os._exit(EXIT_STORAGE_LOST)
 
 
 SESSION_OPS.update({
@@ -390,7 +539,8 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
              len(service.units), service.unit_configs[0].backend)
     if ready is not None:
         ready.set()
-    print(f"transferqueue listening on {service.public_address}", flush=True)
+    print(f"transferqueue listening on {service.public_address} (table {service.table_id}, "
+          f"{service.recovered})", flush=True)
     await stop.wait()
     log.info("shutting down: draining for %.1fs", grace)
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):

@@ -93,16 +93,18 @@ class LayoutRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LayoutResponse(_message.Message):
-    __slots__ = ("job", "units", "columns", "max_row_bytes")
+    __slots__ = ("job", "units", "columns", "max_row_bytes", "table_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     UNITS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     units: _containers.RepeatedCompositeFieldContainer[StorageUnitInfo]
     columns: _containers.RepeatedCompositeFieldContainer[ColumnSpec]
     max_row_bytes: int
-    def __init__(self, job: _Optional[str] = ..., units: _Optional[_Iterable[_Union[StorageUnitInfo, _Mapping]]] = ..., columns: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., max_row_bytes: _Optional[int] = ...) -> None: ...
+    table_id: str
+    def __init__(self, job: _Optional[str] = ..., units: _Optional[_Iterable[_Union[StorageUnitInfo, _Mapping]]] = ..., columns: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., max_row_bytes: _Optional[int] = ..., table_id: _Optional[str] = ...) -> None: ...
 
 class AllocateRequest(_message.Message):
     __slots__ = ("partition", "count", "group_size")
@@ -137,7 +139,7 @@ class ReserveResponse(_message.Message):
     def __init__(self, start: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class NotifyWrittenRequest(_message.Message):
-    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size")
+    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size", "task", "lease")
     INDICES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +148,8 @@ class NotifyWrittenRequest(_message.Message):
     CREATE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     indices: _containers.RepeatedScalarFieldContainer[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     lengths: _containers.RepeatedScalarFieldContainer[int]
@@ -154,7 +158,9 @@ class NotifyWrittenRequest(_message.Message):
     create: bool
     partition: int
     group_size: int
-    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+    task: str
+    lease: str
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ..., task: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
 
 class NotifyWrittenResponse(_message.Message):
     __slots__ = ("newly_ready",)
@@ -197,7 +203,14 @@ class ClaimRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ...) -> None: ...
 
 class RowMeta(_message.Message):
-    __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank")
+    __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tags")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +218,7 @@ class RowMeta(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     index: int
     partition: int
     unit: int
@@ -212,7 +226,8 @@ class RowMeta(_message.Message):
     version: int
     group: int
     rank: int
-    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+    tags: _containers.ScalarMap[str, str]
+    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
     __slots__ = ("lease", "rows", "lease_seconds")
@@ -268,6 +283,12 @@ class ReleaseResponse(_message.Message):
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
+class ReleaseConsumerRequest(_message.Message):
+    __slots__ = ("consumer",)
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    consumer: str
+    def __init__(self, consumer: _Optional[str] = ...) -> None: ...
+
 class TaskStats(_message.Message):
     __slots__ = ("name", "ready", "claimed", "acked", "expired", "stale_discarded", "stale_regenerated", "acked_per_second")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -321,7 +342,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tasks", "rows", "partitions", "cleared_partitions", "bytes_written", "metrics", "consumers")
+    __slots__ = ("tasks", "rows", "partitions", "cleared_partitions", "bytes_written", "metrics", "consumers", "next_partition", "table_id")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +350,8 @@ class StatsResponse(_message.Message):
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStats]
     rows: int
     partitions: int
@@ -336,7 +359,9 @@ class StatsResponse(_message.Message):
     bytes_written: int
     metrics: JobMetrics
     consumers: _containers.RepeatedCompositeFieldContainer[ConsumerStats]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ...) -> None: ...
+    next_partition: int
+    table_id: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskStats, _Mapping]]] = ..., rows: _Optional[int] = ..., partitions: _Optional[int] = ..., cleared_partitions: _Optional[int] = ..., bytes_written: _Optional[int] = ..., metrics: _Optional[_Union[JobMetrics, _Mapping]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerStats, _Mapping]]] = ..., next_partition: _Optional[int] = ..., table_id: _Optional[str] = ...) -> None: ...
 
 class ConsumerStats(_message.Message):
     __slots__ = ("task", "consumer", "claimed")
@@ -411,14 +436,16 @@ class PutResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("unit", "indices", "columns")
+    __slots__ = ("unit", "indices", "columns", "cells")
     UNIT_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
     unit: int
     indices: _containers.RepeatedScalarFieldContainer[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, unit: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
+    cells: _containers.RepeatedCompositeFieldContainer[Cell]
+    def __init__(self, unit: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("cells",)

@@ -74,6 +74,11 @@ class TransferQueueControllerStub:
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.ReleaseConsumer = channel.unary_unary(
+                '/rljob.transferqueue.v1.TransferQueueController/ReleaseConsumer',
+                request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.SerializeToString,
+                response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
         self.Extend = channel.unary_unary(
                 '/rljob.transferqueue.v1.TransferQueueController/Extend',
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendRequest.SerializeToString,
@@ -147,6 +152,12 @@ class TransferQueueControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseConsumer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Extend(self, request, context):
         """Keep a lease alive while its rows are still being worked on.
         """
@@ -215,6 +226,11 @@ def add_TransferQueueControllerServicer_to_server(servicer, server):
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.FromString,
+                    response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'ReleaseConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseConsumer,
+                    request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.FromString,
                     response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.SerializeToString,
             ),
             'Extend': grpc.unary_unary_rpc_method_handler(
@@ -453,6 +469,33 @@ class TransferQueueController:
             target,
             '/rljob.transferqueue.v1.TransferQueueController/Release',
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseRequest.SerializeToString,
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.transferqueue.v1.TransferQueueController/ReleaseConsumer',
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.SerializeToString,
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,

@@ -25,6 +25,10 @@ class StorageUnit(ABC):
     def get(self, indices: Sequence[int], columns: Sequence[str]) -> list[list[Buffer | None]]:
         """Cells of `indices` × `columns` in one batch: result[row][column]; None if absent."""
 
+    def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
+        """Exactly these (index, column) cells, in one batch; None where absent."""
+        return [self.get([i], [c])[0][0] for i, c in keys]
+
     @abstractmethod
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         """Remove the given (index, columns) cells."""
@@ -37,6 +41,10 @@ BACKENDS: dict[str, Callable[..., StorageUnit]] = {}
 
 
 def register_backend(name: str, factory: Callable[..., StorageUnit]) -> None:
+    if not callable(factory):
+        raise TypeError(f"storage backend {name!r}: the factory must be callable")
+    if BACKENDS.get(name, factory) is not factory:
+        raise ValueError(f"storage backend {name!r} is already registered")
     BACKENDS[name] = factory
 
 

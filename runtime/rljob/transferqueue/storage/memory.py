@@ -31,6 +31,10 @@ class MemoryUnit(StorageUnit):
         with self._lock:
             return [[self._cells.get((i, c)) for c in columns] for i in indices]
 
+    def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
+        with self._lock:
+            return [self._cells.get(k) for k in keys]
+
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         with self._lock:
             for index, columns in cells:
@@ -67,6 +71,13 @@ class RemoteMemoryUnit(StorageUnit):
                                                   columns=list(columns)))
         found = {(c.index, c.column): c.data for c in resp.cells}
         return [[found.get((i, c)) for c in columns] for i in indices]
+
+    def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
+        pb = self._pb
+        resp = self._stub.Get(pb.GetRequest(unit=self.unit, cells=[
+            pb.Cell(index=i, column=c) for i, c in keys]))
+        found = {(c.index, c.column): c.data for c in resp.cells}
+        return [found.get(k) for k in keys]
 
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         raise NotImplementedError("memory units are cleared by the controller that hosts them")

@@ -97,6 +97,24 @@ class RedisUnit(StorageUnit):
         n = len(columns)
         return [values[r * n:(r + 1) * n] for r in range(len(indices))]
 
+    def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
+        if not keys:
+            return []
+        return self.client.execute_command("MGET", *(cell_key(self.job, i, c) for i, c in keys))
+
+    def purge(self) -> int:
+        """Delete every key of this job (cells, journal, marker); returns how many."""
+        n = 0
+        batch = []
+        for key in self.client.scan_iter(match=f"{self.job}:*", count=4096):
+            batch.append(key)
+            if len(batch) >= 4096:
+                n += self.client.unlink(*batch)
+                batch = []
+        if batch:
+            n += self.client.unlink(*batch)
+        return n
+
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         keys = [cell_key(self.job, i, c) for i, cols in cells for c in cols]
         for start in range(0, len(keys), 4096):

@@ -1,0 +1,88 @@
+"""The controller's journal: its records, kept in Redis beside the data.
+
+With Redis storage units the table outlives the controller: unit 0 holds the
+journal (`JOB:journal`, a list of JSON records appended before each answer) and
+a compacted snapshot (`JOB:snapshot`); every unit holds the table's id
+(`JOB:table`). A restarted controller finds the same id on every unit, replays
+snapshot + journal and carries on. A unit without the id came back empty (a
+restarted Redis without persistence): the table's cells are gone, so the
+controller deletes what is left and starts a new table with a new id, and the
+job restarts from its last checkpoint.
+
+Memory units live in the controller's process: nothing outlives it, and no
+journal is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+
+import redis
+
+from .storage.redis_unit import RedisUnit
+
+
+class RedisJournal:
+    def __init__(self, units: Sequence[RedisUnit], job: str):
+        self.units = list(units)
+        self.job = job
+        self.client = self.units[0].client
+        self.journal_key = f"{job}:journal"
+        self.snapshot_key = f"{job}:snapshot"
+        self.table_key = f"{job}:table"
+        self.length = 0  # records appended since the last snapshot
+        self.table_id = ""
+
+    # ---- start-up -------------------------------------------------------
+    def open(self) -> tuple[list[dict], str]:
+        """(records to replay, how the table was found: recovered | new | lost)."""
+        ids = [u.client.get(self.table_key) for u in self.units]
+        found = {i for i in ids if i is not None}
+        if len(found) == 1 and None not in ids:
+            self.table_id = found.pop().decode()
+            snapshot = self.client.lrange(self.snapshot_key, 0, -1)
+            journal = self.client.lrange(self.journal_key, 0, -1)
+            self.length = len(journal)
+            return [json.loads(r) for r in (*snapshot, *journal)], "recovered"
+        how = "lost" if found else "new"
+        for u in self.units:  # cells of a lost table (or of a finished one): nobody reads them
+            u.purge()
+        self.table_id = uuid.uuid4().hex
+        for u in self.units:
+            u.client.set(self.table_key, self.table_id)
+        return [], how
+
+    # ---- running --------------------------------------------------------
+    def append(self, records: list[dict]) -> None:
+        self.client.rpush(self.journal_key, *(json.dumps(r, separators=(",", ":"))
+                                              for r in records))
+        self.length += len(records)
+
+    def compact(self, snapshot: list[dict]) -> None:
+        """Replace snapshot + journal by `snapshot` in one transaction."""
+        tmp = f"{self.snapshot_key}.new"
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(tmp)
+        for start in range(0, len(snapshot), 4096):
+            pipe.rpush(tmp, *(json.dumps(r, separators=(",", ":"))
+                              for r in snapshot[start:start + 4096]))
+        pipe.delete(self.journal_key)
+        if snapshot:
+            pipe.rename(tmp, self.snapshot_key)
+        else:
+            pipe.delete(self.snapshot_key)
+        pipe.execute()
+        self.length = 0
+
+    def lost_units(self) -> list[int]:
+        """Units that no longer hold the table's id (they restarted empty)."""
+        lost = []
+        for i, u in enumerate(self.units):
+            try:
+                if u.client.get(self.table_key) != self.table_id.encode():
+                    lost.append(i)
+            except redis.ConnectionError:
+                pass  # down right now: judged when it is back
+        return lost
