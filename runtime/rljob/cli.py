@@ -269,17 +269,28 @@ def worker_transferqueue(
     import os
 
     from .transferqueue.alloc import tune_allocator
-    from .transferqueue.service import TransferQueueService, UnitConfig, serve
+    from .transferqueue.controller import TQError, check_lease_seconds
+    from .transferqueue.service import (StorageError, TransferQueueService,
+                                        UnitConfig, check_unit_url, serve)
 
     tune_allocator()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password = os.environ.get(password_env) or None
-    if redis:
-        units = [UnitConfig("redis", url, password) for url in redis]
-    else:
-        units = [UnitConfig("memory") for _ in range(memory_units)]
+    try:
+        check_lease_seconds(lease_seconds)
+        if redis:
+            units = [UnitConfig("redis", check_unit_url(url), password) for url in redis]
+        else:
+            units = [UnitConfig("memory") for _ in range(memory_units)]
+    except (TQError, StorageError) as exc:
+        typer.echo(f"transferqueue: --{'lease-seconds' if isinstance(exc, TQError) else 'redis'}"
+                   f": {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         service = TransferQueueService(job, units, lease_seconds, max_row_bytes)
+    except StorageError as exc:  # a wrong password, storage that never came up
+        typer.echo(f"transferqueue: {exc}", err=True)
+        raise typer.Exit(2) from None
     except Exception as exc:  # bad URL, unreachable config: one clear line
         typer.echo(f"transferqueue: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -407,24 +418,20 @@ def worker_driver(
     job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
     tq: str = typer.Option(..., help="TransferQueue controller address."),
     weights: str = typer.Option(..., help="Trainer rank 0's weight service address."),
-    run_dir: Path = typer.Option(None, help="Where the dataset cursor is kept."),
-    start_step: int = typer.Option(0, help="First step to release (resume)."),
+    run_dir: Path = typer.Option(None, help="Run directory (unused by the driver)."),
+    start_step: int = typer.Option(0, help="First step to release (resume); a step the "
+                                   "table already holds is never released again."),
     max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """Release each step's prompts as the workflow mode allows."""
-    import json
-
     from .models import load_tokenizer
     from .workflow.driver import run_driver
 
     _worker_logging()
     spec = _job_spec(job)
-    cursor = None
-    if start_step and run_dir and (run_dir / "driver-state.json").exists():
-        cursor = json.loads((run_dir / "driver-state.json").read_text()).get(str(start_step))
-    run_driver(spec, tq, weights, load_tokenizer(spec.model), run_dir, start_step, cursor,
-               max_steps, metrics_port=metrics_port)
+    run_driver(spec, tq, weights, load_tokenizer(spec.model), run_dir, start_step, max_steps,
+               metrics_port=metrics_port)
 
 
 @app.command()
@@ -438,13 +445,15 @@ def run(
                                     "storage units (default: in-process memory)."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
+    import signal
     import time
 
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.live import Live
     from rich.table import Table
+    from rich.text import Text
 
-    from .local import LocalRun, write_plots
+    from .local import JobFailed, LocalRun, write_plots
 
     if resume:
         job = _load_job(resume / "job.yaml")
@@ -456,7 +465,7 @@ def run(
     console = Console()
     console.print(f"run directory: {directory}")
 
-    def view() -> Table:
+    def view():
         ms = runner.metrics()
         t = Table(title=f"{job.metadata.name} · {job.spec.workflow.mode} · "
                         f"{job.spec.rollout.replicas} rollout · {job.spec.trainer.world_size} "
@@ -468,28 +477,42 @@ def run(
                       f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
                       f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
                       f"{m['train_seconds']:.2f}")
-        return t
+        if not runner.events:
+            return t
+        return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
 
+    class Interrupted(Exception):
+        pass
+
+    def on_signal(signum, _frame):
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     started = time.monotonic()
+    status = 0
     try:
         runner.start()
         with Live(view(), console=console, refresh_per_second=2,
                   transient=not console.is_terminal) as live:
-            while not runner.trainer_done():
-                err = runner.failed()
-                if err:
-                    raise RuntimeError(err)
+            while not runner.supervise():
                 live.update(view())
                 time.sleep(0.5)
             live.update(view())
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping every process")
-    except RuntimeError as exc:
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
+        status = 128 + signum
+        console.print(f"interrupted ({signal.Signals(signum).name}): stopping; the trainer "
+                      "checkpoints what it trained")
+    except (JobFailed, RuntimeError, TimeoutError) as exc:
+        status = 1
         console.print(f"[red]run failed[/red]: {exc}")
-        runner.stop()
-        raise typer.Exit(1) from None
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
         runner.stop()
+        if status == 0:
+            runner.purge_storage()  # a finished job's table is nobody's
     summary = write_plots(directory)
     if not console.is_terminal:
         console.print(view())
@@ -498,7 +521,18 @@ def run(
                   f"{summary.get('reward_first', float('nan')):.3f} → "
                   f"{summary.get('reward_last', float('nan')):.3f}; bubble ratio "
                   f"{summary.get('bubble_ratio', float('nan')):.0%}")
-    console.print(f"wrote {directory}/metrics.jsonl, reward.png, timeline.png, final/")
+    if runner.restarts:
+        console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
+                                               sorted(runner.restarts.items())))
+    wrote = [n for n in ("metrics.jsonl", "reward.png", "timeline.png", "final/")
+             if (directory / n.rstrip("/")).exists()]
+    console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing")
+    if status:
+        step = runner.resume_step()
+        if step:
+            console.print(f"last checkpoint: step {step}; continue with: rljob run {file} "
+                          f"--resume {directory}")
+        raise typer.Exit(status)
 
 
 def main() -> None:

@@ -77,5 +77,13 @@ class PromptCursor:
             self.position += 1
         return out
 
+    @classmethod
+    def at_step(cls, examples: list[Example], seed: int, step: int, per_step: int
+                ) -> PromptCursor:
+        """Where step `step` starts when every step takes `per_step` prompts: a cursor
+        needs no saved state, so a restarted driver resumes anywhere."""
+        taken = step * per_step
+        return cls(examples, seed, taken // len(examples), taken % len(examples))
+
     def state(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}

@@ -5,10 +5,18 @@ trainer` (one per rank; DDP over gloo when there is more than one),
 `rljob worker rollout` (one per replica) and `rljob worker driver`. The run
 directory gets job.yaml, metrics.jsonl, spans/, checkpoints/, final/ (weights),
 reward.png and timeline.png.
+
+`supervise()` gives the processes pod semantics: a worker that exits
+abnormally is restarted after a backoff, up to `runPolicy.backoffLimit`
+restarts per worker; a dead trainer rank restarts the whole gang from the last
+checkpoint; a TransferQueue controller that comes back without its table
+(memory units, or a Redis that restarted empty) restarts the job from the last
+checkpoint. Every child dies with `rljob run` (PR_SET_PDEATHSIG), however it ends.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -24,6 +32,25 @@ from .api import RLJob
 from .netutil import free_port
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(cpus: set[int] | None):
+    """preexec_fn: the child gets SIGTERM when `rljob run` goes, however it goes."""
+    def setup() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass  # not Linux: the parent's signal handlers still stop every child
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+class JobFailed(RuntimeError):
+    """A worker failed more often than runPolicy.backoffLimit allows."""
+
+
 @dataclass
 class LocalRun:
     job: RLJob
@@ -32,6 +59,10 @@ class LocalRun:
     max_steps: int | None = None
     resume: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    backoff_base: float = 1.0
+    _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
 
     @property
     def steps(self) -> int:
@@ -53,18 +84,29 @@ class LocalRun:
         return {cpus[order.index(name) % len(cpus)]}
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        # POD_NAME: the worker's name in TransferQueue, the same in every life of it
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")
         cpus = self._cpus_for(name)
+        # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
+        # stops the workers in order (the trainer checkpoints first)
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus
-                                else None)
+                                preexec_fn=_die_with_parent(cpus))
+        out.close()
         self.procs[name] = proc
+        self._args[name] = args
         return proc
+
+    def __post_init__(self) -> None:
+        self._args: dict[str, list[str]] = {}
+
+    @property
+    def job_name(self) -> str:
+        return self.job.metadata.name or "rljob"
 
     def start(self) -> None:
         spec = self.job.spec
@@ -74,89 +116,184 @@ class LocalRun:
             job_file.write_text(yaml.safe_dump(self.job.to_wire(), sort_keys=False))
         self.tq_address = f"127.0.0.1:{free_port()}"
         self.weights_address = f"127.0.0.1:{free_port()}"
-        master = f"127.0.0.1:{free_port()}"
-        common = ["--job", str(job_file), "--run-dir", str(self.run_dir)]
-        tq_args = ["transferqueue", "--listen", self.tq_address, "--job", self.job.metadata.name
-                   or "rljob", "--lease-seconds", str(spec.transfer_queue.lease_seconds),
+        self._common = ["--job", str(job_file), "--run-dir", str(self.run_dir)]
+        self._steps = ["--max-steps", str(self.steps)]
+        tq_args = ["transferqueue", "--listen", self.tq_address, "--job", self.job_name,
+                   "--lease-seconds", str(spec.transfer_queue.lease_seconds),
                    "--log-level", "WARNING"]
         for url in self.redis:
             tq_args += ["--redis", url]
+        self.purge_storage()  # a fresh or resumed run starts from a checkpoint, not a table
         tq = self._spawn("transferqueue", tq_args)
         self._wait_listening(tq, "transferqueue")
-        steps = ["--max-steps", str(self.steps)]
-        world = spec.trainer.world_size
-        start_step = self._resume_step() if self.resume else 0
-        self._trainer_args = ["trainer", *common, *steps, "--tq", self.tq_address,
-                              "--weights-listen", self.weights_address, "--world-size",
-                              str(world), "--master", master]
-        for r in range(world):
-            self.start_trainer(r, resume=self.resume)
+        self._start_job(resume=self.resume)
+
+    def _start_job(self, resume: bool) -> None:
+        """Trainer gang, rollouts and driver (the transferqueue is up)."""
+        spec = self.job.spec
+        self.start_gang(resume)
         for i in range(spec.rollout.replicas):
-            self._spawn(f"rollout-{i}", ["rollout", *common, "--tq", self.tq_address,
+            self._spawn(f"rollout-{i}", ["rollout", *self._common, "--tq", self.tq_address,
                                          "--weights", self.weights_address,
                                          "--replica", str(i)])
-        self._spawn("driver", ["driver", *common, *steps, "--tq", self.tq_address,
+        start_step = self.resume_step() if resume else 0
+        self._spawn("driver", ["driver", *self._common, *self._steps, "--tq", self.tq_address,
                                "--weights", self.weights_address,
                                "--start-step", str(start_step)])
 
-    def start_trainer(self, rank: int, resume: bool) -> subprocess.Popen:
-        """(Re)start one trainer rank; with `resume`, from the run's last checkpoint."""
-        return self._spawn(f"trainer-{rank}", [*self._trainer_args, "--rank", str(rank)]
-                           + (["--resume"] if resume else []))
+    def start_gang(self, resume: bool) -> None:
+        """Every trainer rank; with `resume`, from the run's last checkpoint."""
+        world = self.job.spec.trainer.world_size
+        master = f"127.0.0.1:{free_port()}"  # a fresh rendezvous for every life of the gang
+        for r in range(world):
+            self._spawn(f"trainer-{r}", ["trainer", *self._common, *self._steps, "--tq",
+                                         self.tq_address, "--weights-listen",
+                                         self.weights_address, "--world-size", str(world),
+                                         "--master", master, "--rank", str(r)]
+                        + (["--resume"] if resume else []))
 
-    def _resume_step(self) -> int:
-        ckpts = list((self.run_dir / "checkpoints").glob("step-*"))
+    def resume_step(self) -> int:
+        ckpts = [p for p in (self.run_dir / "checkpoints").glob("step-*")
+                 if any(p.glob("*.pt"))]
         return max((int(p.name.split("-")[1]) for p in ckpts), default=0)
 
-    def _wait_listening(self, proc: subprocess.Popen, name: str, timeout: float = 60) -> None:
+    def _wait_listening(self, proc: subprocess.Popen, name: str, timeout: float = 60) -> str:
+        """Wait for a server's 'listening' line (the last one: earlier lives wrote theirs)."""
         log = self.run_dir / "logs" / f"{name}.log"
+        before = log.read_text(errors="replace").count("listening on") if log.exists() else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if text.count("listening on") > before:
+                return text[text.rindex("listening on"):].split("\n", 1)[0]
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited: {log.read_text()[-2000:]}")
-            if log.exists() and "listening" in log.read_text():
-                return
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {text[-2000:]}")
             time.sleep(0.05)
         raise TimeoutError(f"{name} did not start within {timeout}s")
 
-    def failed(self) -> str | None:
-        """Name and log tail of a child that died with an error, if any."""
-        for name, p in self.procs.items():
-            code = p.poll()
-            if code not in (None, 0):
-                tail = (self.run_dir / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
-                return f"{name} exited with {code}:\n{tail}"
-        return None
+    # ---- supervision ------------------------------------------------------
+    def event(self, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        self.events.append(line)
+        with open(self.run_dir / "logs" / "events.log", "a") as f:
+            f.write(line + "\n")
 
-    def trainer_done(self) -> bool:
-        trainers = [p for n, p in self.procs.items() if n.startswith("trainer-")]
-        return all(p.poll() == 0 for p in trainers)
+    def _tail(self, name: str) -> str:
+        path = self.run_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
+    def supervise(self) -> bool:
+        """One look at the workers: restart the ones that died. True once the job is done
+        (every trainer rank exited 0); raises JobFailed past the backoff limit."""
+        limit = self.job.spec.run_policy.backoff_limit
+        now = time.monotonic()
+        trainers = [n for n in self.procs if n.startswith("trainer-")]
+        if trainers and all(self.procs[n].poll() == 0 for n in trainers):
+            return True
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None or name in self._pending:
+                continue
+            if code == 0 and not name.startswith("rollout-"):
+                continue  # the driver released everything; a trainer rank finished
+            n = self.restarts.get(name, 0) + 1
+            if n > limit:
+                raise JobFailed(f"{name} exited with {code} after {n - 1} restart(s) "
+                                f"(runPolicy.backoffLimit {limit}):\n{self._tail(name)}")
+            self.restarts[name] = n
+            delay = min(self.backoff_base * 2 ** (n - 1), 30.0)
+            self._pending[name] = now + delay
+            self.event(f"{name} exited with {code}; restart {n}/{limit} in {delay:.0f}s")
+        for name, at in list(self._pending.items()):
+            if at <= now:
+                del self._pending[name]
+                self._restart(name)
+        return False
+
+    def _restart(self, name: str) -> None:
+        t0 = time.monotonic()
+        if name == "transferqueue":
+            proc = self._spawn(name, self._args[name])
+            line = self._wait_listening(proc, name)
+            if "recovered" in line:
+                self.event(f"transferqueue restarted with its table ({time.monotonic() - t0:.1f}s)")
+                return
+            # the table is gone (memory units, an emptied Redis): from the last checkpoint
+            step = self.resume_step()
+            self.event(f"transferqueue restarted without its table: restarting the job from "
+                       f"step {step}")
+            self._stop_workers(lambda n: n != "transferqueue")
+            self._start_job(resume=True)
+        elif name.startswith("trainer-"):
+            self._stop_workers(lambda n: n.startswith("trainer-"))
+            for n in [n for n in self._pending if n.startswith("trainer-")]:
+                del self._pending[n]
+            self.start_gang(resume=True)
+            self.event(f"trainer gang restarted from step {self.resume_step()}")
+        else:
+            self._spawn(name, self._args[name])
+            self.event(f"{name} restarted")
+
+    def _stop_workers(self, which, timeout: float = 10.0) -> None:
+        victims = [p for n, p in self.procs.items() if which(n) and p.poll() is None]
+        for p in victims:
+            _signal(p, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in victims:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                _signal(p, signal.SIGKILL)
                 p.wait()
+        for n in [n for n in self._pending if which(n)]:
+            del self._pending[n]
+
+    def stop(self) -> None:
+        """Stop every worker: the trainer first (it checkpoints what it trained), then
+        the others; then the transferqueue."""
+        self._stop_workers(lambda n: n.startswith("trainer-"), timeout=60.0)
+        self._stop_workers(lambda n: n != "transferqueue")
+        self._stop_workers(lambda n: True)
+
+    def purge_storage(self) -> None:
+        """Delete this job's keys from its Redis units (a table nobody will read)."""
+        if not self.redis:
+            return
+        from .transferqueue.storage.redis_unit import RedisUnit
+
+        for url in self.redis:
+            unit = RedisUnit(url, job=self.job_name,
+                             password=os.environ.get("RLJOB_TQ_PASSWORD") or None)
+            try:
+                unit.purge()
+            finally:
+                unit.close()
 
     def metrics(self) -> list[dict]:
         return read_metrics(self.run_dir)
 
 
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The per-step lines of RUN_DIR/metrics.jsonl (none yet: [])."""
+    """The per-step lines of RUN_DIR/metrics.jsonl (none yet: []).
+
+    A trainer gang that restarted from a checkpoint trains the steps after it
+    again: the last line of a step is the one its weights came from."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            m = json.loads(line)
+            by_step[m["step"]] = m
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def write_plots(run_dir: Path) -> dict:

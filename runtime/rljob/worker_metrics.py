@@ -15,6 +15,8 @@ class WorkerMetrics:
         self.samples = one(Counter, "rljob_samples",
                            "Samples generated (rollout) or trained (trainer)")
         self.tokens = one(Counter, "rljob_tokens", "Response tokens generated or trained")
+        self.dropped = one(Counter, "rljob_samples_dropped",
+                           "Generated samples refused because their lease had expired")
         self.version = one(Gauge, "rljob_weights_version", "Weights version held")
         self.step = one(Gauge, "rljob_step", "Last step released (driver) or trained (trainer)")
         self.reward = one(Gauge, "rljob_reward_mean", "Mean reward of the last step")

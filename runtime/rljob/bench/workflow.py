@@ -61,10 +61,7 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     run = LocalRun(job, root / mode)
     run.start()
     try:
-        while not run.trainer_done():
-            err = run.failed()
-            if err:
-                raise RuntimeError(err)
+        while not run.supervise():
             time.sleep(0.2)
     finally:
         run.stop()

@@ -26,6 +26,7 @@ from ..reward import get_reward, score_all
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..workflow.tasks import ROLLOUT_READS, TASKS
@@ -61,6 +62,9 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     receiver.start_background(engine)
     tq = TransferQueueClient(tq_address)
     tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
+    back = tq.release_consumer()  # rows an earlier life of this replica was generating
+    if back:
+        log.info("gave back %d rows an earlier %s held", back, name)
     keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
     # claim about one trainer micro-batch at a time, so samples stream to the
@@ -73,22 +77,37 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
 
     def claim() -> tuple[Batch, int]:
         """The next groups, and (weightSync sync) the newest version published then."""
-        batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
-                             wait=0.5, min_count=g)
+        try:
+            batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
+                                 wait=0.5, min_count=g)
+        except TransferQueueError as exc:
+            if not exc.unavailable:
+                raise
+            log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
+            stop.wait(0.5)  # it restarts: the session reconnects by itself
+            return Batch("rollout", "", []), -1
         if batch.rows:
             keeper.hold(batch)  # generation may outlast the lease
         return batch, (receiver.latest() if batch.rows and wait_weights else -1)
 
     def write(batch: Batch, flat: list, scored: list, version: int, done: float) -> None:
-        tq.write(batch.indices, {
-            "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
-            "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
-            "reward": [s.score for s in scored],
-            "reward_error": [s.error for s in scored],
-            "finished_at": [done] * len(flat),
-        }, versions=[version] * len(flat), length_column="response_ids")
+        """Publish a generated batch under its lease (fenced), then ack it. A lease that
+        expired meanwhile (this replica was paused or cut off) has given the rows to
+        another replica: the controller refuses the write and the work is dropped."""
         keeper.drop(batch)
-        tq.ack(batch, wait=False)
+        try:
+            tq.write(batch.indices, {
+                "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
+                "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
+                "reward": [s.score for s in scored],
+                "reward_error": [s.error for s in scored],
+                "finished_at": [done] * len(flat),
+            }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
+            tq.ack(batch)
+        except TransferQueueError as exc:
+            log.warning("dropped %d generated samples of step %d: %s", len(flat),
+                        batch.rows[0].partition, exc)
+            metrics.dropped.inc(len(flat))
 
     # the I/O of a generation overlaps the next one: one claim is in flight while
     # a group generates, and its results are written while the next generates

@@ -17,6 +17,7 @@ sampling (the behaviour policy itself, no second forward).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ from ..models import load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
+from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..weights import WeightSender
 from ..workflow.tasks import TASKS, TRAIN_READS
@@ -61,6 +63,10 @@ class Sample:
     advantage: float = 0.0
 
 
+class Stopped(Exception):
+    """SIGTERM arrived mid-step: the step is abandoned, its rows go back."""
+
+
 class StepSource:
     """Rank 0's view of a step: samples in slot order, micro-batch by micro-batch.
 
@@ -70,8 +76,11 @@ class StepSource:
     and micro-batch j is handed out once slots [j·mb, (j+1)·mb) have all
     arrived."""
 
-    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper):
+    def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
+                 stop: threading.Event | None = None):
         self.spec, self.tq, self.step = spec, tq, step
+        self.stopping = stop or threading.Event()
+        self.rows_claimed = 0
         self.keeper = keeper  # keeps the step's leases alive until it is trained
         self.n = spec.algorithm.samples_per_step
         self.mb = spec.algorithm.micro_batch_size
@@ -103,8 +112,15 @@ class StepSource:
                 self._arrived.notify_all()
 
     def _claim(self, count: int, min_count: int) -> None:
-        batch = self.tq.claim_get("train", count, TRAIN_READS, policy="group",
-                                  partition=self.step, wait=1.0, min_count=min_count)
+        try:
+            batch = self.tq.claim_get("train", count, TRAIN_READS, policy="group",
+                                      partition=self.step, wait=1.0, min_count=min_count)
+        except TransferQueueError as exc:
+            if not exc.unavailable:
+                raise
+            log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
+            self._stop.wait(0.5)  # it restarts: the session reconnects by itself
+            return
         if not batch.rows:
             return
         self.keeper.hold(batch)
@@ -116,6 +132,7 @@ class StepSource:
                    for i, row in enumerate(batch.rows)]
         with self._arrived:
             self.leases.append(batch)
+            self.rows_claimed += len(batch.rows)
             for s in samples:
                 self.buffer[s.slot] = s
             self._arrived.notify_all()
@@ -128,7 +145,9 @@ class StepSource:
             while not all(s in self.buffer for s in want):
                 if self._error is not None:
                     raise self._error
-                self._arrived.wait(1.0)
+                if self.stopping.is_set():
+                    raise Stopped
+                self._arrived.wait(0.2)
         self.next_slot += self.mb
         chunk = [self.buffer[s] for s in want]
         # claims bring whole groups, so each sample's group is complete in the buffer
@@ -153,6 +172,15 @@ class StepSource:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def give_back(self) -> None:
+        """An abandoned step: its rows go back to the queue at once."""
+        for batch in self.take_leases():
+            self.keeper.drop(batch)
+            try:
+                self.tq.release(batch)
+            except TransferQueueError as exc:  # its lease expires instead
+                log.warning("could not release a batch of step %d: %s", self.step, exc)
 
 
 def warm_up(policy, tok, spec: RLJobSpec) -> float:
@@ -187,8 +215,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     # the weight service and TransferQueue threads answer while the main thread
     # computes: hand the GIL over sooner than the default 5 ms
     sys.setswitchinterval(0.0005)
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
+    stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     device = resolve_device(spec.accelerator.type, local_rank)
     torch_device = activate(device)
     if world > 1 or spec.trainer.engine == "megatron":
@@ -205,8 +233,10 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     ref_state = None
     opt_state = None
     if resume and ckpt_dir and ckpt_dir.exists():
-        latest = max(ckpt_dir.glob("step-*"), key=lambda p: int(p.name.split("-")[1]),
-                     default=None)
+        # a checkpoint cut short by a kill has only its .partial file: skip it
+        latest = max((p for p in ckpt_dir.glob("step-*")
+                      if (p / policy.checkpoint_name()).exists()),
+                     key=lambda p: int(p.name.split("-")[1]), default=None)
         if latest is not None:
             ck = torch.load(latest / policy.checkpoint_name(), weights_only=True,
                             map_location=torch_device)
@@ -229,28 +259,45 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         sender.publish(start, state)
         tq = TransferQueueClient(tq_address)
         tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
+        back = tq.release_consumer()  # what an earlier life of this rank held
+        if back:
+            log.info("gave back %d rows an earlier trainer held", back)
         keeper = LeaseKeeper(tq)
-    metrics_file = (open(Path(run_dir) / "metrics.jsonl", "a") if run_dir and rank == 0
-                    else None)
+    metrics_file = None
+    if run_dir and rank == 0:
+        path = Path(run_dir) / "metrics.jsonl"
+        if path.exists():  # steps after the checkpoint are trained again: their lines go
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start]
+            path.write_text("".join(line + "\n" for line in kept))
+        metrics_file = open(path, "a")
+    checkpointed = start
     uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
     algo = spec.algorithm
     n, mb = algo.samples_per_step, algo.micro_batch_size
     micro_batches = n // mb
     source = None
+    version = start
+    finished = False
     try:
         for t in range(start, steps):
-            if stop["now"]:
+            if stop.is_set():
                 break
-            source = StepSource(spec, tq, t, keeper) if rank == 0 else None
+            source = StepSource(spec, tq, t, keeper, stop) if rank == 0 else None
             step_samples: list[Sample] = []
             train_time = 0.0
             sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
             t_wall = time.time()
             opt.zero_grad()
             for j in range(micro_batches):
-                chunk = source.next_micro_batch() if rank == 0 else None
+                try:
+                    chunk = source.next_micro_batch() if rank == 0 else None
+                except Stopped:
+                    chunk = "stop"
                 if world > 1:
                     chunk = broadcast_object(chunk)
+                if chunk == "stop":
+                    break
                 t0 = time.time()
                 step_samples += chunk
                 shard = chunk[policy.data_rank::policy.data_world]
@@ -261,6 +308,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 t1 = time.time()
                 train_time += t1 - t0
                 spans.add("train", t0, t1, t)
+            if len(step_samples) < n:  # stopped mid-step: nothing of it is applied
+                if source is not None:
+                    source.give_back()
+                opt.zero_grad()
+                break
             t0 = time.time()
             opt.step()
             spans.add("optimizer", t0, time.time(), t)
@@ -274,6 +326,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 with spans.span("weight-sync", t):
                     sender.publish(version, state)
                 m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
+                m["rows_claimed"] = source.rows_claimed
                 tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
                                   train_seconds=m["train_seconds"],
                                   staleness_mean=m["staleness_mean"],
@@ -294,16 +347,15 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     metrics_file.flush()
             every = spec.trainer.checkpoint_every
             if version % every == 0 or version == steps:
-                if ckpt_dir and policy.saves_checkpoint(rank):
-                    _checkpoint(ckpt_dir, version, policy, opt)
-                if world > 1:
-                    dist.barrier()  # every shard is on disk before the rows are acked
-                if rank == 0:
-                    for batch in uncommitted:  # consumed for good now
-                        keeper.drop(batch)
-                        tq.ack(batch, wait=False)
-                    uncommitted = []
-        if run_dir:
+                _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted)
+                uncommitted, checkpointed = [], version
+        finished = version == steps
+        if not finished and version > checkpointed:
+            # asked to stop: keep what was trained since the last checkpoint
+            _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted)
+            uncommitted, checkpointed = [], version
+            log.info("stopped after step %d: checkpointed", version)
+        if run_dir and finished:
             policy.save_pretrained(Path(run_dir) / "final", tok)  # collective
     finally:
         if source is not None:
@@ -325,6 +377,53 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         spans.close()
         if world > 1:
             dist.destroy_process_group()
+
+
+def _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, batches) -> None:
+    """Checkpoint `version`, then ack the rows it holds: they are consumed for good."""
+    if ckpt_dir and policy.saves_checkpoint(rank):
+        _checkpoint(ckpt_dir, version, policy, opt)
+    if world > 1:
+        dist.barrier()  # every shard is on disk before the rows are acked
+    if rank != 0:
+        return
+    for batch in batches:
+        keeper.drop(batch)
+        _ack_trained(tq, batch)
+
+
+def _ack_trained(tq: TransferQueueClient, batch) -> None:
+    """Ack rows a checkpoint now holds, riding out a controller restart. A lease that
+    expired meanwhile (this process was paused) gave its rows back to `train`: they
+    are in the checkpoint, so they are claimed again and acked, never retrained."""
+    retried = False
+    while True:
+        try:
+            tq.ack(batch)
+            return
+        except TransferQueueError as exc:
+            if exc.unavailable:
+                retried = True
+                time.sleep(0.5)
+                continue
+            if retried and "not held" in exc.message:
+                return  # the ack before the controller restarted went through
+            if "not held" not in exc.message:
+                raise
+        step = batch.rows[0].partition
+        want = set(batch.indices)
+        log.warning("the lease of %d trained rows of step %d expired: acking them again",
+                    len(want), step)
+        deadline = time.monotonic() + 60
+        while want and time.monotonic() < deadline:
+            again = tq.claim("train", 1 << 14, partition=step, wait=1.0, min_count=1)
+            mine = [i for i in again.indices if i in want]
+            if mine:
+                tq.ack(again, mine)
+                want -= set(mine)
+            if len(mine) < len(again.indices):
+                tq.release(again)  # rows of another batch of the step
+        return
 
 
 def _micro_step(policy, shard, t, tok, spec, last):
@@ -357,6 +456,15 @@ def _micro_step(policy, shard, t, tok, spec, last):
             "clip": parts.clip_frac}
 
 
+def prompts_digest(prompt_ids_in_slot_order) -> str:
+    """What a step trained on, as one hash: equal steps of two runs trained the same prompts."""
+    h = hashlib.sha1()
+    for ids in prompt_ids_in_slot_order:
+        h.update(np.asarray(ids, np.int32).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
 def _step_metrics(t, samples, train_time, wall, sums) -> dict:
     versions = [t - s.version for s in samples]
     gen_seconds = max(s.finished_at for s in samples) - min(s.released_at for s in samples)
@@ -376,6 +484,7 @@ def _step_metrics(t, samples, train_time, wall, sums) -> dict:
         "tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else 0.0,
         "samples_per_second": len(samples) / wall if wall > 0 else 0.0,
         "response_length": tokens / len(samples),
+        "prompts": prompts_digest(s.prompt_ids for s in sorted(samples, key=lambda s: s.slot)),
         **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
     }
 

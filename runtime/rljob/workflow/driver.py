@@ -3,7 +3,6 @@ allows, and the researcher-facing API of AsyncFlow §5.1 on one class."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 from ..api.spec import RLJobSpec
 from ..data import PromptCursor, load_examples, render_prompt
 from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
 from .tasks import TASKS, release_allowed, version_needed
 
@@ -93,31 +93,55 @@ class Workflow:
                                step, status.version, [r.version for r in status.replicas])
 
 
+def _released(tq: TransferQueueClient) -> int:
+    """Steps whose prompts are in the table already (partitions are steps)."""
+    while True:
+        try:
+            return tq.stats().next_partition
+        except TransferQueueError as exc:
+            if not exc.unavailable:
+                raise
+            time.sleep(0.5)
+
+
+def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> None:
+    """Release a step exactly once, through a controller restart: if the answer was
+    lost, the table says whether the rows were created."""
+    while True:
+        try:
+            flow.put_prepared(step, prepared)
+            return
+        except TransferQueueError as exc:
+            if not exc.unavailable:
+                raise
+            log.warning("releasing step %d: %s; checking the table", step, exc.code.name)
+        if _released(tq) > step:
+            return
+
+
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
-               run_dir: Path | None, start_step: int = 0, cursor_state: dict | None = None,
-               max_steps: int | None = None, poll: float = 0.01,
-               metrics_port: int | None = None) -> None:
+               run_dir: Path | None, start_step: int = 0, max_steps: int | None = None,
+               poll: float = 0.01, metrics_port: int | None = None) -> None:
+    """Release steps from `start_step`, or from the first step the table has not seen
+    (a restarted driver); the dataset cursor of a step follows from its number."""
     from ..worker_metrics import WorkerMetrics
 
     prom = WorkerMetrics("driver", metrics_port)
     examples = load_examples(spec.dataset)
-    cursor = PromptCursor(examples, spec.algorithm.seed, **(cursor_state or {}))
     tq = TransferQueueClient(tq_address)
     weights = WeightClient(weights_address)
     flow = Workflow(spec, tq, weights, tokenizer)
     flow.init_engines()
     steps = max_steps or spec.algorithm.max_steps
-    state_file = run_dir / "driver-state.json" if run_dir else None
-    history: dict[str, dict] = {}
-    if state_file and state_file.exists():
-        history = json.loads(state_file.read_text())
+    start_step = max(start_step, _released(tq))
+    if start_step:
+        log.info("releasing from step %d", start_step)
+    batch = spec.algorithm.global_batch_size
+    cursor = PromptCursor.at_step(examples, spec.algorithm.seed, start_step, batch)
     for step in range(start_step, steps):
         # everything but the put happens before the release is allowed, so the
         # rollouts get the prompts as soon as the weights are everywhere
-        history[str(step)] = cursor.state()  # where step `step` starts: resume from here
-        if state_file:
-            state_file.write_text(json.dumps(history))
-        prepared = flow.prepare_prompts(cursor.take(spec.algorithm.global_batch_size))
+        prepared = flow.prepare_prompts(cursor.take(batch))
         while True:
             try:
                 if flow.may_release(step, wait=5.0):
@@ -127,7 +151,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
                 time.sleep(1.0)
                 continue
             time.sleep(poll)
-        flow.put_prepared(step, prepared)
+        _put_once(flow, tq, step, prepared)
         prom.step.set(step)
         log.info("released step %d", step)
     # stay until the trainer has published the last version: the job is not over
