@@ -5,18 +5,15 @@ Short runs of the quickstart job (a 20-step warm-up instead of 200)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rljob.api import RLJob
-from rljob.local import LocalRun, write_plots
+from rljob.local import write_plots
 
 REPO = Path(__file__).resolve().parents[2]
 
