@@ -21,6 +21,7 @@ import yaml
 from rljob.api import RLJob
 from rljob.data import PromptCursor, load_examples
 from rljob.models import load_tokenizer
+from rljob.transferqueue import TransferQueueClient
 from rljob.trainer.worker import prompts_digest
 from rljob.workflow.driver import Workflow
 from tests.integration.conftest import PASSWORD, RedisServer
@@ -213,10 +214,22 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     run = Run(make_job(tmp_path, "pause"), tmp_path / "run")
     run.wait_step(2)
     victim = run.worker("rollout-0")
+    # stop it while it holds rows under lease (not between two claims)
+    cmd = Path(f"/proc/{run.worker('transferqueue')}/cmdline").read_bytes().split(b"\0")
+    address = cmd[cmd.index(b"--listen") + 1].decode()
+    tq = TransferQueueClient(address, PASSWORD)
+    deadline = time.monotonic() + 60
+    while not any(c.consumer == "rollout-0" and c.claimed for c in tq.stats().consumers):
+        assert time.monotonic() < deadline, "rollout-0 never held a claim"
+        time.sleep(0.02)
     os.kill(victim, signal.SIGSTOP)
+    tq.close()
     time.sleep(3 * 3)  # three lease terms: its rows went to rollout-1
     os.kill(victim, signal.SIGCONT)
     check(run, k=1)
     log = (run.run_dir / "logs" / "rollout-0.log").read_text()
-    assert "dropped" in log and "is not held" in log, log[-2000:]
+    # refused either by its lease (expired, rows given to rollout-1) or because the rows
+    # were already trained and cleared by the time it woke up
+    assert "dropped" in log, log[-2000:]
+    assert "is not held" in log or "no longer in the table" in log, log[-2000:]
     assert "rollout-0 exited" not in run.events()  # it dropped the work and went on

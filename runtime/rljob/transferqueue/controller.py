@@ -836,6 +836,10 @@ class Controller:
         """Whether cells of `index` may be stored: a row, or an index reserved for one."""
         return index in self.rows or index in self._reserved
 
+    def cleared(self, index: int) -> bool:
+        """Whether `index` was a row once and is gone (consumed and cleared, or discarded)."""
+        return 0 <= index < self._next_index and not self.writable(index)
+
     def refused_cells(self, indices: list[int], columns: list[str], tag: str, create: bool
                       ) -> Cleared | None:
         """Cells a refused write may have left in storage, if no accepted write owns them."""

@@ -454,9 +454,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def Put(self, request, context):
         try:
             unit = self._memory_unit(request.unit)
-            unknown = [c.index for c in request.cells if not self.controller.writable(c.index)]
+            unknown = sorted({c.index for c in request.cells
+                              if not self.controller.writable(c.index)})
+            gone = [i for i in unknown if self.controller.cleared(i)]
+            if gone:
+                raise TQError(f"rows {gone[:5]} are no longer in the table (consumed and "
+                              "cleared, or discarded): their cells are refused")
             if unknown:
-                raise TQError(f"rows {sorted(set(unknown))[:5]} were never created nor reserved: "
+                raise TQError(f"rows {unknown[:5]} were never created nor reserved: "
                               "reserve indices (or allocate rows) before writing cells")
             unit.put([(c.index, c.column, c.data) for c in request.cells])
         except (TQError, ValueError) as exc:
