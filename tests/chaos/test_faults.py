@@ -155,7 +155,7 @@ def redis_unit(tmp_path):
     server.stop()
 
 
-@pytest.mark.parametrize("victim", ["rollout-0", "driver"])
+@pytest.mark.parametrize("victim", ["rollout-0", "driver", "trainer-0"])
 def test_a_killed_worker_is_restarted_and_the_job_finishes(tmp_path, victim):
     run = Run(make_job(tmp_path, f"kill-{victim.split('-')[0]}"), tmp_path / "run")
     run.wait_step(3)

@@ -160,6 +160,37 @@ def test_a_replica_keeps_receiving_across_a_trainer_restart():
         receiver.stop()
 
 
+def test_a_restored_trainer_takes_the_replicas_back_to_its_checkpoint():
+    """A trainer restored from the checkpoint of version 1 publishes version 1 under a
+    new epoch while the replica holds version 3 of the dead life: the replica takes
+    version 1 at once (no waiting for a version 4), and until it has, the new sender
+    counts it as holding nothing."""
+    port = free_port()
+    first = WeightSender(f"127.0.0.1:{port}", epoch=11)
+    first.publish(3, weights(3))
+    engine = Engine()
+    receiver = WeightReceiver(f"127.0.0.1:{port}", "rollout-0", mode="async")
+    receiver.load_latest(engine)
+    assert (receiver.version, receiver.epoch) == (3, 11)
+    first.stop(grace=0)
+    second = WeightSender(f"127.0.0.1:{port}", epoch=12)
+    client = WeightClient(f"127.0.0.1:{port}")
+    try:
+        client.report("rollout-0", 3, 11)  # what the replica says before it swaps
+        assert [r.version for r in second._fresh(10)] == [-1]
+        second.publish(1, weights(1))
+        receiver.start_background(engine, heartbeat=0.5)
+        receiver.wait_version(1, timeout=30, epoch=12)
+        assert (engine.version, receiver.epoch) == (1, 12)
+        assert_same(engine.state, weights(1))
+        assert second.wait_replicas(1, timeout=10)
+        assert receiver.latest() == (1, 12)
+    finally:
+        client.close()
+        receiver.stop()
+        second.stop(grace=0)
+
+
 class FlakySender(WeightSender):
     """Refuses replica reports until told otherwise (an overloaded or restarting
     trainer answers some calls and not others)."""

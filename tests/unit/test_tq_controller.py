@@ -196,3 +196,50 @@ def test_consumer_stats_show_who_holds_rows():
     clock.t += 11  # an expired lease no longer counts
     c.expire()
     assert c.consumer_stats() == []
+
+
+def _state(c):
+    """What a client can observe of a controller: rows, leases, ready sets."""
+    return ({i: (sorted(r.written), sorted(r.acked), dict(r.leased), r.version)
+             for i, r in c.rows.items()},
+            {n: ({k: sorted(le.rows) for k, le in s.leases.items()}, s.n_ready, s.claimed,
+                 s.acked, s.stale_regenerated) for n, s in c.tasks.items()})
+
+
+def test_a_consumer_refuses_part_of_its_lease_for_regeneration():
+    c, _ = make()
+    c.allocate(0, 4, group_size=2)
+    c.notify_written([0, 1, 2, 3], ["prompt"])
+    made = claim(c, "rollout", 4)
+    c.notify_written([0, 1, 2, 3], ["resp", "reward", "advantage"], versions=[3] * 4)
+    c.ack("rollout", made.lease)
+    got = claim(c, "train", 4)
+    with pytest.raises(TQError, match="not in lease"):
+        c.regenerate("train", got.lease, [0, 7], "rollout")
+    assert c.regenerate("train", got.lease, [2, 3], "rollout") == 2
+    assert c.rows[2].written == {"prompt"} and "train" not in c.rows[2].leased
+    assert [r.index for r in claim(c, "rollout", 4, min_count=1).rows] == [2, 3]
+    acked, _ = c.ack("train", got.lease)
+    assert acked == 2  # the rest of the lease is still held and acks as usual
+    assert c.tasks["train"].stale_regenerated == 2
+
+
+def test_replaying_the_journal_rebuilds_the_same_state():
+    c, clock = make()
+    c.allocate(0, 4, group_size=2)
+    c.notify_written([0, 1, 2, 3], ["prompt"])
+    r = claim(c, "rollout", 4)
+    c.notify_written([0, 1, 2, 3], ["resp", "reward"], versions=[1] * 4, lengths=[2, 3, 4, 5])
+    c.ack("rollout", r.lease)
+    c.notify_written([0, 1, 2, 3], ["advantage"])
+    t = claim(c, "train", 4)
+    c.regenerate("train", t.lease, [0, 1], "rollout")
+    clock.t = 100.0
+    c.expire()  # the train lease of rows 2, 3 expired
+    records = c.drain()
+    again = Controller(2, 10.0, Clock())
+    again.replay(records)
+    assert _state(again) == _state(c)
+    compacted = Controller(2, 10.0, Clock())
+    compacted.replay(c.snapshot())
+    assert _state(compacted)[0] == _state(c)[0]

@@ -76,8 +76,9 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"
 
-    def claim() -> tuple[Batch, int]:
-        """The next groups, and (weightSync sync) the newest version published then."""
+    def claim() -> tuple[Batch, tuple[int, int]]:
+        """The next groups, and (weightSync sync) the newest (version, epoch) published
+        then."""
         try:
             batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
                                  wait=0.5, min_count=g)
@@ -86,12 +87,13 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 raise
             log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
             stop.wait(0.5)  # it restarts: the session reconnects by itself
-            return Batch("rollout", "", []), -1
+            return Batch("rollout", "", []), (-1, 0)
         if batch.rows:
             keeper.hold(batch)  # generation may outlast the lease
-        return batch, (receiver.latest() if batch.rows and wait_weights else -1)
+        return batch, (receiver.latest() if batch.rows and wait_weights else (-1, 0))
 
-    def write(batch: Batch, flat: list, scored: list, version: int, done: float) -> None:
+    def write(batch: Batch, flat: list, scored: list, version: int, epoch: int,
+              done: float) -> None:
         """Publish a generated batch under its lease (fenced), then ack it. A lease that
         expired meanwhile (this replica was paused or cut off) has given the rows to
         another replica: the controller refuses the write and the work is dropped."""
@@ -103,6 +105,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 "reward": [s.score for s in scored],
                 "reward_error": [s.error for s in scored],
                 "finished_at": [done] * len(flat),
+                "weights_epoch": [epoch] * len(flat),
             }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
             tq.ack(batch)
         except (TransferQueueError, grpc.RpcError) as exc:  # RpcError: a memory unit's Put
@@ -127,7 +130,8 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
             if not batch.rows:
                 continue
             if wait_weights:
-                receiver.wait_version(latest)  # generation waits for the newest weights
+                # generation waits for the newest weights
+                receiver.wait_version(latest[0], epoch=latest[1])
             step = batch.rows[0].partition
             firsts = list(range(0, len(batch.rows), g))
             t0 = time.time()
@@ -135,7 +139,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
             # replica draws them or what else is in its batch
             flat = []
             with receiver.lock:  # weights swap between generations, never during one
-                version = engine.version
+                version, epoch = engine.version, receiver.epoch
                 for i in firsts:
                     seed = _seed(spec, step, batch.data["slot"][i] // g)
                     flat += engine.generate([batch.data["prompt_ids"][i].tolist()],
@@ -146,7 +150,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
             spans.add("generate", t0, done, step)
             if written is not None:
                 written.result()  # one write in flight at most; a refusal surfaces here
-            written = io.submit(write, batch, flat, scored, version, done)
+            written = io.submit(write, batch, flat, scored, version, epoch, done)
             metrics.samples.inc(len(flat))
             metrics.tokens.inc(sum(len(x.response_ids) for x in flat))
             errors = [s.error for s in scored if s.error]

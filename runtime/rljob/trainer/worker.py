@@ -38,12 +38,13 @@ from ..device import activate, resolve as resolve_device
 from ..models import load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
-from ..transferqueue import TransferQueueClient
+from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
-from ..weights import WeightSender
+from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import TASKS, TRAIN_READS
 from .algorithms import grpo_loss, group_advantages, make_batch
+from .lineage import Lineage
 from .policy import make_policy
 
 log = logging.getLogger("rljob.trainer")
@@ -60,6 +61,7 @@ class Sample:
     reward: float
     released_at: float
     finished_at: float
+    epoch: int = 0
     advantage: float = 0.0
 
 
@@ -74,13 +76,16 @@ class StepSource:
     claim round trip sits between two micro-steps. sync: it waits for the whole
     step at once. periodic/async: it claims whole groups as they become ready,
     and micro-batch j is handed out once slots [j·mb, (j+1)·mb) have all
-    arrived."""
+    arrived. Groups made by weights outside the trainer's lineage or the
+    staleness bound (after a trainer restart) are sent back to the rollouts."""
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, lineage: Lineage | None = None):
         self.spec, self.tq, self.step = spec, tq, step
+        self.lineage = lineage
         self.stopping = stop or threading.Event()
         self.rows_claimed = 0
+        self.rows_regenerated = 0
         self.keeper = keeper  # keeps the step's leases alive until it is trained
         self.n = spec.algorithm.samples_per_step
         self.mb = spec.algorithm.micro_batch_size
@@ -123,19 +128,43 @@ class StepSource:
             return
         if not batch.rows:
             return
-        self.keeper.hold(batch)
         d = batch.data
         samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
                           d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
                           float(d["reward"][i]),
-                          float(d["released_at"][i]), float(d["finished_at"][i]))
+                          float(d["released_at"][i]), float(d["finished_at"][i]),
+                          int(d["weights_epoch"][i]))
                    for i, row in enumerate(batch.rows)]
+        batch, samples = self._refuse_foreign(batch, samples)
+        if not batch.rows:
+            return
+        self.keeper.hold(batch)
         with self._arrived:
             self.leases.append(batch)
             self.rows_claimed += len(batch.rows)
             for s in samples:
                 self.buffer[s.slot] = s
             self._arrived.notify_all()
+
+    def _refuse_foreign(self, batch, samples: list[Sample]):
+        """Send back the groups this trainer may not train at this step; keep the rest."""
+        if self.lineage is None:
+            return batch, samples
+        bound = self.spec.workflow.staleness_bound
+        bad = {s.group for s in samples
+               if not self.lineage.accepts(s.epoch, s.version, self.step, bound)}
+        if not bad:
+            return batch, samples
+        refused = [row.index for row in batch.rows if row.group in bad]
+        versions = sorted({(s.epoch, s.version) for s in samples if s.group in bad})
+        log.warning("step %d: %d samples were made by weights %s that this trainer does not "
+                    "descend from or that are too stale: the rollouts make them again",
+                    self.step + 1, len(refused), [v for _, v in versions])
+        self.tq.regenerate(batch, refused, "rollout")
+        self.rows_regenerated += len(refused)
+        rows = [row for row in batch.rows if row.group not in bad]
+        return (Batch(batch.task, batch.lease, rows, {}, batch.lease_seconds),
+                [s for s in samples if s.group not in bad])
 
     def next_micro_batch(self) -> list[Sample] | None:
         if self.next_slot >= self.n:
@@ -232,6 +261,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     start = 0
     ref_state = None
     opt_state = None
+    recorded = None
     if resume and ckpt_dir and ckpt_dir.exists():
         # a checkpoint cut short by a kill has only its .partial file: skip it
         latest = max((p for p in ckpt_dir.glob("step-*")
@@ -242,7 +272,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                             map_location=torch_device)
             ref_state = policy.load_checkpoint(ck)
             opt_state, start = ck["optimizer"], ck["step"]
-    sender = WeightSender(weights_listen) if rank == 0 else None
+            recorded = ck.get("lineage")
+    # this life's epoch: samples of weights a dead life published after `start` are
+    # not in its history and are made again
+    lineage = Lineage.restored(new_epoch(), recorded)
+    sender = WeightSender(weights_listen, lineage.epoch) if rank == 0 else None
     if start == 0 and ref_state is None:
         with spans.span("train", -1):
             warm_loss = warm_up(policy, tok, spec)
@@ -283,7 +317,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         for t in range(start, steps):
             if stop.is_set():
                 break
-            source = StepSource(spec, tq, t, keeper, stop) if rank == 0 else None
+            source = StepSource(spec, tq, t, keeper, stop, lineage) if rank == 0 else None
             step_samples: list[Sample] = []
             train_time = 0.0
             sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
@@ -327,6 +361,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     sender.publish(version, state)
                 m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
                 m["rows_claimed"] = source.rows_claimed
+                m["rows_regenerated"] = source.rows_regenerated
                 tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
                                   train_seconds=m["train_seconds"],
                                   staleness_mean=m["staleness_mean"],
@@ -347,12 +382,14 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     metrics_file.flush()
             every = spec.trainer.checkpoint_every
             if version % every == 0 or version == steps:
-                _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted)
+                _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
+                        lineage)
                 uncommitted, checkpointed = [], version
         finished = version == steps
         if not finished and version > checkpointed:
             # asked to stop: keep what was trained since the last checkpoint
-            _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted)
+            _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
+                    lineage)
             uncommitted, checkpointed = [], version
             log.info("stopped after step %d: checkpointed", version)
         if run_dir and finished:
@@ -379,10 +416,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             dist.destroy_process_group()
 
 
-def _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, batches) -> None:
+def _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, batches,
+            lineage: Lineage) -> None:
     """Checkpoint `version`, then ack the rows it holds: they are consumed for good."""
     if ckpt_dir and policy.saves_checkpoint(rank):
-        _checkpoint(ckpt_dir, version, policy, opt)
+        _checkpoint(ckpt_dir, version, policy, opt, lineage)
     if world > 1:
         dist.barrier()  # every shard is on disk before the rows are acked
     if rank != 0:
@@ -489,11 +527,11 @@ def _step_metrics(t, samples, train_time, wall, sums) -> dict:
     }
 
 
-def _checkpoint(ckpt_dir: Path, version: int, policy, opt) -> None:
+def _checkpoint(ckpt_dir: Path, version: int, policy, opt, lineage: Lineage) -> None:
     path = ckpt_dir / f"step-{version}"
     path.mkdir(parents=True, exist_ok=True)
     name = policy.checkpoint_name()
     tmp = path / f"{name}.partial"
-    torch.save({**policy.checkpoint_state(), "optimizer": opt.state_dict(), "step": version},
-               tmp)
+    torch.save({**policy.checkpoint_state(), "optimizer": opt.state_dict(), "step": version,
+                "lineage": lineage.at(version)}, tmp)
     tmp.rename(path / name)

@@ -383,6 +383,12 @@ class TransferQueueClient:
         return self._session.call("release", pb.ReleaseRequest(
             task=batch.task, lease=batch.lease)).released
 
+    def regenerate(self, batch: Batch, indices: list[int], producer: str) -> int:
+        """Refuse rows of a claimed batch: they leave its lease and `producer` makes
+        them again (the rest of the batch stays held)."""
+        return self._call(self._stub.Regenerate, pb.RegenerateRequest(
+            task=batch.task, lease=batch.lease, indices=indices, producer=producer)).released
+
     def release_consumer(self, consumer: str | None = None) -> int:
         """Give back every lease `consumer` (default: this process's name) holds,
         e.g. those of a previous life of a restarted worker."""

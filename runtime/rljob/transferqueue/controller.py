@@ -693,8 +693,30 @@ class Controller:
                 cleared.append(c)
         return cleared
 
+    def regenerate(self, task: str, lease_id: str, indices: list[int], producer: str) -> int:
+        """Take `indices` out of a lease of `task` and have `producer` make them again."""
+        lease = self._lease(task, lease_id)
+        self._task(producer)
+        foreign = sorted(set(indices) - lease.rows)
+        if foreign:
+            raise TQError(f"rows {foreign[:5]} are not in lease {lease_id!r}")
+        if not indices:
+            return 0
+        self._do({"op": "regenerate", "task": task, "producer": producer,
+                  "indices": sorted(set(indices)), "lease": lease_id})
+        return len(set(indices))
+
     def _apply_regenerate(self, rec: dict) -> None:
-        """Clear what `producer` and the tasks downstream of it wrote for the rows."""
+        """Clear what `producer` and the tasks downstream of it wrote for the rows
+        (first taking them out of the consumer's lease, when the record names one)."""
+        if rec.get("lease"):
+            state = self.tasks[rec["task"]]
+            lease = state.leases[rec["lease"]]
+            lease.rows -= set(rec["indices"])
+            if not lease.rows:
+                del state.leases[rec["lease"]]
+            for idx in rec["indices"]:
+                self.rows[idx].leased.pop(rec["task"], None)
         producer = rec["producer"]
         cleared = {c.name for c in self.tasks[producer].spec.produces}
         redo = {producer}

@@ -333,6 +333,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         await self._signal()
         return pb.ReleaseResponse(released=n)
 
+    async def _regenerate(self, request):
+        if not request.producer:
+            raise TQError("producer must name the task that makes the rows again")
+        n = self.controller.regenerate(request.task, request.lease, list(request.indices),
+                                       request.producer)
+        await self._signal()
+        return pb.ReleaseResponse(released=n)
+
     async def _extend(self, request):
         return pb.ExtendResponse(lease_seconds=self.controller.extend(request.task, request.lease))
 
@@ -381,6 +389,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     async def ReleaseConsumer(self, request, context):
         return await self._unary(self._release_consumer, request, context)
+
+    async def Regenerate(self, request, context):
+        return await self._unary(self._regenerate, request, context)
 
     async def Extend(self, request, context):
         return await self._unary(self._extend, request, context)

@@ -3,7 +3,12 @@
 The sender serves the latest published version over gRPC streaming, in
 chunks, tensors as raw buffers (no pickling). Receivers fetch a version, and
 report what they loaded, so the driver can release on-policy prompts only once
-every live replica holds the new weights. In `weightSync: async` a receiver
+every live replica holds the new weights.
+
+Every sender has an epoch (its life). A trainer restored from a checkpoint
+publishes older versions than the ones replicas hold, under a new epoch:
+receivers take the new epoch's weights at once, whatever their version, and a
+replica that still holds another epoch's weights counts as holding none. In `weightSync: async` a receiver
 fetches in the background into host memory and the engine swaps at a
 generation-iteration boundary (delayed parameter update); in `sync` the
 rollout blocks until the new weights are loaded.
@@ -12,6 +17,7 @@ rollout blocks until the new weights are loaded.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +53,11 @@ def _from_bytes(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, np.dtype(dtype)).copy()).reshape(shape)
 
 
+def new_epoch() -> int:
+    """A fresh sender life's id (positive, fits an int64)."""
+    return secrets.randbits(62) + 1
+
+
 class _Published:
     def __init__(self, version: int, tensors: list[tuple[str, str, list[int], bytes]]):
         self.version = version
@@ -57,7 +68,8 @@ class _Published:
 class WeightSender(pbg.WeightServiceServicer):
     """Serves the latest version; `publish` replaces it (readers of the old one finish)."""
 
-    def __init__(self, listen: str):
+    def __init__(self, listen: str, epoch: int | None = None):
+        self.epoch = epoch or new_epoch()
         self._latest: _Published | None = None
         self._cond = threading.Condition()
         self._closing = False
@@ -106,12 +118,15 @@ class WeightSender(pbg.WeightServiceServicer):
     # ---- RPCs ----
     def Latest(self, request, context):
         pub = self._latest
-        return pb.VersionInfo(version=pub.version if pub else -1, total_bytes=pub.total if pub else 0)
+        return pb.VersionInfo(version=pub.version if pub else -1,
+                              total_bytes=pub.total if pub else 0, epoch=self.epoch)
 
     def Fetch(self, request, context) -> Iterator[pb.WeightChunk]:
         deadline = time.monotonic() + request.wait_seconds
         with self._cond:
-            while self._latest is None or self._latest.version < request.min_version:
+            # a receiver of another life's weights takes this life's at once
+            while self._latest is None or (request.epoch in (0, self.epoch)
+                                           and self._latest.version < request.min_version):
                 if self._closing:
                     context.abort(grpc.StatusCode.UNAVAILABLE,
                                   f"the weight sender stopped at version {self.version}")
@@ -125,13 +140,15 @@ class WeightSender(pbg.WeightServiceServicer):
         for name, dtype, shape, data in pub.tensors:
             for off in range(0, max(len(data), 1), CHUNK):
                 first = off == 0
-                yield pb.WeightChunk(version=pub.version, name=name if first else "",
+                yield pb.WeightChunk(version=pub.version, epoch=self.epoch,
+                                     name=name if first else "",
                                      dtype=dtype if first else "", shape=shape if first else [],
                                      nbytes=len(data) if first else 0, data=data[off:off + CHUNK])
 
     def Report(self, request, context):
         with self._cond:
-            self._replicas[request.replica] = (request.version, time.monotonic())
+            version = request.version if request.epoch == self.epoch else -1
+            self._replicas[request.replica] = (version, time.monotonic())
             self._cond.notify_all()
         return pb.ReportAck()
 
@@ -153,7 +170,7 @@ class WeightSender(pbg.WeightServiceServicer):
                 if left <= 0:
                     break
                 self._cond.wait(min(left, 0.5))
-            return pb.StatusResponse(version=self.version,
+            return pb.StatusResponse(version=self.version, epoch=self.epoch,
                                      replicas=self._fresh(request.fresh_seconds))
 
 
@@ -163,19 +180,27 @@ class WeightClient:
     def __init__(self, address: str):
         self._channel = grpc.insecure_channel(address, options=OPTIONS)
         self._stub = pbg.WeightServiceStub(self._channel)
+        self.last_epoch = 0
 
     def latest(self) -> int:
-        return self._stub.Latest(pb.LatestRequest(), timeout=30, wait_for_ready=True).version
+        return self.latest_info().version
 
-    def fetch(self, min_version: int = 0, wait: float = 600.0) -> tuple[int, dict[str, torch.Tensor]]:
+    def latest_info(self) -> pb.VersionInfo:
+        return self._stub.Latest(pb.LatestRequest(), timeout=30, wait_for_ready=True)
+
+    def fetch(self, min_version: int = 0, wait: float = 600.0, epoch: int = 0
+              ) -> tuple[int, dict[str, torch.Tensor]]:
+        """The latest version once it is ≥ min_version, or at once if `epoch` (the one
+        the caller holds; 0: none) is not the sender's. The epoch served is in
+        `last_epoch` afterwards."""
         state: dict[str, torch.Tensor] = {}
         version = -1
         name = dtype = None
         shape: list[int] = []
         parts: list[bytes] = []
-        for chunk in self._stub.Fetch(pb.FetchRequest(min_version=min_version, wait_seconds=wait),
-                                      timeout=wait + 600, wait_for_ready=True):
-            version = chunk.version
+        request = pb.FetchRequest(min_version=min_version, wait_seconds=wait, epoch=epoch)
+        for chunk in self._stub.Fetch(request, timeout=wait + 600, wait_for_ready=True):
+            version, self.last_epoch = chunk.version, chunk.epoch
             if chunk.name:
                 if name is not None:
                     state[name] = _from_bytes(dtype, shape, b"".join(parts))
@@ -185,9 +210,9 @@ class WeightClient:
             state[name] = _from_bytes(dtype, shape, b"".join(parts))
         return version, state
 
-    def report(self, replica: str, version: int) -> None:
-        self._stub.Report(pb.ReplicaVersion(replica=replica, version=version), timeout=10,
-                          wait_for_ready=True)
+    def report(self, replica: str, version: int, epoch: int = 0) -> None:
+        self._stub.Report(pb.ReplicaVersion(replica=replica, version=version, epoch=epoch),
+                          timeout=10, wait_for_ready=True)
 
     def status(self, fresh_seconds: float = 10.0, wait_version: int | None = None,
                wait: float = 0.0) -> pb.StatusResponse:
@@ -212,6 +237,7 @@ class WeightReceiver:
         self.replica = replica
         self.mode = mode
         self.version = -1
+        self.epoch = 0  # the sender life whose weights the engine holds
         self.lock = threading.Lock()  # held by the rollout while it generates
         self.swapped = threading.Condition()
         self._stop = threading.Event()
@@ -223,21 +249,22 @@ class WeightReceiver:
         version, state = self.client.fetch(min_version, wait)
         with self.lock:
             engine.load_weights(state, version)
-            self.version = version
-        self.client.report(self.replica, version)
+            self.version, self.epoch = version, self.client.last_epoch
+        self.client.report(self.replica, version, self.epoch)
         return version
 
     def start_background(self, engine, heartbeat: float = 2.0) -> None:
         def report(version: int) -> None:
             try:
-                self.client.report(self.replica, version)
+                self.client.report(self.replica, version, self.epoch)
             except (grpc.RpcError, ValueError):  # ValueError: stop() closed the channel
                 pass  # the trainer is away (restarting): the next heartbeat says it again
 
         def run():
             while not self._stop.is_set():
                 try:
-                    version, state = self.client.fetch(self.version + 1, heartbeat)
+                    version, state = self.client.fetch(self.version + 1, heartbeat,
+                                                       self.epoch)
                 except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed
                     if self._stop.is_set():
                         return  # stop() cancelled the fetch
@@ -249,9 +276,13 @@ class WeightReceiver:
                     report(self.version)  # no new version yet: say we are alive
                     continue
                 t0 = time.time()
+                epoch = self.client.last_epoch
+                if epoch != self.epoch and self.epoch:
+                    log.info("the trainer restarted: taking version %d of its new epoch "
+                             "(held %d)", version, self.version)
                 with self.lock:  # waits for the generation in progress to finish
                     engine.load_weights(state, version)
-                    self.version = version
+                    self.version, self.epoch = version, epoch
                 self.swap_seconds.append((t0, time.time(), version))
                 with self.swapped:
                     self.swapped.notify_all()
@@ -261,19 +292,24 @@ class WeightReceiver:
         self._thread = threading.Thread(target=run, name="rljob-weight-receiver", daemon=True)
         self._thread.start()
 
-    def latest(self) -> int:
-        """The newest version the sender has published; -1 while it is unreachable
-        (a restarting trainer: generate with what we hold)."""
+    def latest(self) -> tuple[int, int]:
+        """The newest (version, epoch) the sender has published; (-1, 0) while it is
+        unreachable (a restarting trainer: generate with what we hold)."""
         try:
-            return self.client.latest()
+            info = self.client.latest_info()
+            return info.version, info.epoch
         except grpc.RpcError:
-            return -1
+            return -1, 0
 
-    def wait_version(self, version: int, timeout: float = 600.0) -> None:
-        """Block until the engine holds `version` or newer (or `timeout` s)."""
+    def holds(self, version: int, epoch: int = 0) -> bool:
+        """Whether the engine holds `version` or newer (of `epoch`, when given)."""
+        return self.version >= version and (not epoch or self.epoch == epoch)
+
+    def wait_version(self, version: int, timeout: float = 600.0, epoch: int = 0) -> None:
+        """Block until the engine holds `version` or newer of `epoch` (or `timeout` s)."""
         deadline = time.monotonic() + timeout
         with self.swapped:
-            while self.version < version and time.monotonic() < deadline:
+            while not self.holds(version, epoch) and time.monotonic() < deadline:
                 self.swapped.wait(0.5)
 
     def stop(self) -> None:

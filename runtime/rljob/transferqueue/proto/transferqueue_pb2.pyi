@@ -283,6 +283,18 @@ class ReleaseResponse(_message.Message):
     released: int
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
+class RegenerateRequest(_message.Message):
+    __slots__ = ("task", "lease", "indices", "producer")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    lease: str
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    producer: str
+    def __init__(self, task: _Optional[str] = ..., lease: _Optional[str] = ..., indices: _Optional[_Iterable[int]] = ..., producer: _Optional[str] = ...) -> None: ...
+
 class ReleaseConsumerRequest(_message.Message):
     __slots__ = ("consumer",)
     CONSUMER_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class TransferQueueControllerStub:
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.SerializeToString,
                 response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Regenerate = channel.unary_unary(
+                '/rljob.transferqueue.v1.TransferQueueController/Regenerate',
+                request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.RegenerateRequest.SerializeToString,
+                response_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
         self.Extend = channel.unary_unary(
                 '/rljob.transferqueue.v1.TransferQueueController/Extend',
                 request_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ExtendRequest.SerializeToString,
@@ -158,6 +163,12 @@ class TransferQueueControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Regenerate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Extend(self, request, context):
         """Keep a lease alive while its rows are still being worked on.
         """
@@ -231,6 +242,11 @@ def add_TransferQueueControllerServicer_to_server(servicer, server):
             'ReleaseConsumer': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseConsumer,
                     request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.FromString,
+                    response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Regenerate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Regenerate,
+                    request_deserializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.RegenerateRequest.FromString,
                     response_serializer=rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.SerializeToString,
             ),
             'Extend': grpc.unary_unary_rpc_method_handler(
@@ -496,6 +512,33 @@ class TransferQueueController:
             target,
             '/rljob.transferqueue.v1.TransferQueueController/ReleaseConsumer',
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseConsumerRequest.SerializeToString,
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Regenerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.transferqueue.v1.TransferQueueController/Regenerate',
+            rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.RegenerateRequest.SerializeToString,
             rljob_dot_transferqueue_dot_proto_dot_transferqueue__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!rljob/weights/proto/weights.proto\x12\x10rljob.weights.v1\"\x0f\n\rLatestRequest\"3\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\"9\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"h\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"2\n\x0eReplicaVersion\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x0b\n\tReportAck\"`\n\rStatusRequest\x12\x15\n\rfresh_seconds\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x14\n\x0cwait_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"U\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x32\n\x08replicas\x18\x02 \x03(\x0b\x32 .rljob.weights.v1.ReplicaVersion2\xb9\x02\n\rWeightService\x12H\n\x06Latest\x12\x1f.rljob.weights.v1.LatestRequest\x1a\x1d.rljob.weights.v1.VersionInfo\x12H\n\x05\x46\x65tch\x12\x1e.rljob.weights.v1.FetchRequest\x1a\x1d.rljob.weights.v1.WeightChunk0\x01\x12G\n\x06Report\x12 .rljob.weights.v1.ReplicaVersion\x1a\x1b.rljob.weights.v1.ReportAck\x12K\n\x06Status\x12\x1f.rljob.weights.v1.StatusRequest\x1a .rljob.weights.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!rljob/weights/proto/weights.proto\x12\x10rljob.weights.v1\"\x0f\n\rLatestRequest\"B\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"H\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"w\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\"A\n\x0eReplicaVersion\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x0b\n\tReportAck\"`\n\rStatusRequest\x12\x15\n\rfresh_seconds\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x14\n\x0cwait_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"d\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x32\n\x08replicas\x18\x02 \x03(\x0b\x32 .rljob.weights.v1.ReplicaVersion\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x32\xb9\x02\n\rWeightService\x12H\n\x06Latest\x12\x1f.rljob.weights.v1.LatestRequest\x1a\x1d.rljob.weights.v1.VersionInfo\x12H\n\x05\x46\x65tch\x12\x1e.rljob.weights.v1.FetchRequest\x1a\x1d.rljob.weights.v1.WeightChunk0\x01\x12G\n\x06Report\x12 .rljob.weights.v1.ReplicaVersion\x1a\x1b.rljob.weights.v1.ReportAck\x12K\n\x06Status\x12\x1f.rljob.weights.v1.StatusRequest\x1a .rljob.weights.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LATESTREQUEST']._serialized_start=55
   _globals['_LATESTREQUEST']._serialized_end=70
   _globals['_VERSIONINFO']._serialized_start=72
-  _globals['_VERSIONINFO']._serialized_end=123
-  _globals['_FETCHREQUEST']._serialized_start=125
-  _globals['_FETCHREQUEST']._serialized_end=182
-  _globals['_WEIGHTCHUNK']._serialized_start=184
-  _globals['_WEIGHTCHUNK']._serialized_end=288
-  _globals['_REPLICAVERSION']._serialized_start=290
-  _globals['_REPLICAVERSION']._serialized_end=340
-  _globals['_REPORTACK']._serialized_start=342
-  _globals['_REPORTACK']._serialized_end=353
-  _globals['_STATUSREQUEST']._serialized_start=355
-  _globals['_STATUSREQUEST']._serialized_end=451
-  _globals['_STATUSRESPONSE']._serialized_start=453
-  _globals['_STATUSRESPONSE']._serialized_end=538
-  _globals['_WEIGHTSERVICE']._serialized_start=541
-  _globals['_WEIGHTSERVICE']._serialized_end=854
+  _globals['_VERSIONINFO']._serialized_end=138
+  _globals['_FETCHREQUEST']._serialized_start=140
+  _globals['_FETCHREQUEST']._serialized_end=212
+  _globals['_WEIGHTCHUNK']._serialized_start=214
+  _globals['_WEIGHTCHUNK']._serialized_end=333
+  _globals['_REPLICAVERSION']._serialized_start=335
+  _globals['_REPLICAVERSION']._serialized_end=400
+  _globals['_REPORTACK']._serialized_start=402
+  _globals['_REPORTACK']._serialized_end=413
+  _globals['_STATUSREQUEST']._serialized_start=415
+  _globals['_STATUSREQUEST']._serialized_end=511
+  _globals['_STATUSRESPONSE']._serialized_start=513
+  _globals['_STATUSRESPONSE']._serialized_end=613
+  _globals['_WEIGHTSERVICE']._serialized_start=616
+  _globals['_WEIGHTSERVICE']._serialized_end=929
 # @@protoc_insertion_point(module_scope)

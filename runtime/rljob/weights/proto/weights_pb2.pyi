@@ -11,44 +11,52 @@ class LatestRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class VersionInfo(_message.Message):
-    __slots__ = ("version", "total_bytes")
+    __slots__ = ("version", "total_bytes", "epoch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("min_version", "wait_seconds")
+    __slots__ = ("min_version", "wait_seconds", "epoch")
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     min_version: int
     wait_seconds: float
-    def __init__(self, min_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    epoch: int
+    def __init__(self, min_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "nbytes", "data")
+    __slots__ = ("version", "name", "dtype", "shape", "nbytes", "data", "epoch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     nbytes: int
     data: bytes
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    epoch: int
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ReplicaVersion(_message.Message):
-    __slots__ = ("replica", "version")
+    __slots__ = ("replica", "version", "epoch")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     replica: str
     version: int
-    def __init__(self, replica: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, replica: _Optional[str] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class ReportAck(_message.Message):
     __slots__ = ()
@@ -67,9 +75,11 @@ class StatusRequest(_message.Message):
     def __init__(self, fresh_seconds: _Optional[float] = ..., wait: _Optional[bool] = ..., wait_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "replicas")
+    __slots__ = ("version", "replicas", "epoch")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     version: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaVersion]
-    def __init__(self, version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
