@@ -481,7 +481,7 @@ def run(
             return t
         return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
 
-    class Interrupted(Exception):
+    class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
         pass
 
     def on_signal(signum, _frame):

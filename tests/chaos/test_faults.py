@@ -233,3 +233,19 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     assert "dropped" in log, log[-2000:]
     assert "is not held" in log or "no longer in the table" in log, log[-2000:]
     assert "rollout-0 exited" not in run.events()  # it dropped the work and went on
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                      (signal.SIGHUP, 129)])
+def test_an_interrupted_run_stops_everything_checkpoints_and_resumes(tmp_path, sig, code):
+    job_file = make_job(tmp_path, f"int-{sig.name.lower()}", trainer={"checkpointEvery": 50})
+    run = Run(job_file, tmp_path / "run")
+    run.wait_step(3)
+    run.proc.send_signal(sig)
+    assert run.wait(120) == code, run.output()
+    out = run.output()
+    assert "final/" not in out and "--resume" in out, out
+    assert not worker_pids(run.name, run.run_dir)
+    # no checkpoint was due (every 50 steps): the trainer wrote one as it stopped
+    assert list((run.run_dir / "checkpoints").glob("step-*/trainer.pt"))
+    again = Run(job_file, tmp_path / "run", "--resume", str(tmp_path / "run"))
+    check(again)
