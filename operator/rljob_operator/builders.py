@@ -318,12 +318,12 @@ def build_redis_statefulset(job: RLJob) -> dict:
     name = job.metadata.name
     tq = job.spec.transfer_queue
     res = {k: v for k, v in tq.redis.resources.model_dump().items() if v is not None}
+    # the append-only file always: a redis that crashes or is OOM-killed comes back with
+    # the table and the controller's journal (in an emptyDir: the pod's life; on a PVC
+    # with persistence: the pod may be rescheduled too)
     args = ["--port", str(REDIS_PORT), "--requirepass", f"$({PASSWORD_ENV})",
-            "--protected-mode", "no", "--save", ""]
-    if tq.redis.persistence:
-        args += ["--appendonly", "yes", "--dir", "/data"]
-    else:
-        args += ["--appendonly", "no"]
+            "--protected-mode", "no", "--save", "", "--appendonly", "yes",
+            "--appendfsync", "everysec", "--dir", "/data"]
     container = {
         "name": "redis",
         "image": tq.redis.image,
@@ -338,6 +338,13 @@ def build_redis_statefulset(job: RLJob) -> dict:
                           "failureThreshold": 6},
         "resources": {"requests": dict(res), "limits": dict(res)},
         "securityContext": _restricted(),
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # the official redis image's user
+        "securityContext": _non_root_pod(999),
+        "enableServiceLinks": False,
     }
     spec: dict[str, Any] = {
         "serviceName": redis_name(name),
@@ -346,16 +353,12 @@ def build_redis_statefulset(job: RLJob) -> dict:
         "selector": {"matchLabels": selector(name, "storage")},
         "template": {
             "metadata": {"labels": labels(name, "storage")},
-            "spec": {
-                "containers": [container],
-                # the official redis image's user
-                "securityContext": _non_root_pod(999),
-                "enableServiceLinks": False,
-            },
+            "spec": pod_spec,
         },
     }
-    if tq.redis.persistence:
-        container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    if not tq.redis.persistence:
+        pod_spec["volumes"] = [{"name": "data", "emptyDir": {}}]
+    else:
         spec["volumeClaimTemplates"] = [{
             "metadata": {"name": "data", "labels": labels(name, "storage")},
             "spec": {"accessModes": ["ReadWriteOnce"],

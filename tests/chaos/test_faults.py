@@ -210,6 +210,27 @@ def test_redis_restarted_empty_restarts_the_job_from_its_checkpoint(tmp_path, re
         again.wait()
 
 
+def test_redis_with_its_append_only_file_comes_back_with_the_table(tmp_path):
+    """What the operator's StatefulSet runs: redis is SIGKILLed and restarted on its
+    append-only file; the controller finds its table and journal, no job restart."""
+    unit = RedisServer(tmp_path, appendonly=True)
+    run = Run(make_job(tmp_path, "kill-redis-aof"), tmp_path / "run", "--redis", unit.url)
+    try:
+        run.wait_step(3)
+        unit.proc.kill()
+        unit.proc.wait()
+        t = time.monotonic()
+        time.sleep(1.0)
+        unit = RedisServer(tmp_path, appendonly=True, port=unit.port)
+        print(f"\nredis-server SIGKILLed at step 3, restarted on its AOF: next step after "
+              f"{recovery(run, 3, t):.1f}s")
+        check(run)
+        assert "restarting the job" not in run.events(), run.events()
+        assert unit.client.dbsize() == 0, unit.client.keys("*")[:10]
+    finally:
+        unit.stop()
+
+
 def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     run = Run(make_job(tmp_path, "pause"), tmp_path / "run")
     run.wait_step(2)

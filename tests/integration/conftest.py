@@ -18,16 +18,20 @@ PASSWORD = "tq-test-password"
 
 
 class RedisServer:
-    def __init__(self, workdir: Path):
+    """A real redis-server; `appendonly` as the operator's StatefulSet runs it."""
+
+    def __init__(self, workdir: Path, appendonly: bool = False, port: int | None = None):
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed: run the README test command "
                                "(it installs Debian's redis-server)")
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else \
+            ["--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--requirepass", PASSWORD, "--dir", str(workdir)],
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
+             "--requirepass", PASSWORD, "--dir", str(workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self.client = redis.Redis.from_url(self.url, password=PASSWORD)
         deadline = time.monotonic() + 20

@@ -92,8 +92,15 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod_sec = dep["spec"]["template"]["spec"]["securityContext"]
     assert pod_sec["runAsNonRoot"] is True
+    sts = b.build_redis_statefulset(job)
+    redis_pod = sts["spec"]["template"]["spec"]
+    assert redis_pod["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert "volumeClaimTemplates" not in sts["spec"]
+    args = redis_pod["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"  # a redis restart keeps the table
     job.spec.transfer_queue.redis.persistence = True
     sts = b.build_redis_statefulset(job)
+    assert "volumes" not in sts["spec"]["template"]["spec"]
     claim = sts["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
     assert "--appendonly" in sts["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -290,7 +290,12 @@ class RedisSpec(ApiModel):
         default_factory=lambda: ComputeResources(cpu="1", memory="4Gi"),
         description="Requests and limits of each storage unit.",
     )
-    persistence: bool = Field(False, description="Keep each unit's data on a PVC.")
+    persistence: bool = Field(
+        False,
+        description="Keep each unit's append-only file on a PVC, so it survives the pod "
+        "being deleted or rescheduled; without, it lives in an emptyDir and survives "
+        "restarts of redis within the pod.",
+    )
     storage_size: str = Field(
         "20Gi", max_length=32, pattern=QUANTITY_PATTERN,
         description="Size of each unit's PVC when persistence is on.",

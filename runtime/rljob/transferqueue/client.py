@@ -12,11 +12,13 @@ import asyncio
 import os
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import redis
 
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
@@ -53,6 +55,19 @@ class TransferQueueError(RuntimeError):
 
 def _wrap(exc: grpc.RpcError) -> TransferQueueError:
     return TransferQueueError(exc.code(), exc.details())
+
+
+@contextmanager
+def _unit_errors(unit: int) -> Iterator[None]:
+    """A storage unit's failure as the client's error: an unreachable unit (Redis
+    restarting) is UNAVAILABLE, which callers retry like a restarting controller."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise TransferQueueError(grpc.StatusCode.UNAVAILABLE,
+                                 f"storage unit {unit} is unreachable: {exc}") from None
+    except grpc.RpcError as exc:  # a memory unit is served by the controller
+        raise _wrap(exc) from None
 
 
 @dataclass(frozen=True)
@@ -218,11 +233,13 @@ class _Data:
             if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
                 keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
                         for p in positions for c in columns]
-                flat = self.units[unit].get_cells(keys)
+                with _unit_errors(unit):
+                    flat = self.units[unit].get_cells(keys)
                 cells = [flat[k * len(columns):(k + 1) * len(columns)]
                          for k in range(len(positions))]
             else:
-                cells = self.units[unit].get([rows[p].index for p in positions], columns)
+                with _unit_errors(unit):
+                    cells = self.units[unit].get([rows[p].index for p in positions], columns)
             for p, values in zip(positions, cells):
                 for spec, value in zip(specs, values):
                     if value is None:
@@ -231,6 +248,10 @@ class _Data:
                             f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
                     out[spec.name][p] = decode(spec, value)
         return out
+
+    def store(self, unit: int, cells) -> None:
+        with _unit_errors(unit):
+            self.units[unit].put(cells)
 
     def close(self) -> None:
         for u in self.units:
@@ -286,7 +307,7 @@ class TransferQueueClient:
         per_unit, measured, nbytes = self._data.encode_rows(
             indices, columns, length_column, lease.lease if lease else "")
         for unit, cells in per_unit.items():
-            self._data.units[unit].put(cells)
+            self._data.store(unit, cells)
         return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, lease=lease)).newly_ready
@@ -313,7 +334,7 @@ class TransferQueueClient:
         indices = self._reserve(n)
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
         for unit, cells in per_unit.items():
-            self._data.units[unit].put(cells)
+            self._data.store(unit, cells)
         fut = self._session.send("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, create=True, partition=partition,
@@ -355,8 +376,18 @@ class TransferQueueClient:
         return batch
 
     def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
+        """Claim, then read the columns; rows whose cells cannot be read go back at once."""
         batch = self.claim(task, count, **kwargs)
-        return self.get(batch, columns) if batch.rows else batch
+        if not batch.rows:
+            return batch
+        try:
+            return self.get(batch, columns)
+        except TransferQueueError:
+            try:
+                self.release(batch)
+            except TransferQueueError:
+                pass  # the lease expires instead
+            raise
 
     def ack(self, batch: Batch, indices: Sequence[int] | None = None, wait: bool = True) -> int:
         """Mark rows of the batch consumed by its task. With wait=False, return at once
@@ -459,7 +490,7 @@ class AsyncTransferQueueClient:
         return resp.newly_ready
 
     async def _store(self, per_unit) -> None:
-        await asyncio.gather(*(asyncio.to_thread(self._data.units[u].put, cells)
+        await asyncio.gather(*(asyncio.to_thread(self._data.store, u, cells)
                                for u, cells in per_unit.items()))
 
     async def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *,
