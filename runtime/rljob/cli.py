@@ -343,6 +343,9 @@ def bench_workflow(
     rounds: int = typer.Option(5, min=1, help="Rounds of the three modes; medians are printed."),
     prompts: int = typer.Option(16, min=1, help="Prompts per step (16 samples each, one "
                                                 "micro-batch per prompt)."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1,
+                                     help="rollout.maxNumSeqs of the job (default: the "
+                                     "spec's default)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The same small job in sync, periodic and async(1): tokens/s, bubbles, speedups."""
@@ -350,7 +353,7 @@ def bench_workflow(
 
     from .bench import workflow as bench
 
-    results = bench.run(steps, keep, rounds, prompts)
+    results = bench.run(steps, keep, rounds, prompts, max_num_seqs)
     if json_out:
         typer.echo(json.dumps(results, indent=2))
     else:

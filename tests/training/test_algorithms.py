@@ -108,3 +108,37 @@ def test_right_padding_changes_no_logprob_of_a_real_token():
         alone = make_batch([p], [r], tok.pad_token_id)
         own = token_logprobs(model, alone)[0][alone.mask[0].bool()]
         torch.testing.assert_close(padded[i][batch.mask[i].bool()], own, rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
+    """Several groups generated in one call (rollout.maxNumSeqs): each group's samples
+    depend on its own seed only, not on the batch it was generated in."""
+    from rljob.rollout.engine import HFEngine, SamplingParams
+
+    tok, model = tiny()
+    engine = HFEngine(model, tok)
+    prompts = [tok.encode("12+30="), tok.encode("7+5="), tok.encode("100+23=")]
+    params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=0.9)
+    together = engine.generate(prompts, SamplingParams(**{**params.__dict__,
+                                                          "seeds": (11, 22, 33)}))
+    for prompt, seed, got in zip(prompts, (11, 22, 33), together):
+        alone = engine.generate([prompt], SamplingParams(**{**params.__dict__, "seed": seed}))[0]
+        assert [g.response_ids for g in got] == [g.response_ids for g in alone]
+        for a, b in zip(got, alone):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    # different seeds draw different samples
+    assert [g.response_ids for g in together[0]] != [
+        g.response_ids for g in engine.generate([prompts[0]], SamplingParams(
+            **{**params.__dict__, "seed": 12}))[0]]
+
+
+def test_seeded_sampling_follows_the_distribution():
+    from rljob.rollout.engine import seeded_sample
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(40_000, 1)
+    u = torch.rand(40_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    freq = torch.bincount(seeded_sample(logits, u, 1.0, 1.0), minlength=4) / 40_000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.01)
+    # top-p 0.75: the nucleus is {0.5, 0.3}, renormalised
+    freq = torch.bincount(seeded_sample(logits, u, 1.0, 0.75), minlength=4) / 40_000
+    assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01)

@@ -182,6 +182,13 @@ class RolloutSpec(ApiModel):
     tensor_parallel: int = Field(1, ge=1, le=64, description="Tensor-parallel size per replica.")
     npus_per_replica: int = Field(1, ge=1, le=64, description="Accelerators per rollout replica.")
     max_new_tokens: int = Field(256, ge=1, le=262144, description="Generation length cap.")
+    max_num_seqs: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="Sequences a replica generates together in one batch: it claims whole "
+        "groups up to this many (at most its share of a step) and generates them in one call.",
+    )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)

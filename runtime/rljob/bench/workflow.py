@@ -34,7 +34,8 @@ PROMPTS = 16  # prompts per step, 16 samples each
 MAX_NEW_TOKENS = 22
 
 
-def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS) -> RLJob:
+def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS,
+              max_num_seqs: int | None = None) -> RLJob:
     workflow = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
@@ -49,15 +50,16 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
-            "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS},
+            "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS,
+                        **({"maxNumSeqs": max_num_seqs} if max_num_seqs else {})},
             "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
             "reward": {"name": "arith_partial"},
         }})
 
 
 def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3,
-             prompts: int = PROMPTS) -> dict:
-    job = bench_job(mode, k, steps, root, prompts)
+             prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
+    job = bench_job(mode, k, steps, root, prompts, max_num_seqs)
     run = LocalRun(job, root / mode)
     run.start()
     try:
@@ -83,7 +85,7 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
 
 
 def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
-        prompts: int = PROMPTS) -> dict:
+        prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
     per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
@@ -91,7 +93,8 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
             results = {}
             for mode, k in MODES:
                 name = mode if k is None else f"async({k})"
-                results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts)
+                results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
+                                         max_num_seqs=max_num_seqs)
             per_round.append(results)
     names = list(per_round[0])
     modes = {}
@@ -102,7 +105,9 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
                     for key in runs[0]}
     speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                     for res in per_round) for m in names}
-    return {"tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
+    return {"max_num_seqs": bench_job("sync", None, steps, Path("."), prompts,
+                                      max_num_seqs).spec.rollout.max_num_seqs,
+            "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
             "speedup": speedup, "rounds": len(per_round),
             "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                    for m in names} for res in per_round],
@@ -113,7 +118,8 @@ def render(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="the same job in three workflow modes (1 rollout replica, 1 trainer "
+    table = Table(title="the same job in three workflow modes (1 rollout replica generating "
+                        f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "step s", "Tgen s", "Ttrain s", "bubble ratio",
                 "max staleness"):

@@ -15,6 +15,16 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # one seed per prompt: a prompt's n samples depend on its seed only, not on the
+    # other prompts generated in the same batch (overrides `seed`)
+    seeds: tuple[int, ...] | None = None
+
+    def prompt_seeds(self, count: int) -> list[int | None]:
+        if self.seeds is not None:
+            if len(self.seeds) != count:
+                raise ValueError(f"{len(self.seeds)} seeds for {count} prompts")
+            return list(self.seeds)
+        return [self.seed] * count
 
 
 @dataclass
@@ -35,8 +45,43 @@ class RolloutEngine(ABC):
         """Replace the policy weights with those of `version`."""
 
 
+def seeded_sample(logits, uniforms, temperature: float, top_p: float):
+    """Sample one token per row by inverse CDF: row i takes the first token whose
+    cumulative probability (after temperature and top-p) exceeds uniforms[i], so a
+    row's draw depends on its own uniform only, not on the other rows of the batch."""
+    import torch
+
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the nucleus (at least one)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
+    cdf = probs.cumsum(-1)
+    target = uniforms.to(cdf.device, cdf.dtype).unsqueeze(-1) * cdf[..., -1:]
+    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+class _SeededSampler:
+    """A logits processor that samples itself (per-row uniforms drawn from each
+    prompt's seed) and hands `generate` a one-hot choice to take greedily."""
+
+    def __init__(self, uniforms, width: int, temperature: float, top_p: float):
+        self.uniforms, self.width = uniforms, width
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        t = input_ids.shape[1] - self.width
+        tok = seeded_sample(scores, self.uniforms[:, t], self.temperature, self.top_p)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, tok.unsqueeze(1), 0.0)
+
+
 class HFEngine(RolloutEngine):
-    """transformers `generate` with sampling; left-padded batches."""
+    """transformers `generate` on left-padded batches of many prompts; sampling is done
+    per row from each prompt's own seed (`seeded_sample`), so a batch of any size
+    gives every prompt the samples it would get alone."""
 
     def __init__(self, model, tokenizer):
         import torch
@@ -59,14 +104,26 @@ class HFEngine(RolloutEngine):
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        from transformers import LogitsProcessorList
+
+        uniforms = []
+        for seed in params.prompt_seeds(len(prompts)):
+            gen = torch.Generator()
+            if seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(seed)
+            uniforms.append(torch.rand(params.n, params.max_new_tokens, generator=gen,
+                                       dtype=torch.float64))
+        sampler = _SeededSampler(torch.cat(uniforms), width, params.temperature, params.top_p)
         device = next(self.model.parameters()).device
+        # n rows per prompt (prompt-major), as the uniforms are laid out
+        ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
-                temperature=params.temperature, top_p=params.top_p, top_k=0,
-                max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
+                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
+                logits_processor=LogitsProcessorList([sampler]),
+                max_new_tokens=params.max_new_tokens,
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
                 output_logits=True)
         new = out.sequences[:, width:].cpu()

@@ -26,11 +26,14 @@ class VLLMEngine(RolloutEngine):
                             gpu_memory_utilization=0.85)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
-        sp = self._vllm.SamplingParams(n=params.n, temperature=params.temperature,
-                                       top_p=params.top_p, max_tokens=params.max_new_tokens,
-                                       seed=params.seed, logprobs=0)
+        # one request per prompt, each with its own seed: continuous batching runs them
+        # all together, and a prompt's samples do not depend on the others
+        sps = [self._vllm.SamplingParams(n=params.n, temperature=params.temperature,
+                                         top_p=params.top_p, max_tokens=params.max_new_tokens,
+                                         seed=seed, logprobs=0)
+               for seed in params.prompt_seeds(len(prompts))]
         inputs = [{"prompt_token_ids": p} for p in prompts]
-        outs = self.llm.generate(inputs, sp, use_tqdm=False)
+        outs = self.llm.generate(inputs, sps, use_tqdm=False)
         results = []
         for out in outs:
             group = []

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -67,10 +68,10 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         log.info("gave back %d rows an earlier %s held", back, name)
     keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
-    # claim about one trainer micro-batch at a time, so samples stream to the
-    # trainer as they are made instead of a replica's whole share at the end
+    # whole groups up to rollout.maxNumSeqs sequences, at most this replica's share
+    # of a step, generated in one batch
     per_replica = spec.algorithm.samples_per_step // max(spec.rollout.replicas, 1)
-    claim_rows = g * max(1, min(per_replica, spec.algorithm.micro_batch_size) // g)
+    claim_rows = g * max(1, min(per_replica, spec.rollout.max_num_seqs) // g)
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"
@@ -136,13 +137,12 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
             t0 = time.time()
             # one seed per (step, group): a group's samples do not depend on which
             # replica draws them or what else is in its batch
-            flat = []
+            seeds = tuple(_seed(spec, step, batch.data["slot"][i] // g) for i in firsts)
+            prompts = [batch.data["prompt_ids"][i].tolist() for i in firsts]
             with receiver.lock:  # weights swap between generations, never during one
                 version, epoch = engine.version, receiver.epoch
-                for i in firsts:
-                    seed = _seed(spec, step, batch.data["slot"][i] // g)
-                    flat += engine.generate([batch.data["prompt_ids"][i].tolist()],
-                                            SamplingParams(**{**params.__dict__, "seed": seed}))[0]
+                groups = engine.generate(prompts, replace(params, seeds=seeds))
+            flat = [x for group in groups for x in group]
             texts = [tok.decode(x.response_ids) for x in flat]
             scored = score_all(reward_fn, batch.data["prompt"], texts, batch.data["answer"])
             done = time.time()
