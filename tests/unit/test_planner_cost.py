@@ -136,3 +136,17 @@ def test_scale_decisions_follow_gap_and_gain():
     assert decide(GEN, work, 4, 10 + gain, 10, 1, 4).delta == 0  # at maxReplicas
     assert decide(GEN, work, 3, 1, 100, 1, 4).delta == 0  # scale-in not allowed
     assert decide(GEN, work, 3, 1, 100, 1, 4, allow_scale_in=True).delta == -1
+
+
+def test_overlap_bounds_of_the_workflow_modes():
+    from rljob.planner.cost import overlap_bound
+
+    assert overlap_bound("sync", 1.0, 1.0) == 1.0
+    assert overlap_bound("async", 1.0, 1.0) == 2.0
+    assert overlap_bound("async", 0.4, 1.0) == pytest.approx(1.4)
+    # periodic: one piece is sync; many pieces approach async
+    assert overlap_bound("periodic", 1.0, 1.0, pieces=1) == 1.0
+    assert overlap_bound("periodic", 1.0, 1.0, pieces=16) == pytest.approx(2 / (1 + 1 / 16))
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=4) == pytest.approx(1.4 / (0.35 + 0.75))
+    with pytest.raises(ValueError):
+        overlap_bound("periodic", 0.0, 1.0)

@@ -1,6 +1,8 @@
-"""`rljob bench workflow`: one small job run in sync, periodic and async(1), side
-by side: generated tokens/s over the steady state, bubble ratio (idle share of
-the rollout and trainer processes), and each mode's speedup over sync.
+"""`rljob bench workflow`: one small job run in sync, periodic, async(1) and
+async(2), side by side: generated tokens/s over the steady state, bubble ratio
+(idle share of the rollout and trainer processes), each mode's speedup over sync,
+the most overlap could give (`planner.cost.overlap_bound`, from the round's own
+sync Tgen and Ttrain) and the fraction of it reached.
 
 The job is shaped so overlap can pay on a 2-core machine: one rollout replica
 and one trainer rank, each a single-threaded process pinned to its own core,
@@ -27,9 +29,11 @@ from pathlib import Path
 
 from ..api import RLJob
 from ..local import LocalRun
+from ..planner.cost import overlap_bound
 from ..timeline import bubble_ratio, load_spans
+from ..workflow.tasks import rollout_batch_rows
 
-MODES = (("sync", None), ("periodic", None), ("async", 1))
+MODES = (("sync", None), ("periodic", None), ("async", 1), ("async", 2))
 PROMPTS = 16  # prompts per step, 16 samples each
 MAX_NEW_TOKENS = 22
 
@@ -97,6 +101,14 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
                                          max_num_seqs=max_num_seqs)
             per_round.append(results)
     names = list(per_round[0])
+    spec = bench_job("sync", None, steps, Path("."), prompts, max_num_seqs).spec
+    pieces = _pieces(spec)
+    for res in per_round:  # each round's bounds from its own sync run (Tgen, Ttrain apart)
+        sync = res["sync"]
+        for name, r in res.items():
+            r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
+                                       sync["train_seconds"], pieces)
+            r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
     modes = {}
     for m in names:
         runs = [res[m] for res in per_round]
@@ -105,13 +117,22 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
                     for key in runs[0]}
     speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                     for res in per_round) for m in names}
-    return {"max_num_seqs": bench_job("sync", None, steps, Path("."), prompts,
-                                      max_num_seqs).spec.rollout.max_num_seqs,
+    return {"max_num_seqs": spec.rollout.max_num_seqs, "pieces_per_step": pieces,
             "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
+            "bound": {m: modes[m]["bound"] for m in names},
+            "of_bound": {m: modes[m]["of_bound"] for m in names},
             "speedup": speedup, "rounds": len(per_round),
             "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                    for m in names} for res in per_round],
             "modes": modes}
+
+
+def _pieces(spec) -> int:
+    """Rollout batches per step and replica."""
+    a, r = spec.algorithm, spec.rollout
+    per_replica = a.samples_per_step // r.replicas
+    return -(-per_replica // rollout_batch_rows(a.samples_per_step, a.group_size, r.replicas,
+                                                r.max_num_seqs))
 
 
 def render(results: dict) -> None:
@@ -121,15 +142,19 @@ def render(results: dict) -> None:
     table = Table(title="the same job in three workflow modes (1 rollout replica generating "
                         f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
-    for col in ("mode", "tokens/s", "vs sync", "step s", "Tgen s", "Ttrain s", "bubble ratio",
-                "max staleness"):
+    for col in ("mode", "tokens/s", "vs sync", "bound", "of bound", "step s", "Tgen s",
+                "Ttrain s", "bubble ratio", "max staleness"):
         table.add_column(col, justify="right")
     for mode, r in results["modes"].items():
         table.add_row(mode, f"{r['tokens_per_s']:.0f}", f"{results['speedup'][mode]:.2f}x",
+                      f"{r['bound']:.2f}x", f"{r['of_bound']:.0%}",
                       f"{r['step_seconds']:.2f}", f"{r['gen_seconds']:.2f}",
                       f"{r['train_seconds']:.2f}", f"{r['bubble_ratio']:.0%}",
                       str(r["staleness_max"]))
-    Console(width=max(Console().width, 100)).print(table)
+    Console(width=max(Console().width, 120)).print(table)
+    Console().print(f"bound: the most overlap can give over sync from sync's Tgen and Ttrain "
+                    f"(async: (Tgen + Ttrain) / max; periodic: {results['pieces_per_step']} "
+                    "rollout batch(es) a step, fill and drain included)")
 
 
 if __name__ == "__main__":

@@ -80,3 +80,25 @@ def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:
     if npus < 1:
         return math.inf
     return train.step_seconds(workload.train_tokens, npus)
+
+
+def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1) -> float:
+    """The most a mode can speed a step up over sync, from the step's generation and
+    training times measured apart (sync runs them one after the other).
+
+    async(k): generation of later steps hides behind training entirely, so a step
+    takes max(Tgen, Ttrain). periodic: one step is a two-stage pipeline of `pieces`
+    equal pieces (the rollout's batches): the first piece's generation (fill) and the
+    last piece's training (drain) are not hidden, so a step takes
+    Tgen/p + Ttrain/p + (p − 1)·max(Tgen, Ttrain)/p. sync: 1."""
+    if t_gen <= 0 or t_train <= 0:
+        raise ValueError("t_gen and t_train must be positive")
+    serial = t_gen + t_train
+    if mode == "sync":
+        return 1.0
+    if mode == "async":
+        return serial / max(t_gen, t_train)
+    if mode == "periodic":
+        p = max(int(pieces), 1)
+        return serial / ((t_gen + t_train) / p + (p - 1) * max(t_gen, t_train) / p)
+    raise ValueError(f"unknown workflow mode {mode!r}")

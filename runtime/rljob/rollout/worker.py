@@ -30,7 +30,7 @@ from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
-from ..workflow.tasks import ROLLOUT_READS, TASKS
+from ..workflow.tasks import ROLLOUT_READS, TASKS, rollout_batch_rows
 from .engine import SamplingParams, make_engine
 
 log = logging.getLogger("rljob.rollout")
@@ -68,10 +68,8 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         log.info("gave back %d rows an earlier %s held", back, name)
     keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
-    # whole groups up to rollout.maxNumSeqs sequences, at most this replica's share
-    # of a step, generated in one batch
-    per_replica = spec.algorithm.samples_per_step // max(spec.rollout.replicas, 1)
-    claim_rows = g * max(1, min(per_replica, spec.rollout.max_num_seqs) // g)
+    claim_rows = rollout_batch_rows(spec.algorithm.samples_per_step, g, spec.rollout.replicas,
+                                    spec.rollout.max_num_seqs)
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"

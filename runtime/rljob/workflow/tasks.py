@@ -46,3 +46,11 @@ def release_allowed(mode: str, k: int, step: int, trainer_version: int,
         return False
     need = version_needed(mode, k, step)
     return trainer_version >= need and min(replica_versions) >= need
+
+
+def rollout_batch_rows(samples_per_step: int, group_size: int, replicas: int,
+                       max_num_seqs: int) -> int:
+    """Rows a rollout replica claims and generates in one batch: whole groups, up to
+    `max_num_seqs` sequences and at most the replica's share of a step."""
+    per_replica = samples_per_step // max(replicas, 1)
+    return group_size * max(1, min(per_replica, max_num_seqs) // group_size)
