@@ -46,3 +46,19 @@ def activate(device: Device):
                                "(check the pod's GPU request and the image's torch build)")
         torch.cuda.set_device(device.name)
     return torch.device(device.name)
+
+
+def cores_given(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Cores this process may compute on: its CPU affinity (what `rljob run` pinned it
+    to), capped by a cgroup v2 CPU limit (a pod's `limits.cpu`)."""
+    import math
+    import os
+
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        if quota != "max":
+            n = min(n, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)

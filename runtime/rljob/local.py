@@ -69,10 +69,12 @@ class LocalRun:
         return self.max_steps or self.job.spec.algorithm.max_steps
 
     def _cpus_for(self, name: str) -> set[int] | None:
-        """Trainer ranks and rollout replicas each get a core of their own, round
-        robin (trainers first), so busy workers do not bounce between cores; the
-        light processes (controller, driver) share the last core, away from the
-        trainer, whose step ends every pipeline stage."""
+        """Trainer ranks and rollout replicas each get cores of their own: a block of
+        the machine's cores each (trainers first, the remainder to the first ones),
+        or one core round robin when there are fewer cores than busy workers, so
+        busy workers do not bounce between cores. Each computes with as many threads
+        as cores it got. The light processes (controller, driver) share the last
+        core, away from the trainer, whose step ends every pipeline stage."""
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         if len(cpus) < 2:
             return None
@@ -81,16 +83,22 @@ class LocalRun:
                 [f"rollout-{i}" for i in range(spec.rollout.replicas)]
         if name not in order:
             return {cpus[-1]}
-        return {cpus[order.index(name) % len(cpus)]}
+        i = order.index(name)
+        if len(cpus) <= len(order):
+            return {cpus[i % len(cpus)]}
+        per, extra = divmod(len(cpus), len(order))
+        start = i * per + min(i, extra)
+        return set(cpus[start:start + per + (1 if i < extra else 0)])
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         # POD_NAME: the worker's name in TransferQueue, the same in every life of it
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        cpus = self._cpus_for(name)
+        threads = str(len(cpus) if cpus else 1)
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")
-        cpus = self._cpus_for(name)
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,

@@ -29,3 +29,41 @@ def test_activating_a_missing_accelerator_says_what_is_missing():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
             activate(resolve("gpu"))
+
+
+def test_cores_given_is_the_affinity_capped_by_the_cgroup_limit(tmp_path, monkeypatch):
+    import os
+
+    from rljob.device import cores_given
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    limit = tmp_path / "cpu.max"
+    limit.write_text("max 100000\n")
+    assert cores_given(str(limit)) == 16
+    limit.write_text("250000 100000\n")  # limits.cpu: 2.5
+    assert cores_given(str(limit)) == 3
+    assert cores_given(str(tmp_path / "absent")) == 16
+
+
+def test_rljob_run_gives_busy_workers_blocks_of_cores(tmp_path, monkeypatch):
+    import os
+    from pathlib import Path
+
+    import yaml
+
+    from rljob.api import RLJob
+    from rljob.local import LocalRun
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+                         .read_text())
+    doc["spec"]["rollout"]["replicas"] = 2
+    run = LocalRun(RLJob.model_validate(doc), tmp_path)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    # trainer-0, rollout-0, rollout-1 over 8 cores: 3 + 3 + 2; the light ones on the last
+    assert run._cpus_for("trainer-0") == {0, 1, 2}
+    assert run._cpus_for("rollout-0") == {3, 4, 5}
+    assert run._cpus_for("rollout-1") == {6, 7}
+    assert run._cpus_for("driver") == {7}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert [run._cpus_for(n) for n in ("trainer-0", "rollout-0", "rollout-1")] == [
+        {0}, {1}, {0}]

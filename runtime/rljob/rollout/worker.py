@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..device import activate, resolve as resolve_device
+from ..device import activate, cores_given, resolve as resolve_device
 from ..models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..timeline import SpanLog
@@ -40,7 +40,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 run_dir=None, metrics_port: int | None = None) -> None:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(cores_given())  # the cores this worker was given
     sys.setswitchinterval(0.0005)  # the weight receiver thread swaps in promptly
     name = f"rollout-{replica}"
     stop = threading.Event()

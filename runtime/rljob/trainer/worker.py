@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
 from ..data import load_examples, render_prompt
-from ..device import activate, resolve as resolve_device
+from ..device import activate, cores_given, resolve as resolve_device
 from ..models import load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
@@ -240,7 +240,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
                 metrics_port: int | None = None, local_rank: int = 0) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(cores_given())  # the cores this worker was given
     # the weight service and TransferQueue threads answer while the main thread
     # computes: hand the GIL over sooner than the default 5 ms
     sys.setswitchinterval(0.0005)
