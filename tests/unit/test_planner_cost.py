@@ -150,3 +150,15 @@ def test_overlap_bounds_of_the_workflow_modes():
     assert overlap_bound("periodic", 0.4, 1.0, pieces=4) == pytest.approx(1.4 / (0.35 + 0.75))
     with pytest.raises(ValueError):
         overlap_bound("periodic", 0.0, 1.0)
+
+
+def test_rollout_batches_a_step_by_mode():
+    from rljob.workflow.tasks import rollout_batch_rows
+
+    # 16 prompts × 16 samples, one replica, maxNumSeqs 256: the whole step in one batch
+    assert rollout_batch_rows(256, 16, 1, 256) == 256
+    assert rollout_batch_rows(256, 16, 1, 64) == 64
+    assert rollout_batch_rows(256, 16, 2, 256) == 128  # a replica's share
+    assert rollout_batch_rows(256, 16, 1, 256, "periodic") == 64  # four pieces a step
+    assert rollout_batch_rows(32, 16, 1, 256, "periodic") == 16  # whole groups, at least one
+    assert rollout_batch_rows(256, 16, 1, 8) == 16

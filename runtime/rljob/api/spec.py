@@ -187,7 +187,8 @@ class RolloutSpec(ApiModel):
         ge=1,
         le=65536,
         description="Sequences a replica generates together in one batch: it claims whole "
-        "groups up to this many (at most its share of a step) and generates them in one call.",
+        "groups up to this many (at most its share of a step; in periodic mode at most a "
+        "quarter of it, so generation overlaps training) and generates them in one call.",
     )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)

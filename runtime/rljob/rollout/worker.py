@@ -69,7 +69,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     keeper = LeaseKeeper(tq)
     g = spec.algorithm.group_size
     claim_rows = rollout_batch_rows(spec.algorithm.samples_per_step, g, spec.rollout.replicas,
-                                    spec.rollout.max_num_seqs)
+                                    spec.rollout.max_num_seqs, spec.workflow.mode)
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"
