@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -240,7 +241,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
                 metrics_port: int | None = None, local_rank: int = 0) -> None:
-    torch.set_num_threads(cores_given())  # the cores this worker was given
+    # the cores this worker was given, shared by the ranks of its node (torchrun)
+    torch.set_num_threads(max(1, cores_given() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     # the weight service and TransferQueue threads answer while the main thread
     # computes: hand the GIL over sooner than the default 5 ms
     sys.setswitchinterval(0.0005)
