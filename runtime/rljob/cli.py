@@ -346,14 +346,18 @@ def bench_workflow(
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1,
                                      help="rollout.maxNumSeqs of the job (default: the "
                                      "spec's default)."),
+    peer: str = typer.Option(None, "--peer", help="trl: also run TRL's GRPOTrainer on the "
+                             "same job in each round and print our ratio to it (needs "
+                             "`pip install trl`)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """The same small job in sync, periodic and async(1): tokens/s, bubbles, speedups."""
+    """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
+    speedups, bounds."""
     import json
 
     from .bench import workflow as bench
 
-    results = bench.run(steps, keep, rounds, prompts, max_num_seqs)
+    results = bench.run(steps, keep, rounds, prompts, max_num_seqs, peer)
     if json_out:
         typer.echo(json.dumps(results, indent=2))
     else:

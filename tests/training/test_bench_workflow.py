@@ -31,3 +31,19 @@ def test_bench_workflow_prints_modes_and_speedups():
     assert modes["sync"]["staleness_max"] == 0 and modes["periodic"]["staleness_max"] == 0
     assert modes["async(1)"]["staleness_max"] <= 1 and modes["async(2)"]["staleness_max"] <= 2
     assert all(0 <= m["bubble_ratio"] < 1 for m in modes.values())
+
+
+def test_the_peer_runs_trl_grpo_on_the_same_job():
+    """`--peer trl`: TRL's GRPOTrainer on the benchmark's job, with the built-in
+    character vocabulary as a transformers tokenizer of the same ids."""
+    from rljob.bench.peer_trl import char_tokenizer_fast, run_trl
+    from rljob.bench.workflow import bench_job
+    from rljob.models import CharTokenizer
+
+    fast, chars = char_tokenizer_fast(), CharTokenizer()
+    for text in ("20+9=", "a b\nc", "12+30=42"):
+        assert fast.encode(text, add_special_tokens=False) == chars.encode(
+            text, add_special_tokens=False)
+    job = bench_job("sync", None, 5, REPO, prompts=2)
+    got = run_trl(job, steps=5)
+    assert got["steps"] == 2 and got["tokens_per_s"] > 0 and got["step_seconds"] > 0

@@ -89,7 +89,9 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
 
 
 def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
-        prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
+        prompts: int = PROMPTS, max_num_seqs: int | None = None, peer: str | None = None) -> dict:
+    if peer not in (None, "trl"):
+        raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
     per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
@@ -99,7 +101,13 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
                 name = mode if k is None else f"async({k})"
                 results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
                                          max_num_seqs=max_num_seqs)
+            if peer == "trl":  # the colocated peer, in the same round
+                from .peer_trl import run_trl
+
+                results["trl"] = run_trl(bench_job("sync", None, steps, root, prompts,
+                                                   max_num_seqs), steps)
             per_round.append(results)
+    peers = [res.pop("trl") for res in per_round if "trl" in res]
     names = list(per_round[0])
     spec = bench_job("periodic", None, steps, Path("."), prompts, max_num_seqs).spec
     pieces = _pieces(spec)  # periodic's batches a step (the other modes' bounds need none)
@@ -117,7 +125,16 @@ def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
                     for key in runs[0]}
     speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                     for res in per_round) for m in names}
-    return {"max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
+    out_peer = {}
+    if peers:
+        out_peer = {"peer": {"name": "trl", "version": peers[0]["trl"],
+                             "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers),
+                             "step_seconds": statistics.median(p["step_seconds"] for p in peers)},
+                    "vs_peer": {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
+                                                     for res, p in zip(per_round, peers))
+                                for m in names}}
+    return {**out_peer,
+            "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
             "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
             "bound": {m: modes[m]["bound"] for m in names},
             "of_bound": {m: modes[m]["of_bound"] for m in names},
@@ -139,7 +156,7 @@ def render(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="the same job in three workflow modes (1 rollout replica generating "
+    table = Table(title="the same job in four workflow modes (1 rollout replica generating "
                         f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "bound", "of bound", "step s", "Tgen s",
@@ -152,6 +169,12 @@ def render(results: dict) -> None:
                       f"{r['train_seconds']:.2f}", f"{r['bubble_ratio']:.0%}",
                       str(r["staleness_max"]))
     Console(width=max(Console().width, 120)).print(table)
+    if "peer" in results:
+        p = results["peer"]
+        Console().print(f"peer: TRL {p['version']} GRPOTrainer (one process, the whole step in "
+                        f"one generate): {p['tokens_per_s']:.0f} tokens/s, "
+                        f"{p['step_seconds']:.2f} s a step; ours/TRL: " + ", ".join(
+                            f"{m} {v:.2f}x" for m, v in results["vs_peer"].items()))
     pieces = results["periodic_pieces_per_step"]
     Console().print("bound: the most overlap can give over sync from sync's Tgen and Ttrain "
                     f"(async: (Tgen + Ttrain) / max; periodic: {pieces} rollout batch(es) a "

@@ -1,0 +1,97 @@
+"""The colocated peer for `rljob bench workflow --peer trl`: TRL's `GRPOTrainer` on the
+benchmark's job (same random-init model, character vocabulary, prompts, reward, group
+size, generation length, micro-batch and learning rate), one process, generating a
+whole step (prompts × group size sequences) in one `generate` and stepping the
+optimizer once per step. TRL is an optional dependency of this benchmark only
+(`pip install trl`)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+from ..api import RLJob
+
+
+def char_tokenizer_fast():
+    """The built-in character vocabulary as a transformers tokenizer (what TRL takes),
+    with the same ids as `rljob.models.CharTokenizer`."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ..models import CharTokenizer
+
+    chars = CharTokenizer()
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(chars.vocab)},
+                                      unk_token=chars.pad_token))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=chars.pad_token,
+                                  bos_token=chars.bos_token, eos_token=chars.eos_token)
+    tok.padding_side = "left"
+    return tok
+
+
+def run_trl(job: RLJob, steps: int, warmup_steps: int = 3) -> dict:
+    """Tokens/s and step seconds of TRL's GRPO on `job`'s shape, steady state."""
+    try:
+        import trl
+        from datasets import Dataset
+        from transformers import TrainerCallback
+    except ImportError as exc:
+        raise SystemExit(f"--peer trl needs TRL: pip install trl ({exc})") from None
+    import tempfile
+
+    import torch
+
+    from ..data import load_examples
+    from ..models import CharTokenizer, build_model
+    from ..reward import get_reward
+
+    torch.set_num_threads(2)  # the peer has the machine to itself
+    spec = job.spec
+    algo = spec.algorithm
+    tok = char_tokenizer_fast()
+    model = build_model(spec.model, CharTokenizer(), seed=algo.seed, dtype=torch.float32)
+    examples = load_examples(spec.dataset)
+    data = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in examples])
+    score = get_reward(spec.reward.name)
+    generated: list[int] = []
+
+    def reward(prompts, completions, completion_ids, answer, **_):
+        generated.append(sum(len(ids) for ids in completion_ids))
+        return [score(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    per_step = algo.samples_per_step
+    with tempfile.TemporaryDirectory(prefix="rljob-trl-") as out:
+        # from a directory, so TRL builds its frozen reference from the same weights
+        weights = f"{out}/init"
+        model.save_pretrained(weights)
+        config = trl.GRPOConfig(
+            model_init_kwargs={"dtype": "float32"},
+            output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+            logging_steps=10_000, max_steps=steps, learning_rate=algo.lr,
+            beta=algo.kl_coef, epsilon=algo.clip_ratio, loss_type="grpo",
+            num_generations=algo.group_size, max_completion_length=spec.rollout.max_new_tokens,
+            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+            per_device_train_batch_size=algo.micro_batch_size,
+            gradient_accumulation_steps=per_step // algo.micro_batch_size,
+            generation_batch_size=per_step, seed=algo.seed, disable_tqdm=True)
+        trainer = trl.GRPOTrainer(model=weights, reward_funcs=reward, args=config,
+                                  train_dataset=data, processing_class=tok,
+                                  callbacks=[Clock()])
+        with contextlib.redirect_stdout(sys.stderr):  # TRL prints its summary: keep --json clean
+            trainer.train()
+    steady = stamps[warmup_steps - 1:]
+    seconds = steady[-1] - steady[0]
+    # one reward call per generation batch, i.e. per optimizer step
+    tokens = sum(generated[warmup_steps:len(stamps)])
+    return {"steps": len(steady) - 1, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "step_seconds": seconds / (len(steady) - 1),
+            "trl": trl.__version__}
