@@ -338,9 +338,9 @@ def bench_dispatch(
 
 @bench_app.command("workflow")
 def bench_workflow(
-    steps: int = typer.Option(20, help="Steps per mode (the first 3 are not measured)."),
+    steps: int = typer.Option(12, help="Steps per mode (the first 3 are not measured)."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
-    rounds: int = typer.Option(5, min=1, help="Rounds of the three modes; medians are printed."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of the four modes; medians are printed."),
     prompts: int = typer.Option(16, min=1, help="Prompts per step (16 samples each, one "
                                                 "micro-batch per prompt)."),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1,

@@ -88,7 +88,7 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     }
 
 
-def run(steps: int = 20, keep: Path | None = None, rounds: int = 5,
+def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         prompts: int = PROMPTS, max_num_seqs: int | None = None, peer: str | None = None) -> dict:
     if peer not in (None, "trl"):
         raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
