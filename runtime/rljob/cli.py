@@ -288,10 +288,7 @@ def worker_transferqueue(
         raise typer.Exit(2) from None
     try:
         service = TransferQueueService(job, units, lease_seconds, max_row_bytes)
-    except StorageError as exc:  # a wrong password, storage that never came up
-        typer.echo(f"transferqueue: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except Exception as exc:  # bad URL, unreachable config: one clear line
+    except Exception as exc:  # a wrong password, storage that never came up: one clear line
         typer.echo(f"transferqueue: {exc}", err=True)
         raise typer.Exit(2) from None
     asyncio.run(serve(service, listen, metrics_port))
@@ -437,7 +434,7 @@ def worker_driver(
 
     _worker_logging()
     spec = _job_spec(job)
-    run_driver(spec, tq, weights, load_tokenizer(spec.model), run_dir, start_step, max_steps,
+    run_driver(spec, tq, weights, load_tokenizer(spec.model), start_step, max_steps,
                metrics_port=metrics_port)
 
 

@@ -63,6 +63,7 @@ class LocalRun:
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
+    _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
 
     @property
     def steps(self) -> int:
@@ -108,9 +109,6 @@ class LocalRun:
         self.procs[name] = proc
         self._args[name] = args
         return proc
-
-    def __post_init__(self) -> None:
-        self._args: dict[str, list[str]] = {}
 
     @property
     def job_name(self) -> str:

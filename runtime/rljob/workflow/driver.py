@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -120,7 +119,7 @@ def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> N
 
 
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
-               run_dir: Path | None, start_step: int = 0, max_steps: int | None = None,
+               start_step: int = 0, max_steps: int | None = None,
                poll: float = 0.01, metrics_port: int | None = None) -> None:
     """Release steps from `start_step`, or from the first step the table has not seen
     (a restarted driver); the dataset cursor of a step follows from its number."""
