@@ -338,8 +338,9 @@ def bench_workflow(
     steps: int = typer.Option(12, help="Steps per mode (the first 3 are not measured)."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
     rounds: int = typer.Option(2, min=1, help="Rounds of the four modes; medians are printed."),
-    prompts: int = typer.Option(16, min=1, help="Prompts per step (16 samples each, one "
-                                                "micro-batch per prompt)."),
+    prompts: int = typer.Option(None, min=1, help="Prompts per step (16 samples each, one "
+                                "micro-batch per prompt; default: the size a short probe "
+                                "of this machine finds balances generation and training)."),
     max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1,
                                      help="rollout.maxNumSeqs of the job (default: the "
                                      "spec's default)."),

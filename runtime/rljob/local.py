@@ -69,7 +69,7 @@ class LocalRun:
     def steps(self) -> int:
         return self.max_steps or self.job.spec.algorithm.max_steps
 
-    def _cpus_for(self, name: str) -> set[int] | None:
+    def cpus_for(self, name: str) -> set[int] | None:
         """Trainer ranks and rollout replicas each get cores of their own: a block of
         the machine's cores each (trainers first, the remainder to the first ones),
         or one core round robin when there are fewer cores than busy workers, so
@@ -93,7 +93,7 @@ class LocalRun:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         # POD_NAME: the worker's name in TransferQueue, the same in every life of it
-        cpus = self._cpus_for(name)
+        cpus = self.cpus_for(name)
         threads = str(len(cpus) if cpus else 1)
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)

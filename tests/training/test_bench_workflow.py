@@ -31,6 +31,30 @@ def test_bench_workflow_prints_modes_and_speedups():
     assert modes["sync"]["staleness_max"] == 0 and modes["periodic"]["staleness_max"] == 0
     assert modes["async(1)"]["staleness_max"] <= 1 and modes["async(2)"]["staleness_max"] <= 2
     assert all(0 <= m["bubble_ratio"] < 1 for m in modes.values())
+    shape = res["shape"]
+    assert shape["prompts"] == 4 and shape["chosen_by"] == "--prompts"
+    assert shape["probe"]["prompts"] == [4, 16] and shape["gen_fixed"] >= 0
+    for m in modes.values():  # each side's compute next to the other over alone (sync)
+        assert m["gen_busy_seconds"] > 0 and m["train_busy_seconds"] > 0
+        assert m["gen_contention"] == pytest.approx(
+            m["gen_busy_seconds"] / modes["sync"]["gen_busy_seconds"])
+    assert modes["sync"]["gen_contention"] == modes["sync"]["train_contention"] == 1.0
+    for m in modes.values():  # the controller's and driver's CPU, read from /proc
+        assert set(m["light_cpu_share"]) == {"transferqueue", "driver"}
+        assert all(0 < v < 1 for v in m["light_cpu_share"].values())
+
+
+def test_the_probe_times_each_side_and_picks_a_step_size(tmp_path):
+    """Without --prompts the benchmark probes the machine: both sides timed alone at
+    two step sizes, and the choice is one of the candidates, from those times."""
+    from rljob.bench import probe
+    from rljob.bench.workflow import bench_job
+
+    found = probe.run_probe(lambda p: bench_job("sync", None, 1, tmp_path, p), 1, 1,
+                            sizes=(1, 2), repeats=1)
+    assert found.prompts == (1, 2) and found.rollout_threads == found.trainer_threads == 1
+    assert all(t > 0 for t in found.gen_seconds + found.train_seconds)
+    assert probe.choose_prompts(found) in probe.CANDIDATES
 
 
 def test_the_peer_runs_trl_grpo_on_the_same_job():

@@ -60,10 +60,10 @@ def test_rljob_run_gives_busy_workers_blocks_of_cores(tmp_path, monkeypatch):
     run = LocalRun(RLJob.model_validate(doc), tmp_path)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     # trainer-0, rollout-0, rollout-1 over 8 cores: 3 + 3 + 2; the light ones on the last
-    assert run._cpus_for("trainer-0") == {0, 1, 2}
-    assert run._cpus_for("rollout-0") == {3, 4, 5}
-    assert run._cpus_for("rollout-1") == {6, 7}
-    assert run._cpus_for("driver") == {7}
+    assert run.cpus_for("trainer-0") == {0, 1, 2}
+    assert run.cpus_for("rollout-0") == {3, 4, 5}
+    assert run.cpus_for("rollout-1") == {6, 7}
+    assert run.cpus_for("driver") == {7}
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert [run._cpus_for(n) for n in ("trainer-0", "rollout-0", "rollout-1")] == [
+    assert [run.cpus_for(n) for n in ("trainer-0", "rollout-0", "rollout-1")] == [
         {0}, {1}, {0}]

@@ -148,6 +148,13 @@ def test_overlap_bounds_of_the_workflow_modes():
     assert overlap_bound("periodic", 1.0, 1.0, pieces=1) == 1.0
     assert overlap_bound("periodic", 1.0, 1.0, pieces=16) == pytest.approx(2 / (1 + 1 / 16))
     assert overlap_bound("periodic", 0.4, 1.0, pieces=4) == pytest.approx(1.4 / (0.35 + 0.75))
+    # a generation batch that costs 0.2 s whatever its size: four pieces generate in
+    # 0.2 + 0.05 each, so the rollout sets the pace (4 × 0.25 + the last 0.25 trained)
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=4, gen_fixed=0.2) == pytest.approx(
+        1.4 / (0.25 + 0.25 + 3 * 0.25))
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=1, gen_fixed=0.2) == 1.0
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=4, gen_fixed=9) == pytest.approx(
+        1.4 / (0.4 + 0.25 + 3 * 0.4))  # never more than the whole step's generation
     with pytest.raises(ValueError):
         overlap_bound("periodic", 0.0, 1.0)
 

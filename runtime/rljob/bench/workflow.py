@@ -2,26 +2,24 @@
 async(2), side by side: generated tokens/s over the steady state, bubble ratio
 (idle share of the rollout and trainer processes), each mode's speedup over sync,
 the most overlap could give (`planner.cost.overlap_bound`, from the round's own
-sync Tgen and Ttrain) and the fraction of it reached.
+sync Tgen and Ttrain) and the fraction of it reached, and each side's compute a
+step next to the other over its compute alone (sync), which is what contention
+for the machine costs.
 
-The job is shaped so overlap can pay on a 2-core machine: one rollout replica
-and one trainer rank, each a single-threaded process pinned to its own core,
-with generation and training of one step taking about the same time (256
-samples of up to 22 tokens from 16 prompts × 16; ~0.5 s each alone), and a
-step cut in 16 micro-batches of one group each. Periodic's pipeline fill (the
-first group's generation, the trainer waiting) and drain (the last
-micro-batch's training and the optimizer, the rollout waiting for the new
-weights) are then a sixteenth of a step each; with 8 groups per step they
-were an eighth, which caps periodic at 2 / (1 + 1/8) ≈ 1.78x before any
-overhead, against 2 / (1 + 1/16) ≈ 1.88x now.
+The job: one rollout replica and one trainer rank on cores of their own, a tiny
+random-init Qwen2, 16 samples of up to 22 tokens per prompt, one group per
+micro-batch. Overlap can hide at most the shorter of generation and training, so
+unless `--prompts` is given a short probe (`bench.probe`) times each side alone
+on this machine and picks the prompts per step that bring the two closest.
 
-The modes run in rounds (sync, periodic, async(1), sync, ...): a shared machine
-drifts in speed over a minute, so each round's speedups compare runs made next
-to each other, and the figures printed are medians over the rounds."""
+The modes run in rounds (sync, periodic, async(1), async(2), sync, ...): a shared
+machine drifts in speed over a minute, so each round's speedups compare runs made
+next to each other, and the figures printed are medians over the rounds."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -64,10 +62,14 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
 def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3,
              prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
     job = bench_job(mode, k, steps, root, prompts, max_num_seqs)
-    run = LocalRun(job, root / mode)
+    run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"))  # a directory each
+    run_started = time.time()
     run.start()
+    cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) last read
     try:
         while not run.supervise():
+            for name, proc in run.procs.items():
+                cpu[name] = (time.time(), _cpu_seconds(proc.pid) or cpu.get(name, (0, 0))[1])
             time.sleep(0.2)
     finally:
         run.stop()
@@ -76,6 +78,7 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     t0, t1 = ms[warmup_steps - 1]["time"], ms[-1]["time"]
     tokens = sum(m["tokens"] for m in steady)
     spans = [s for s in load_spans(run.run_dir) if s.step >= warmup_steps]
+    n = len(steady)
     return {
         "steps": len(steady),
         "seconds": t1 - t0,
@@ -83,18 +86,50 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
         "step_seconds": (t1 - t0) / len(steady),
         "gen_seconds": sum(m["gen_seconds"] for m in steady) / len(steady),
         "train_seconds": sum(m["train_seconds"] for m in steady) / len(steady),
+        # each side's own compute a step (its spans), without the waits: alone in sync,
+        # next to the other side in the overlapping modes (their ratio is the contention)
+        "gen_busy_seconds": sum(s.end - s.start for s in spans
+                                if s.worker.startswith("rollout") and s.kind == "generate") / n,
+        "train_busy_seconds": sum(s.end - s.start for s in spans if s.worker == "trainer-0"
+                                  and s.kind in ("train", "optimizer")) / n,
         "bubble_ratio": bubble_ratio(spans, window=(t0, t1)),
+        # the light processes' share of a core over the run (they share the rollout's)
+        "light_cpu_share": {name: c / max(w - run_started, 1e-9) for name, (w, c) in cpu.items()
+                            if name in ("transferqueue", "driver")},
         "staleness_max": max(m["staleness_max"] for m in steady),
     }
 
 
+def _merge(key: str, values: list):
+    """One figure of the rounds': the worst staleness, else the median (per name)."""
+    if key == "staleness_max":
+        return max(values)
+    if isinstance(values[0], dict):
+        return {k: statistics.median(v[k] for v in values if k in v) for k in values[0]}
+    return statistics.median(values)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux /proc), None if gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
-        prompts: int = PROMPTS, max_num_seqs: int | None = None, peer: str | None = None) -> dict:
+        prompts: int | None = None, max_num_seqs: int | None = None,
+        peer: str | None = None) -> dict:
+    """`prompts` None: a short probe of this machine picks the prompts per step that
+    balance generation and training (`bench.probe`)."""
     if peer not in (None, "trl"):
         raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
     per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
+        shape = _probe(root, prompts, max_num_seqs)
+        prompts = shape["prompts"]
         for r in range(rounds):
             results = {}
             for mode, k in MODES:
@@ -115,14 +150,12 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         sync = res["sync"]
         for name, r in res.items():
             r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
-                                       sync["train_seconds"], pieces)
+                                       sync["train_seconds"], pieces, shape["gen_fixed"])
             r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
     modes = {}
     for m in names:
         runs = [res[m] for res in per_round]
-        modes[m] = {key: (statistics.median(r[key] for r in runs)
-                          if key != "staleness_max" else max(r[key] for r in runs))
-                    for key in runs[0]}
+        modes[m] = {key: _merge(key, [r[key] for r in runs]) for key in runs[0]}
     speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                     for res in per_round) for m in names}
     out_peer = {}
@@ -133,7 +166,11 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
                     "vs_peer": {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
                                                      for res, p in zip(per_round, peers))
                                 for m in names}}
-    return {**out_peer,
+    sync = modes["sync"]
+    for m in modes.values():  # each side's compute a step next to the other, over alone
+        m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
+        m["train_contention"] = m["train_busy_seconds"] / sync["train_busy_seconds"]
+    return {**out_peer, "shape": shape,
             "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
             "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
             "bound": {m: modes[m]["bound"] for m in names},
@@ -142,6 +179,134 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
             "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
                                    for m in names} for res in per_round],
             "modes": modes}
+
+
+def _probe(root: Path, prompts: int | None, max_num_seqs: int | None) -> dict:
+    """Each side alone on this machine (`bench.probe`): generation's fixed part a
+    batch (periodic's bound pays it once per batch) and, unless `prompts` is
+    given, the prompts per step where overlap has the most to gain."""
+    from . import probe
+
+    def job_for(p: int) -> RLJob:
+        return bench_job("sync", None, 1, root, p, max_num_seqs)
+
+    def pieces_for(p: int) -> int:
+        return _pieces(bench_job("periodic", None, 1, root, p, max_num_seqs).spec)
+
+    rollout_threads, trainer_threads = probe.threads_of(job_for(PROMPTS), root / "probe")
+    found = probe.run_probe(job_for, rollout_threads, trainer_threads)
+    chosen = prompts or probe.choose_prompts(found, pieces_for)
+    gen, train = probe.predict(found, chosen)
+    return {"prompts": chosen, "chosen_by": "--prompts" if prompts else "probe",
+            "gen_fixed": probe.gen_fixed(found),
+            "probe": {"prompts": list(found.prompts), "gen_seconds": list(found.gen_seconds),
+                      "train_seconds": list(found.train_seconds),
+                      "threads": {"rollout": found.rollout_threads,
+                                  "trainer": found.trainer_threads},
+                      "seconds": found.seconds},
+            "predicted": {"gen_seconds": gen, "train_seconds": train,
+                          "bound": probe.predicted_speedups(found, chosen, pieces_for(chosen))}}
+
+
+def _merge(key: str, values: list):
+    """One figure of the rounds': the worst staleness, else the median (per name)."""
+    if key == "staleness_max":
+        return max(values)
+    if isinstance(values[0], dict):
+        return {k: statistics.median(v[k] for v in values if k in v) for k in values[0]}
+    return statistics.median(values)
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux /proc), None if gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
+        prompts: int | None = None, max_num_seqs: int | None = None,
+        peer: str | None = None) -> dict:
+    """`prompts` None: a short probe of this machine picks the prompts per step that
+    balance generation and training (`bench.probe`)."""
+    if peer not in (None, "trl"):
+        raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
+    per_round: list[dict[str, dict]] = []
+    with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
+        root = keep or Path(tmp)
+        shape = _probe(root, prompts, max_num_seqs)
+        prompts = shape["prompts"]
+        for r in range(rounds):
+            results = {}
+            for mode, k in MODES:
+                name = mode if k is None else f"async({k})"
+                results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
+                                         max_num_seqs=max_num_seqs)
+            if peer == "trl":  # the colocated peer, in the same round
+                from .peer_trl import run_trl
+
+                results["trl"] = run_trl(bench_job("sync", None, steps, root, prompts,
+                                                   max_num_seqs), steps)
+            per_round.append(results)
+    peers = [res.pop("trl") for res in per_round if "trl" in res]
+    names = list(per_round[0])
+    spec = bench_job("periodic", None, steps, Path("."), prompts, max_num_seqs).spec
+    pieces = _pieces(spec)  # periodic's batches a step (the other modes' bounds need none)
+    for res in per_round:  # each round's bounds from its own sync run (Tgen, Ttrain apart)
+        sync = res["sync"]
+        for name, r in res.items():
+            r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
+                                       sync["train_seconds"], pieces, shape["gen_fixed"])
+            r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
+    modes = {}
+    for m in names:
+        runs = [res[m] for res in per_round]
+        modes[m] = {key: _merge(key, [r[key] for r in runs]) for key in runs[0]}
+    speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
+                                    for res in per_round) for m in names}
+    out_peer = {}
+    if peers:
+        out_peer = {"peer": {"name": "trl", "version": peers[0]["trl"],
+                             "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers),
+                             "step_seconds": statistics.median(p["step_seconds"] for p in peers)},
+                    "vs_peer": {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
+                                                     for res, p in zip(per_round, peers))
+                                for m in names}}
+    sync = modes["sync"]
+    for m in modes.values():  # each side's compute a step next to the other, over alone
+        m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
+        m["train_contention"] = m["train_busy_seconds"] / sync["train_busy_seconds"]
+    return {**out_peer, "shape": shape,
+            "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
+            "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
+            "bound": {m: modes[m]["bound"] for m in names},
+            "of_bound": {m: modes[m]["of_bound"] for m in names},
+            "speedup": speedup, "rounds": len(per_round),
+            "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
+                                   for m in names} for res in per_round],
+            "modes": modes}
+
+
+def _balance(root: Path, max_num_seqs: int | None) -> dict:
+    """Probe this machine and pick the prompts per step that balance Tgen and Ttrain."""
+    from . import probe
+
+    def job_for(p: int) -> RLJob:
+        return bench_job("sync", None, 1, root, p, max_num_seqs)
+
+    rollout_threads, trainer_threads = probe.threads_of(job_for(PROMPTS), root / "probe")
+    found = probe.run_probe(job_for, rollout_threads, trainer_threads)
+    chosen = probe.choose_prompts(found)
+    gen, train = probe.predict(found, chosen)
+    return {"prompts": chosen, "chosen_by": "probe",
+            "probe": {"prompts": list(found.prompts), "gen_seconds": list(found.gen_seconds),
+                      "train_seconds": list(found.train_seconds),
+                      "threads": {"rollout": found.rollout_threads,
+                                  "trainer": found.trainer_threads},
+                      "seconds": found.seconds},
+            "predicted": {"gen_seconds": gen, "train_seconds": train}}
 
 
 def _pieces(spec) -> int:
@@ -160,25 +325,48 @@ def render(results: dict) -> None:
                         f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "bound", "of bound", "step s", "Tgen s",
-                "Ttrain s", "bubble ratio", "max staleness"):
+                "Ttrain s", "gen busy s", "train busy s", "bubble ratio", "max staleness"):
         table.add_column(col, justify="right")
     for mode, r in results["modes"].items():
         table.add_row(mode, f"{r['tokens_per_s']:.0f}", f"{results['speedup'][mode]:.2f}x",
                       f"{r['bound']:.2f}x", f"{r['of_bound']:.0%}",
                       f"{r['step_seconds']:.2f}", f"{r['gen_seconds']:.2f}",
-                      f"{r['train_seconds']:.2f}", f"{r['bubble_ratio']:.0%}",
-                      str(r["staleness_max"]))
-    Console(width=max(Console().width, 120)).print(table)
+                      f"{r['train_seconds']:.2f}",
+                      f"{r['gen_busy_seconds']:.2f} ({r['gen_contention']:.2f}x)",
+                      f"{r['train_busy_seconds']:.2f} ({r['train_contention']:.2f}x)",
+                      f"{r['bubble_ratio']:.0%}", str(r["staleness_max"]))
+    shape, p = results["shape"], results["shape"]["probe"]
+    pred = shape["predicted"]
+    Console().print(
+        "probe ({:.0f} s, each side alone, {} rollout / {} trainer thread(s)): Tgen {} s, "
+        "Ttrain {} s at {} prompts a step; a generation batch costs {:.3f} s whatever its "
+        "size".format(p["seconds"], p["threads"]["rollout"], p["threads"]["trainer"],
+                      " / ".join(f"{x:.2f}" for x in p["gen_seconds"]),
+                      " / ".join(f"{x:.2f}" for x in p["train_seconds"]),
+                      " / ".join(str(x) for x in p["prompts"]), shape["gen_fixed"]))
+    Console().print(
+        "shape: {} prompts × 16 a step ({}); predicted Tgen {:.2f} s, Ttrain {:.2f} s, "
+        "bounds periodic {:.2f}x, async {:.2f}x".format(
+            shape["prompts"], "--prompts" if shape["chosen_by"] == "--prompts" else
+            "where both overlapping modes gain most; --prompts N sets it",
+            pred["gen_seconds"], pred["train_seconds"], pred["bound"]["periodic"],
+            pred["bound"]["async"]))
+    Console(width=max(Console().width, 140)).print(table)
     if "peer" in results:
         p = results["peer"]
         Console().print(f"peer: TRL {p['version']} GRPOTrainer (one process, the whole step in "
                         f"one generate): {p['tokens_per_s']:.0f} tokens/s, "
                         f"{p['step_seconds']:.2f} s a step; ours/TRL: " + ", ".join(
                             f"{m} {v:.2f}x" for m, v in results["vs_peer"].items()))
+    Console().print("light processes, share of a core (the rollout's): " + "; ".join(
+        f"{mode} " + ", ".join(f"{'controller' if n == 'transferqueue' else n} {v:.0%}"
+                               for n, v in sorted(r["light_cpu_share"].items()))
+        for mode, r in results["modes"].items()))
     pieces = results["periodic_pieces_per_step"]
     Console().print("bound: the most overlap can give over sync from sync's Tgen and Ttrain "
                     f"(async: (Tgen + Ttrain) / max; periodic: {pieces} rollout batch(es) a "
-                    "step, fill and drain included)")
+                    "step, fill and drain included, each batch paying generation's fixed part); busy: each side's own compute a step, "
+                    "and in brackets over sync's, where it runs alone")
 
 
 if __name__ == "__main__":

@@ -82,15 +82,20 @@ def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:
     return train.step_seconds(workload.train_tokens, npus)
 
 
-def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1) -> float:
+def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1,
+                  gen_fixed: float = 0.0) -> float:
     """The most a mode can speed a step up over sync, from the step's generation and
-    training times measured apart (sync runs them one after the other).
+    training times measured apart (sync runs them one after the other, the step's
+    generation in one batch).
 
     async(k): generation of later steps hides behind training entirely, so a step
     takes max(Tgen, Ttrain). periodic: one step is a two-stage pipeline of `pieces`
-    equal pieces (the rollout's batches): the first piece's generation (fill) and the
+    pieces (the rollout's batches): the first piece's generation (fill) and the
     last piece's training (drain) are not hidden, so a step takes
-    Tgen/p + Ttrain/p + (p − 1)·max(Tgen, Ttrain)/p. sync: 1."""
+    g + Ttrain/p + (p − 1)·max(g, Ttrain/p), where a piece's generation g is
+    `gen_fixed` (what a generation batch costs whatever its size: per-token
+    overhead of a small model) plus its share of the rest, (Tgen − gen_fixed)/p.
+    sync: 1."""
     if t_gen <= 0 or t_train <= 0:
         raise ValueError("t_gen and t_train must be positive")
     serial = t_gen + t_train
@@ -100,5 +105,7 @@ def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1) -> f
         return serial / max(t_gen, t_train)
     if mode == "periodic":
         p = max(int(pieces), 1)
-        return serial / ((t_gen + t_train) / p + (p - 1) * max(t_gen, t_train) / p)
+        fixed = min(max(gen_fixed, 0.0), t_gen)
+        g, t = fixed + (t_gen - fixed) / p, t_train / p
+        return serial / (g + t + (p - 1) * max(g, t))
     raise ValueError(f"unknown workflow mode {mode!r}")

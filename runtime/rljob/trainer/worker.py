@@ -492,7 +492,7 @@ def _micro_step(policy, shard, t, tok, spec, last):
         # DDP averages gradients over the data-parallel ranks; the objective sums
         # over all samples
         (parts.loss * policy.data_world).backward()
-    return {"loss": float(parts.loss) * policy.data_world, "kl": parts.kl,
+    return {"loss": float(parts.loss.detach()) * policy.data_world, "kl": parts.kl,
             "clip": parts.clip_frac}
 
 
