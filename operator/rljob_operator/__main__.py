@@ -6,11 +6,27 @@ import logging
 
 import typer
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def _version(show: bool) -> None:
+    if show:
+        from rljob import __version__
+
+        typer.echo(f"rljob-operator {__version__}")
+        raise typer.Exit()
 
 
 @app.command()
 def main(
+    kubeconfig: str = typer.Option(
+        None, "--kubeconfig", metavar="FILE",
+        help="Talk to the cluster of this kubeconfig (development, outside a cluster). "
+             "Default: the pod's service account in a pod, else $KUBECONFIG or "
+             "~/.kube/config."),
+    context: str = typer.Option(None, "--context", metavar="NAME",
+                                help="The kubeconfig context to use."),
     namespace: list[str] = typer.Option(
         [], "--namespace", "-n", envvar="RLJOB_OPERATOR_NAMESPACES",
         help="Watch only these namespaces (repeat; glob patterns allowed). Default: all."),
@@ -32,21 +48,28 @@ def main(
     log_level: str = typer.Option("INFO", envvar="RLJOB_OPERATOR_LOG_LEVEL"),
     log_format: str = typer.Option("json", envvar="RLJOB_OPERATOR_LOG_FORMAT",
                                    help="json (structured) or plain."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """Reconcile RLJobs into TransferQueue, rollout and trainer pods."""
     import kopf
     from prometheus_client import start_http_server
 
     from .handlers import Operator, configure, register
-    from .kube import load_config
+    from .kube import NoCluster, load_config
 
     if log_format not in ("json", "plain"):
         raise typer.BadParameter("use json or plain", param_hint="--log-format")
+    try:  # before anything starts: one line when there is no cluster to talk to
+        source = load_config(kubeconfig, context)
+    except NoCluster as exc:
+        typer.echo(f"rljob-operator: {exc}", err=True)
+        raise typer.Exit(2) from None
     kopf.configure(verbose=log_level.upper() == "DEBUG",
                    log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
                    log_refkey="rljob" if log_format == "json" else None)
     logging.getLogger().setLevel(log_level.upper())
-    load_config()
+    logging.getLogger("rljob.operator").info("cluster: %s", source)
     registry = kopf.OperatorRegistry()
     operator = Operator()
     register(registry, operator, interval)

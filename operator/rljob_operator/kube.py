@@ -23,11 +23,32 @@ CHILD_KINDS = (("v1", "Pod"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSe
                ("scheduling.volcano.sh/v1beta1", "PodGroup"))
 
 
-def load_config() -> None:
+class NoCluster(Exception):
+    """No cluster to talk to: one line saying what was tried and what to pass."""
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """The client's cluster: `kubeconfig` (and `context`) when given, else the pod's
+    service account when in a pod, else $KUBECONFIG or ~/.kube/config. Says which."""
+    if kubeconfig or context:
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context)
+        except (config.ConfigException, OSError) as exc:
+            raise NoCluster(f"--kubeconfig {kubeconfig or '(default)'}"
+                            f"{f' --context {context}' if context else ''}: {exc}") from None
+        return f"kubeconfig {kubeconfig or '(default)'}"
     try:
         config.load_incluster_config()
+        return "in-cluster service account"
     except config.ConfigException:
+        pass
+    try:
         config.load_kube_config()
+    except (config.ConfigException, OSError) as exc:
+        raise NoCluster("no cluster to talk to: not in a pod (no service account) and no "
+                        f"usable kubeconfig ({exc}); pass --kubeconfig FILE or set "
+                        "KUBECONFIG") from None
+    return "kubeconfig (default)"
 
 
 class Kube:

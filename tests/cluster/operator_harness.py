@@ -77,12 +77,14 @@ class OperatorProcess:
 
     def start(self, timeout: float = 60) -> OperatorProcess:
         self.liveness_port, self.metrics_port = free_port(), free_port()
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env = dict(os.environ)  # outside a cluster: the kubeconfig is named on the command line
         env.pop("KUBERNETES_SERVICE_HOST", None)
+        env.pop("KUBECONFIG", None)
         exe = Path(sys.executable).with_name("rljob-operator")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(exe), "--interval", str(self.interval), "--liveness-port",
+            [str(exe), "--kubeconfig", str(self.kubeconfig), "--interval", str(self.interval),
+             "--liveness-port",
              str(self.liveness_port), "--metrics-port", str(self.metrics_port),
              "--log-format", "plain"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
