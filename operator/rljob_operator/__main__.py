@@ -56,7 +56,7 @@ def main(
     from prometheus_client import start_http_server
 
     from .handlers import Operator, configure, register
-    from .kube import NoCluster, load_config
+    from .kube import NoCluster, connection_info, load_config
 
     if log_format not in ("json", "plain"):
         raise typer.BadParameter("use json or plain", param_hint="--log-format")
@@ -81,8 +81,8 @@ def main(
             start_http_server(metrics_port)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs):
-        return kopf.login_via_client(**kwargs)
+    def login(settings: kopf.OperatorSettings, **_):
+        return connection_info(settings.networking.trust_env)
 
     kopf.run(
         registry=registry,

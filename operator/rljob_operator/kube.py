@@ -51,6 +51,24 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> st
     return "kubeconfig (default)"
 
 
+def connection_info(trust_env: bool):
+    """kopf's credentials from the client configuration `load_config` chose (kopf's
+    own `login_via_client` would load the default kubeconfig again, not --kubeconfig)."""
+    import kopf
+
+    cfg = client.Configuration.get_default_copy()
+    header = (cfg.get_api_key_with_prefix("BearerToken")
+              or cfg.get_api_key_with_prefix("authorization"))
+    parts = header.split(" ", 1) if header else []
+    scheme, token = ((None, None) if not parts else (None, parts[0]) if len(parts) == 1
+                     else (parts[0], parts[1]))
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        username=cfg.username or None, password=cfg.password or None, scheme=scheme,
+        token=token, certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        trust_env=trust_env)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
