@@ -41,7 +41,7 @@ def test_bench_workflow_prints_modes_and_speedups():
     assert modes["sync"]["gen_contention"] == modes["sync"]["train_contention"] == 1.0
     for m in modes.values():  # the controller's and driver's CPU, read from /proc
         assert set(m["light_cpu_share"]) == {"transferqueue", "driver"}
-        assert all(0 < v < 1 for v in m["light_cpu_share"].values())
+        assert all(0 <= v < 1 for v in m["light_cpu_share"].values())
 
 
 def test_the_probe_times_each_side_and_picks_a_step_size(tmp_path):

@@ -36,9 +36,9 @@ def test_the_step_size_where_both_overlapping_modes_gain_most_is_chosen():
     small, large = predicted_speedups(p, 4, 4), predicted_speedups(p, 16, 4)
     assert small["async"] > large["async"] and small["periodic"] < 1 < large["periodic"]
     assert gen_fixed(p) == pytest.approx(0.0567, rel=1e-3)
-    assert choose_prompts(p, four) == 16  # 16 and 32 within 1 %: the shorter one
+    assert choose_prompts(p, four) == 16  # 8 and 16 within 1 %: the larger step
     assert choose_prompts(p, four, candidates=(4, 8)) == 8
-    # both sides in proportion, no fixed part: every size gains the same: the smallest
-    assert choose_prompts(probe((0.1, 0.4), (0.2, 0.8)), four) == 4
+    # both sides in proportion, no fixed part: every size gains the same: the largest
+    assert choose_prompts(probe((0.1, 0.4), (0.2, 0.8)), four) == 16
     # one batch a step: periodic cannot overlap anything (bound 1) at any size
     assert predicted_speedups(p, 16, 1)["periodic"] == 1.0

@@ -49,7 +49,8 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
                       "tokenizer": "builtin:char", "dtype": "float32"},
             "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
+            "algorithm": {"groupSize": 16, "globalBatchSize": prompts,
+                          "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
             "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS,
@@ -63,13 +64,14 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
              prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
     job = bench_job(mode, k, steps, root, prompts, max_num_seqs)
     run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"))  # a directory each
-    run_started = time.time()
     run.start()
-    cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) last read
+    cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
     try:
         while not run.supervise():
-            for name, proc in run.procs.items():
-                cpu[name] = (time.time(), _cpu_seconds(proc.pid) or cpu.get(name, (0, 0))[1])
+            for name in ("transferqueue", "driver"):
+                used = _cpu_seconds(run.procs[name].pid) if name in run.procs else None
+                if used is not None:
+                    cpu.setdefault(name, []).append((time.time(), used))
             time.sleep(0.2)
     finally:
         run.stop()
@@ -93,9 +95,9 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
         "train_busy_seconds": sum(s.end - s.start for s in spans if s.worker == "trainer-0"
                                   and s.kind in ("train", "optimizer")) / n,
         "bubble_ratio": bubble_ratio(spans, window=(t0, t1)),
-        # the light processes' share of a core over the run (they share the rollout's)
-        "light_cpu_share": {name: c / max(w - run_started, 1e-9) for name, (w, c) in cpu.items()
-                            if name in ("transferqueue", "driver")},
+        # the light processes' share of a core in the steady state (they share the
+        # rollout's core)
+        "light_cpu_share": {name: _share(reads, t0, t1) for name, reads in cpu.items()},
         "staleness_max": max(m["staleness_max"] for m in steady),
     }
 
@@ -107,6 +109,13 @@ def _merge(key: str, values: list):
     if isinstance(values[0], dict):
         return {k: statistics.median(v[k] for v in values if k in v) for k in values[0]}
     return statistics.median(values)
+
+
+def _share(reads: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """CPU seconds per wall second between the reads nearest t0 and t1."""
+    inside = [r for r in reads if t0 <= r[0] <= t1] or reads
+    (w0, c0), (w1, c1) = inside[0], inside[-1]
+    return (c1 - c0) / (w1 - w0) if w1 > w0 else 0.0
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -215,6 +224,13 @@ def _merge(key: str, values: list):
     if isinstance(values[0], dict):
         return {k: statistics.median(v[k] for v in values if k in v) for k in values[0]}
     return statistics.median(values)
+
+
+def _share(reads: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """CPU seconds per wall second between the reads nearest t0 and t1."""
+    inside = [r for r in reads if t0 <= r[0] <= t1] or reads
+    (w0, c0), (w1, c1) = inside[0], inside[-1]
+    return (c1 - c0) / (w1 - w0) if w1 > w0 else 0.0
 
 
 def _cpu_seconds(pid: int) -> float | None:
