@@ -385,6 +385,28 @@ def build_tq_service(job: RLJob) -> dict:
     }
 
 
+_SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50,
+           "Ei": 2 ** 60, "m": 10 ** -3, "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9,
+           "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
+
+
+def _quantity(q: str) -> float:
+    """A Kubernetes quantity as a number ("2Gi" -> 2147483648.0)."""
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * _SUFFIX[suffix]
+    return float(q)
+
+
+def _requests(res, memory_limit: str) -> dict:
+    """A container's requests, and a memory limit of `memory_limit` or the request."""
+    requests = {k: v for k, v in res.model_dump().items() if v is not None}
+    limit = memory_limit
+    if "memory" in requests and _quantity(requests["memory"]) > _quantity(limit):
+        limit = requests["memory"]
+    return {"requests": requests, "limits": {"memory": limit}}
+
+
 def build_tq_deployment(job: RLJob) -> dict:
     """TransferQueue controller and the workflow driver, one pod: the driver
     releases prompts into this controller, and both hold only in-memory state
@@ -407,7 +429,7 @@ def build_tq_deployment(job: RLJob) -> dict:
         "ports": [{"name": "grpc", "containerPort": TQ_PORT}, _metrics_port()],
         "readinessProbe": grpc_probe,
         "livenessProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 6},
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+        "resources": _requests(tq.resources, memory_limit="8Gi"),
         "securityContext": _restricted(),
     }
     driver = {
@@ -421,7 +443,7 @@ def build_tq_deployment(job: RLJob) -> dict:
         "env": _env_common(job),
         "ports": [_metrics_port(DRIVER_METRICS_PORT, "driver-metrics")],
         "volumeMounts": mounts,
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": _requests(tq.driver_resources, memory_limit="4Gi"),
         "securityContext": _restricted(),
     }
     return {

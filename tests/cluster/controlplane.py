@@ -4,11 +4,22 @@ Binaries come from tests/gotools/build.sh (built from Go modules, cached under
 ~/.cache). The apiserver runs with RBAC authorization and a static admin token;
 an admin kubeconfig is written next to the data. No controller-manager is
 started unless asked for (garbage collection, service accounts).
+
+With ``for_node=True`` the plane is made ready for a node (tests/cluster/node.py):
+the apiserver listens on the machine's non-loopback address and advertises it
+(pods reach it through the ``kubernetes`` Service), serves a certificate from a
+test CA whose names include the Service IP and that address, authorizes with
+Node,RBAC, and holds a client certificate for the kubelet's API (exec, logs);
+the controller-manager always runs, publishes the CA to pods (``--root-ca-file``)
+and uses one service account per controller. Tokens for the node's components
+(kubelet, kube-proxy, kube-scheduler) are in the token file, see
+``write_kubeconfig``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import ssl
@@ -28,7 +39,8 @@ BUILD_SCRIPT = REPO / "tests" / "gotools" / "build.sh"
 
 
 def gotools_bin() -> Path:
-    """Directory with kube-apiserver, kube-controller-manager, kubectl, etcd, helm."""
+    """Directory with kube-apiserver, kube-controller-manager, kubectl, etcd, helm
+    and the node's kubelet, kube-scheduler, kube-proxy, coredns, pause, probe."""
     env_bin = os.environ.get("RLJOB_GOTOOLS_BIN")
     if env_bin:
         return Path(env_bin)
@@ -44,6 +56,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def host_ip() -> str:
+    """The machine's non-loopback IPv4 address (the one its default route uses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))  # no packet is sent for a UDP connect
+            ip = s.getsockname()[0]
+        except OSError:
+            ip = ""
+    if ip and not ip.startswith("127."):
+        return ip
+    for addr in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+        if not addr[4][0].startswith("127."):
+            return addr[4][0]
+    raise RuntimeError("no non-loopback IPv4 address on this machine")
+
+
+_OPENSSL_CNF = """[req]
+distinguished_name = dn
+[dn]
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign,digitalSignature
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = serverAuth
+authorityKeyIdentifier = keyid
+subjectAltName = {sans}
+[client]
+basicConstraints = critical,CA:FALSE
+keyUsage = critical,digitalSignature,keyEncipherment
+extendedKeyUsage = clientAuth
+authorityKeyIdentifier = keyid
+"""
+
+
+def make_pki(pki: Path, server_sans: list[str],
+             clients: dict[str, str] | None = None) -> None:
+    """A test CA (pki/ca.crt, ca.key), a serving certificate (pki/server.crt,
+    server.key) for ``server_sans`` (``IP:...``/``DNS:...``) and one client
+    certificate per ``clients`` entry (file stem -> subject such as
+    ``/O=system:masters/CN=name``), all EC P-256 keys signed by the CA."""
+    pki.mkdir(parents=True, exist_ok=True)
+    cnf = pki / "openssl.cnf"
+    cnf.write_text(_OPENSSL_CNF.format(sans=",".join(server_sans)))
+    newkey = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(args: list[str], stdin: bytes | None = None) -> bytes:
+        return subprocess.run(["openssl", *args], input=stdin, check=True,
+                              capture_output=True).stdout
+
+    run(["req", "-x509", "-config", str(cnf), "-extensions", "ca", *newkey,
+         "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"), "-days", "3650",
+         "-subj", "/CN=rljob-test-ca"])
+    serial = 1
+    for stem, subject, ext in [("server", "/CN=kube-apiserver", "server"),
+                               *[(k, v, "client") for k, v in (clients or {}).items()]]:
+        serial += 1
+        csr = run(["req", "-new", "-config", str(cnf), *newkey,
+                   "-keyout", str(pki / f"{stem}.key"), "-subj", subject])
+        run(["x509", "-req", "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+             "-set_serial", str(serial), "-days", "3650", "-extfile", str(cnf),
+             "-extensions", ext, "-out", str(pki / f"{stem}.crt")], stdin=csr)
+
+
 @dataclass
 class ControlPlane:
     bin_dir: Path
@@ -52,6 +130,19 @@ class ControlPlane:
     token: str = "rljob-test-admin-token"
     procs: list[subprocess.Popen] = field(default_factory=list)
     server: str = ""
+    # a node may join (see the module docstring); node_name is the one node's name
+    for_node: bool = False
+    node_name: str = "rljob-node"
+    node_ip: str = ""
+    service_cidr: str = "10.96.0.0/16"
+    service_ip: str = "10.96.0.1"  # the kubernetes Service (first of service_cidr)
+    # identity -> (token, user, groups) for the node's components, with for_node
+    identities: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA of the apiserver's serving certificate (for_node only)."""
+        return self.workdir / "pki" / "ca.crt"
 
     @property
     def kubeconfig(self) -> Path:
@@ -59,6 +150,7 @@ class ControlPlane:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env["KUBECACHEDIR"] = str(self.workdir / "kube-cache")  # not ~/.kube/cache
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
 
@@ -115,58 +207,101 @@ class ControlPlane:
         sa_key = self.workdir / "sa.key"
         subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True,
                        capture_output=True)
-        (self.workdir / "tokens.csv").write_text(
-            f'{self.token},admin,admin-uid,"system:masters"\n')
-        self.server = f"https://127.0.0.1:{api_port}"
+        tokens = [f'{self.token},admin,admin-uid,"system:masters"']
+        address = "127.0.0.1"
+        serving = [f"--cert-dir={self.workdir / 'certs'}", "--authorization-mode=RBAC"]
+        if self.for_node:
+            address = self.node_ip = self.node_ip or host_ip()
+            pki = self.workdir / "pki"
+            make_pki(pki, [
+                f"IP:{self.service_ip}", f"IP:{address}", "IP:127.0.0.1", "DNS:localhost",
+                "DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local",
+            ], clients={"kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client"})
+            self.identities = {
+                "kubelet": (secrets.token_hex(16), f"system:node:{self.node_name}",
+                            "system:nodes"),
+                "kube-proxy": (secrets.token_hex(16), "system:kube-proxy", ""),
+                "kube-scheduler": (secrets.token_hex(16), "system:kube-scheduler", ""),
+            }
+            tokens += [f'{tok},{user},{user},"{groups}"' if groups else f"{tok},{user},{user}"
+                       for tok, user, groups in self.identities.values()]
+            serving = [
+                f"--tls-cert-file={pki / 'server.crt'}",
+                f"--tls-private-key-file={pki / 'server.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+            ]
+        (self.workdir / "tokens.csv").write_text("\n".join(tokens) + "\n")
+        self.server = f"https://{address}:{api_port}"
         self._spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
             f"--secure-port={api_port}",
-            f"--cert-dir={self.workdir / 'certs'}",
+            *serving,
             f"--token-auth-file={self.workdir / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
             f"--service-account-key-file={sa_key}",
             f"--service-account-signing-key-file={sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.96.0.0/16",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--allow-privileged=true",
             "--v=1",
         ])
         self._write_kubeconfig()
         self._wait_ready(timeout - (time.monotonic() - started))
-        if self.with_controller_manager:
+        if self.with_controller_manager or self.for_node:
+            if self.for_node:
+                # the node lifecycle controller lifts the not-ready taint once the
+                # kubelet reports Ready; pods get the CA in kube-root-ca.crt
+                cm = ["--controllers=*,-nodeipam,-cloud-node-lifecycle",
+                      f"--root-ca-file={self.ca_file}",
+                      "--use-service-account-credentials=true"]
+            else:
+                cm = ["--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
+                      "--use-service-account-credentials=false"]
             self._spawn("kube-controller-manager", [
                 str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
-                "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
+                *cm,
                 f"--service-account-private-key-file={sa_key}",
-                "--use-service-account-credentials=false",
                 "--leader-elect=false",
             ])
         self.start_seconds = time.monotonic() - started
         return self
 
     def _write_kubeconfig(self) -> None:
-        self.kubeconfig.write_text(f"""apiVersion: v1
+        self.write_kubeconfig(self.kubeconfig)
+
+    def write_kubeconfig(self, path: Path, identity: str = "admin") -> Path:
+        """A kubeconfig for the admin or, with for_node, one of ``identities``."""
+        token = self.token if identity == "admin" else self.identities[identity][0]
+        trust = (f"certificate-authority: {self.ca_file}" if self.for_node
+                 else "insecure-skip-tls-verify: true")
+        path.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
 - name: test
   cluster:
     server: {self.server}
-    insecure-skip-tls-verify: true
+    {trust}
 users:
-- name: admin
+- name: {identity}
   user:
-    token: {self.token}
+    token: {token}
 contexts:
 - name: test
-  context: {{cluster: test, user: admin, namespace: default}}
+  context: {{cluster: test, user: {identity}, namespace: default}}
 current-context: test
 """)
+        return path
 
     def _wait_ready(self, timeout: float) -> None:
         ctx = ssl.create_default_context()
@@ -195,10 +330,11 @@ current-context: test
         raise TimeoutError(f"kube-apiserver not ready after {timeout:.0f}s ({last}):\n{logs}")
 
     def stop(self) -> None:
+        # one at a time, last started first: an apiserver whose etcd is gone spends
+        # its whole shutdown timeout retrying it
         for p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
-        for p in reversed(self.procs):
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:

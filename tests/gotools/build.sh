@@ -1,31 +1,57 @@
 #!/usr/bin/env bash
-# Builds the control-plane binaries the cluster tests use (kube-apiserver,
-# kube-controller-manager, kubectl, etcd, helm) from the pinned Go modules in
-# this folder, once per machine. Binaries are cached under
+# Builds the binaries the cluster tests use from the pinned Go modules in this
+# folder, once per machine, in two groups cached apart:
+#   control plane: kube-apiserver, kube-controller-manager, kubectl (kube/),
+#                  etcd (etcd/), helm (helm/)
+#   node:          kubelet, kube-scheduler, kube-proxy (kube/), coredns (coredns/),
+#                  pause (pause/, the pod sandbox), probe (probe/, a test program)
+# Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
-# where <key> names the pinned versions and hashes the go.mod/go.sum files, so
-# a version bump rebuilds and an unchanged tree reuses the cache.
-# Prints the bin directory on its last line of stdout.
+# where <key> names the pinned versions and hashes that group's go.mod/go.sum/
+# main.go files (and this script), so a version bump rebuilds the group it
+# touches and an unchanged tree reuses the cache. A third directory,
+# bin-<hash of both keys>, links every binary of both groups in one place.
+# Prints that directory on its last line of stdout.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+script="$here/$(basename "${BASH_SOURCE[0]}")"
 
 version_of() { # module, go.mod -> pinned version
   awk -v m="$1" '$1 == m || ($1 == "require" && $2 == m) {print $NF; exit}' "$2"
 }
+digest_of() { # files... -> 12 hex digits
+  cat "$@" "$script" | sha256sum | cut -c1-12
+}
 kube_v="$(version_of k8s.io/kubernetes "$here/kube/go.mod")"
 etcd_v="$(version_of go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
 helm_v="$(version_of helm.sh/helm/v3 "$here/helm/go.mod")"
+coredns_v="$(version_of github.com/coredns/coredns "$here/coredns/go.mod")"
 go_v="$(go env GOVERSION)"
-digest="$(cat "$here"/*/go.mod "$here"/*/go.sum "$here"/etcd/main.go "$0" | sha256sum | cut -c1-12)"
-key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${digest}"
+kube_files=("$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/tools.go)
+cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.sum \
+  "$here"/etcd/main.go "$here"/helm/go.mod "$here"/helm/go.sum)"
+node_digest="$(digest_of "${kube_files[@]}" "$here"/coredns/go.mod "$here"/coredns/go.sum \
+  "$here"/coredns/main.go "$here"/pause/go.mod "$here"/pause/main.go \
+  "$here"/probe/go.mod "$here"/probe/main.go)"
+cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
+node_key="node-k8s-${kube_v}_coredns-${coredns_v}_${go_v}_${node_digest}"
 root="${RLJOB_GOTOOLS_CACHE:-$HOME/.cache/rljob/gotools}"
-bin="$root/$key/bin"
-want=(kube-apiserver kube-controller-manager kubectl etcd helm)
+cp_bin="$root/$cp_key/bin"
+node_bin="$root/$node_key/bin"
+all_bin="$root/bin-$(printf '%s\n%s\n' "$cp_key" "$node_key" | sha256sum | cut -c1-12)"
+cp_want=(kube-apiserver kube-controller-manager kubectl etcd helm)
+node_want=(kubelet kube-scheduler kube-proxy coredns pause probe)
 
-have_all() { for b in "${want[@]}"; do [[ -x "$bin/$b" ]] || return 1; done; }
-if have_all; then echo "$bin"; exit 0; fi
+have_all() { # dir, names...
+  local dir="$1"; shift
+  for b in "$@"; do [[ -x "$dir/$b" ]] || return 1; done
+}
+if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}"; then echo "$all_bin"; exit 0; fi
 
-mkdir -p "$bin.partial"
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock 9 # one build at a time per cache; a second caller then finds the result
+
 export CGO_ENABLED=0 GOFLAGS=-mod=readonly
 start=$SECONDS
 minor="${kube_v#v1.}"; minor="${minor%%.*}"
@@ -34,16 +60,43 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ld+=" -X $pkg.gitVersion=$kube_v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
   kube_ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-echo "building kube-apiserver, kube-controller-manager, kubectl $kube_v" >&2
-(cd "$here/kube" && go build -trimpath -ldflags "$kube_ld" -o "$bin.partial/" \
-  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kubectl)
-echo "building etcd $etcd_v" >&2
-(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$bin.partial/etcd" .)
-echo "building helm $helm_v" >&2
-(cd "$here/helm" && go build -trimpath \
-  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_v" \
-  -o "$bin.partial/" helm.sh/helm/v3/cmd/helm)
-rm -rf "$bin"; mv "$bin.partial" "$bin"
-echo "built in $((SECONDS - start)) s: $bin" >&2
-echo "$bin"
+
+if ! have_all "$cp_bin" "${cp_want[@]}"; then
+  rm -rf "$cp_bin.partial"; mkdir -p "$cp_bin.partial"
+  t=$SECONDS
+  echo "building kube-apiserver, kube-controller-manager, kubectl $kube_v" >&2
+  (cd "$here/kube" && go build -trimpath -ldflags "$kube_ld" -o "$cp_bin.partial/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubectl)
+  echo "building etcd $etcd_v" >&2
+  (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$cp_bin.partial/etcd" .)
+  echo "building helm $helm_v" >&2
+  (cd "$here/helm" && go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_v" \
+    -o "$cp_bin.partial/" helm.sh/helm/v3/cmd/helm)
+  rm -rf "$cp_bin"; mv "$cp_bin.partial" "$cp_bin"
+  echo "control plane built in $((SECONDS - t)) s: $cp_bin" >&2
+fi
+
+if ! have_all "$node_bin" "${node_want[@]}"; then
+  rm -rf "$node_bin.partial"; mkdir -p "$node_bin.partial"
+  t=$SECONDS
+  echo "building kubelet, kube-scheduler, kube-proxy $kube_v" >&2
+  (cd "$here/kube" && go build -trimpath -ldflags "$kube_ld" -o "$node_bin.partial/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-proxy)
+  echo "building coredns $coredns_v" >&2
+  (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$node_bin.partial/coredns" .)
+  echo "building pause, probe" >&2
+  (cd "$here/pause" && go build -trimpath -ldflags "-s -w" -o "$node_bin.partial/pause" .)
+  (cd "$here/probe" && go build -trimpath -ldflags "-s -w" -o "$node_bin.partial/probe" .)
+  rm -rf "$node_bin"; mv "$node_bin.partial" "$node_bin"
+  echo "node tools built in $((SECONDS - t)) s: $node_bin" >&2
+fi
+
+rm -rf "$all_bin.partial"; mkdir -p "$all_bin.partial"
+for b in "${cp_want[@]}"; do ln -s "$cp_bin/$b" "$all_bin.partial/$b"; done
+for b in "${node_want[@]}"; do ln -s "$node_bin/$b" "$all_bin.partial/$b"; done
+rm -rf "$all_bin"; mv "$all_bin.partial" "$all_bin"
+echo "binaries ready in $((SECONDS - start)) s: $all_bin" >&2
+echo "$all_bin"

@@ -321,6 +321,16 @@ class TransferQueueSpec(ApiModel):
         description="A claimed row returns to its task if not acked within this time.",
     )
     redis: RedisSpec = Field(default_factory=RedisSpec)
+    resources: ComputeResources = Field(
+        default_factory=lambda: ComputeResources(cpu="1", memory="2Gi"),
+        description="Requests of the TransferQueue controller's container (its memory "
+        "limit is 8Gi or the request, if larger).",
+    )
+    driver_resources: ComputeResources = Field(
+        default_factory=lambda: ComputeResources(cpu="500m", memory="1Gi"),
+        description="Requests of the workflow driver's container, beside the controller "
+        "(its memory limit is 4Gi or the request, if larger).",
+    )
 
 
 class HcclSpec(ApiModel):

@@ -1,0 +1,398 @@
+"""One-layer OCI image archives from a root filesystem directory (no registry, no daemon).
+
+An archive is a tar of an OCI image layout (``oci-layout``, ``index.json``,
+``blobs/sha256/...``): ``ctr -n k8s.io images import ARCHIVE`` names the image after
+the ``io.containerd.image.name`` annotation of each ``index.json`` entry, verbatim,
+so the names written here are normalized the way the kubelet asks for them
+(``rljob/runtime:0.1.0-cpu`` -> ``docker.io/rljob/runtime:0.1.0-cpu``).
+
+The layer keeps owners, modes and times of the tree (a Debian root filesystem has
+files that belong to other users than root); it is written in two passes, the first
+only to learn its digest and size, so a multi-gigabyte layer is never staged on disk.
+Pure Python: tarfile, hashlib, json.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
+LAYER_GZIP_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+NAME_ANNOTATION = "io.containerd.image.name"
+REF_ANNOTATION = "org.opencontainers.image.ref.name"
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# kept as empty directories: the container runtime mounts its own
+EMPTY_DIRS = ("dev", "proc", "sys")
+
+# pack_rootfs config keys -> OCI image config fields
+_CONFIG_KEYS = {
+    "entrypoint": "Entrypoint",
+    "cmd": "Cmd",
+    "env": "Env",
+    "user": "User",
+    "workdir": "WorkingDir",
+    "labels": "Labels",
+    "exposed_ports": "ExposedPorts",
+    "stop_signal": "StopSignal",
+}
+_BUF = 1 << 20
+
+
+def normalize_name(name: str) -> str:
+    """The fully qualified reference the kubelet (CRI) looks an image up by:
+    ``redis:7.2`` -> ``docker.io/library/redis:7.2``, ``rljob/operator`` ->
+    ``docker.io/rljob/operator:latest``, ``rljob.local/pause:test`` unchanged."""
+    if not name or name != name.strip() or any(c.isspace() for c in name):
+        raise ValueError(f"bad image name {name!r}")
+    first, _, rest = name.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        name = f"docker.io/{name}" if rest else f"docker.io/library/{name}"
+    first, _, rest = name.partition("/")
+    if first == "docker.io" and "/" not in rest:
+        name = f"docker.io/library/{rest}"
+    last = name.rsplit("/", 1)[1]
+    if ":" not in last and "@" not in last:
+        name += ":latest"
+    return name
+
+
+def _tag(name: str) -> str:
+    last = name.rsplit("/", 1)[1]
+    return last.split("@", 1)[0].rsplit(":", 1)[1] if ":" in last.split("@", 1)[0] else "latest"
+
+
+class _Sink(io.RawIOBase):
+    """A write-only file that hashes (sha256) and counts what goes through it,
+    passing it on to ``f`` (or nowhere)."""
+
+    def __init__(self, f=None):
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if self.f is not None:
+            self.f.write(b)
+        self.sha.update(b)
+        n = len(b)
+        self.size += n
+        return n
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.sha.hexdigest()}"
+
+
+def _walk(rootfs: Path, empty_dirs: Iterable[str]) -> Iterable[tuple[Path, str]]:
+    """(path, archive name) of everything under rootfs, sorted, parents first."""
+    empty = {d.strip("/") for d in empty_dirs}
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        top = Path(dirpath)
+        rel = top.relative_to(rootfs).as_posix()
+        if rel in empty:
+            dirnames[:] = []
+            continue
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = top / name
+            yield path, (name if rel == "." else f"{rel}/{name}")
+
+
+def _write_layer(rootfs: Path, out, empty_dirs: Iterable[str]) -> None:
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path, arcname in _walk(rootfs, empty_dirs):
+            info = tar.gettarinfo(str(path), arcname)
+            if info is None:  # a socket
+                continue
+            info.uname = info.gname = ""
+            info.mtime = int(info.mtime)
+            if info.isreg():
+                with open(path, "rb") as src:
+                    tar.addfile(info, src)
+            else:
+                tar.addfile(info)
+
+
+def _layer_pass(rootfs: Path, f, compress: bool, empty_dirs) -> tuple[_Sink, _Sink]:
+    """Writes the layer blob to f (None: nowhere); returns (blob sink, tar sink)."""
+    blob = _Sink(f)
+    if not compress:
+        _write_layer(rootfs, blob, empty_dirs)
+        return blob, blob
+    with gzip.GzipFile(fileobj=blob, mode="wb", compresslevel=6, mtime=0) as gz:
+        raw = _Sink(gz)
+        _write_layer(rootfs, raw, empty_dirs)
+    return blob, raw
+
+
+def image_config(config: dict, diff_id: str) -> dict:
+    unknown = set(config) - set(_CONFIG_KEYS) - {"architecture", "os", "history"}
+    if unknown:
+        raise ValueError(f"unknown image config keys: {sorted(unknown)}")
+    inner: dict = {}
+    for key, field in _CONFIG_KEYS.items():
+        if key not in config or config[key] is None or config[key] in ([], {}, ""):
+            continue
+        value = config[key]
+        if key == "env" and isinstance(value, dict):
+            value = [f"{k}={v}" for k, v in value.items()]
+        if key == "exposed_ports":
+            value = {(p if "/" in str(p) else f"{p}/tcp"): {} for p in value}
+        inner[field] = value
+    if not any(e.startswith("PATH=") for e in inner.get("Env", [])):
+        inner["Env"] = [f"PATH={DEFAULT_PATH}", *inner.get("Env", [])]
+    return {
+        "architecture": config.get("architecture", "amd64"),
+        "os": config.get("os", "linux"),
+        "config": inner,
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": config.get("history", "images/oci.py pack_rootfs")}],
+    }
+
+
+def _member(tar_out, arcname: str, size: int, mode: int = 0o644,
+            type_=tarfile.REGTYPE) -> None:
+    info = tarfile.TarInfo(arcname)
+    info.size, info.mode, info.type, info.mtime = size, mode, type_, 0
+    tar_out.write(info.tobuf(tarfile.PAX_FORMAT))
+
+
+def _pad(f, size: int) -> None:
+    if size % tarfile.BLOCKSIZE:
+        f.write(b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE))
+
+
+def pack_rootfs(rootfs, name: str | Sequence[str], out_archive, config: dict | None = None,
+                *, compress: bool = False, empty_dirs: Iterable[str] = EMPTY_DIRS) -> dict:
+    """Packs the directory ``rootfs`` as a one-layer OCI image archive ``out_archive``.
+
+    ``name``: the image reference, or several (one ``index.json`` entry each, the same
+    manifest), normalized (``rljob/operator:0.1.0`` -> ``docker.io/rljob/operator:0.1.0``).
+    ``config``: ``entrypoint``, ``cmd`` (lists), ``env`` (``K=V`` list or dict),
+    ``user``, ``workdir``, ``labels``, ``exposed_ports``, ``stop_signal``,
+    ``architecture``/``os`` (default amd64/linux). ``compress``: gzip the layer (smaller,
+    slower to write and to import). The contents of ``empty_dirs`` are left out.
+    The archive appears only complete (written next to it, then renamed).
+    Returns what it wrote: names, digests, sizes.
+    """
+    rootfs, out = Path(rootfs), Path(out_archive)
+    if not rootfs.is_dir():
+        raise NotADirectoryError(rootfs)
+    names = [name] if isinstance(name, str) else list(name)
+    if not names:
+        raise ValueError("no image name")
+    refs = [normalize_name(n) for n in names]
+    config = dict(config or {})
+    empty_dirs = tuple(empty_dirs)
+
+    # pass 1: digests and sizes only
+    blob, raw = _layer_pass(rootfs, None, compress, empty_dirs)
+    layer_digest, layer_size, diff_id = blob.digest, blob.size, raw.digest
+
+    def js(obj) -> bytes:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+    cfg = js(image_config(config, diff_id))
+    manifest = js({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE,
+                   "digest": f"sha256:{hashlib.sha256(cfg).hexdigest()}", "size": len(cfg)},
+        "layers": [{"mediaType": LAYER_GZIP_MEDIA_TYPE if compress else LAYER_MEDIA_TYPE,
+                    "digest": layer_digest, "size": layer_size}],
+    })
+    manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+    platform = {"architecture": config.get("architecture", "amd64"),
+                "os": config.get("os", "linux")}
+    index = js({
+        "schemaVersion": 2,
+        "mediaType": INDEX_MEDIA_TYPE,
+        "manifests": [{"mediaType": MANIFEST_MEDIA_TYPE, "digest": manifest_digest,
+                       "size": len(manifest), "platform": platform,
+                       "annotations": {NAME_ANNOTATION: ref, REF_ANNOTATION: _tag(ref)}}
+                      for ref in refs],
+    })
+    small = [("oci-layout", js({"imageLayoutVersion": "1.0.0"})), ("index.json", index),
+             (f"blobs/sha256/{hashlib.sha256(cfg).hexdigest()}", cfg),
+             (f"blobs/sha256/{manifest_digest.split(':', 1)[1]}", manifest)]
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with open(tmp, "wb") as f:
+            for d in ("blobs/", "blobs/sha256/"):
+                _member(f, d, 0, 0o755, tarfile.DIRTYPE)
+            for arcname, data in small:
+                _member(f, arcname, len(data))
+                f.write(data)
+                _pad(f, len(data))
+            # pass 2: the layer itself, streamed after a header with its known size
+            _member(f, f"blobs/sha256/{layer_digest.split(':', 1)[1]}", layer_size)
+            again, _ = _layer_pass(rootfs, f, compress, empty_dirs)
+            if (again.digest, again.size) != (layer_digest, layer_size):
+                raise RuntimeError(f"{rootfs} changed while it was being packed")
+            _pad(f, layer_size)
+            f.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"names": refs, "manifest": manifest_digest, "layer": layer_digest,
+            "layer_size": layer_size, "diff_id": diff_id, "archive": str(out),
+            "archive_size": out.stat().st_size}
+
+
+def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, gunzip: bool) -> tuple:
+    """(sha256 digest, size) of a member, and of its gunzipped content if asked."""
+    f = tar.extractfile(member)
+    blob = _Sink()
+    raw = _Sink()
+    if gunzip:
+        class Tee(io.RawIOBase):
+            def readable(self):
+                return True
+
+            def readinto(self, b):
+                data = f.read(len(b))
+                blob.write(data)
+                b[:len(data)] = data
+                return len(data)
+        with gzip.GzipFile(fileobj=io.BufferedReader(Tee(), _BUF)) as gz:
+            while chunk := gz.read(_BUF):
+                raw.write(chunk)
+        while chunk := f.read(_BUF):  # trailing bytes, if any
+            blob.write(chunk)
+        return blob.digest, blob.size, raw.digest
+    while chunk := f.read(_BUF):
+        blob.write(chunk)
+    return blob.digest, blob.size, blob.digest
+
+
+def verify_archive(path) -> dict:
+    """Checks that an archive is a well-formed OCI image layout: ``oci-layout``,
+    ``index.json`` naming each image, and every blob the index, manifests and configs
+    refer to present with the digest and size they are referred to by; each layer's
+    uncompressed digest is its config's diff_id. Raises ValueError; returns
+    {"names": [...], "images": [{"name", "manifest", "config", "layers"}]}."""
+    def fail(msg: str):
+        raise ValueError(f"{path}: {msg}")
+
+    with tarfile.open(path, "r:") as tar:
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
+
+        def read(name: str) -> bytes:
+            if name not in members or not members[name].isreg():
+                fail(f"no {name}")
+            return tar.extractfile(members[name]).read()
+
+        def blob(desc: dict, media_types: tuple[str, ...]) -> tarfile.TarInfo:
+            if desc.get("mediaType") not in media_types:
+                fail(f"unexpected media type {desc.get('mediaType')!r}")
+            algo, _, hexd = str(desc.get("digest", "")).partition(":")
+            if algo != "sha256" or len(hexd) != 64:
+                fail(f"bad digest {desc.get('digest')!r}")
+            name = f"blobs/sha256/{hexd}"
+            if name not in members:
+                fail(f"missing blob {name}")
+            if members[name].size != desc.get("size"):
+                fail(f"{name}: size {members[name].size} != {desc.get('size')}")
+            return members[name]
+
+        def json_blob(desc: dict, media_type: str) -> dict:
+            m = blob(desc, (media_type,))
+            data = tar.extractfile(m).read()
+            if f"sha256:{hashlib.sha256(data).hexdigest()}" != desc["digest"]:
+                fail(f"{m.name}: content does not match its digest")
+            return json.loads(data)
+
+        if json.loads(read("oci-layout")).get("imageLayoutVersion") != "1.0.0":
+            fail("oci-layout: imageLayoutVersion is not 1.0.0")
+        index = json.loads(read("index.json"))
+        if index.get("schemaVersion") != 2 or not index.get("manifests"):
+            fail("index.json: no manifests")
+        images, hashed = [], {}
+        for desc in index["manifests"]:
+            name = desc.get("annotations", {}).get(NAME_ANNOTATION)
+            if not name:
+                fail(f"index.json: a manifest without {NAME_ANNOTATION}")
+            if normalize_name(name) != name:
+                fail(f"index.json: {name} is not a normalized reference")
+            manifest = json_blob(desc, MANIFEST_MEDIA_TYPE)
+            if manifest.get("schemaVersion") != 2:
+                fail("manifest: schemaVersion is not 2")
+            config = json_blob(manifest["config"], CONFIG_MEDIA_TYPE)
+            diff_ids = config.get("rootfs", {}).get("diff_ids", [])
+            if len(diff_ids) != len(manifest["layers"]):
+                fail("config: diff_ids and manifest layers differ in number")
+            plat = desc.get("platform")
+            if plat and (plat.get("architecture"), plat.get("os")) != (
+                    config.get("architecture"), config.get("os")):
+                fail("index.json: platform differs from the config's")
+            for layer, diff_id in zip(manifest["layers"], diff_ids):
+                m = blob(layer, (LAYER_MEDIA_TYPE, LAYER_GZIP_MEDIA_TYPE))
+                if m.name not in hashed:
+                    hashed[m.name] = _hash_member(
+                        tar, m, layer["mediaType"] == LAYER_GZIP_MEDIA_TYPE)
+                digest, _, uncompressed = hashed[m.name]
+                if digest != layer["digest"]:
+                    fail(f"{m.name}: content does not match its digest")
+                if uncompressed != diff_id:
+                    fail(f"{m.name}: uncompressed content does not match diff_id {diff_id}")
+            images.append({"name": name, "manifest": desc["digest"],
+                           "config": config, "layers": manifest["layers"]})
+    return {"names": [i["name"] for i in images], "images": images}
+
+
+def layer_members(path, name: str | None = None) -> list[tarfile.TarInfo]:
+    """The entries of the (first, or the named image's) layer of an archive."""
+    with tarfile.open(path, "r:") as tar:
+        index = json.loads(tar.extractfile("index.json").read())
+        desc = next(d for d in index["manifests"]
+                    if name is None or d["annotations"][NAME_ANNOTATION] == normalize_name(name))
+        manifest = json.loads(tar.extractfile(f"blobs/sha256/{desc['digest'][7:]}").read())
+        layer = manifest["layers"][0]
+        f = tar.extractfile(f"blobs/sha256/{layer['digest'][7:]}")
+        mode = "r|gz" if layer["mediaType"] == LAYER_GZIP_MEDIA_TYPE else "r|"
+        with tarfile.open(fileobj=f, mode=mode) as inner:
+            return list(inner)
+
+
+def tree_size(root) -> int:
+    """Bytes of the regular files under root, each inode once (what a layer carries)."""
+    seen, total = set(), 0
+    for dirpath, _, filenames in os.walk(root):
+        for n in filenames:
+            st = os.lstat(os.path.join(dirpath, n))
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def import_archive(archive, containerd_socket, namespace: str = "k8s.io",
+                   ctr: str = "ctr") -> str:
+    """Imports an image archive into containerd (namespace ``k8s.io`` is the one the
+    CRI plugin, so the kubelet, sees) and unpacks it; returns ctr's output."""
+    import subprocess
+
+    proc = subprocess.run(
+        [ctr, "--address", str(containerd_socket), "--namespace", namespace,
+         "images", "import", str(archive)],
+        capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ctr images import {archive} failed:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
