@@ -1,6 +1,6 @@
 """A short probe of this machine for `rljob bench workflow`: how long one step's
 generation and one step's training take, each side alone, with the threads the
-benchmark's rollout and trainer get; and the job shape that balances the two.
+benchmark's rollout and trainer get; and the step size where overlap gains most.
 
 Generation of a small model on a CPU is bound by per-token overhead: a batch of
 256 sequences costs far less than 16 batches of 16, so Tgen grows slowly with

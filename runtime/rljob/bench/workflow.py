@@ -10,7 +10,9 @@ The job: one rollout replica and one trainer rank on cores of their own, a tiny
 random-init Qwen2, 16 samples of up to 22 tokens per prompt, one group per
 micro-batch. Overlap can hide at most the shorter of generation and training, so
 unless `--prompts` is given a short probe (`bench.probe`) times each side alone
-on this machine and picks the prompts per step that bring the two closest.
+on this machine and picks the prompts per step where both overlapping modes'
+predicted bounds are highest; the probe's generation cost per batch also goes
+into periodic's bound.
 
 The modes run in rounds (sync, periodic, async(1), async(2), sync, ...): a shared
 machine drifts in speed over a minute, so each round's speedups compare runs made
@@ -49,8 +51,7 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
                       "tokenizer": "builtin:char", "dtype": "float32"},
             "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": 16, "globalBatchSize": prompts,
-                          "microBatchSize": 16,
+            "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
             "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS,
@@ -130,8 +131,8 @@ def _cpu_seconds(pid: int) -> float | None:
 def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         prompts: int | None = None, max_num_seqs: int | None = None,
         peer: str | None = None) -> dict:
-    """`prompts` None: a short probe of this machine picks the prompts per step that
-    balance generation and training (`bench.probe`)."""
+    """`prompts` None: a short probe of this machine picks the prompts per step
+    (`bench.probe.choose_prompts`)."""
     if peer not in (None, "trl"):
         raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
     per_round: list[dict[str, dict]] = []
@@ -215,114 +216,6 @@ def _probe(root: Path, prompts: int | None, max_num_seqs: int | None) -> dict:
                       "seconds": found.seconds},
             "predicted": {"gen_seconds": gen, "train_seconds": train,
                           "bound": probe.predicted_speedups(found, chosen, pieces_for(chosen))}}
-
-
-def _merge(key: str, values: list):
-    """One figure of the rounds': the worst staleness, else the median (per name)."""
-    if key == "staleness_max":
-        return max(values)
-    if isinstance(values[0], dict):
-        return {k: statistics.median(v[k] for v in values if k in v) for k in values[0]}
-    return statistics.median(values)
-
-
-def _share(reads: list[tuple[float, float]], t0: float, t1: float) -> float:
-    """CPU seconds per wall second between the reads nearest t0 and t1."""
-    inside = [r for r in reads if t0 <= r[0] <= t1] or reads
-    (w0, c0), (w1, c1) = inside[0], inside[-1]
-    return (c1 - c0) / (w1 - w0) if w1 > w0 else 0.0
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (Linux /proc), None if gone."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
-        prompts: int | None = None, max_num_seqs: int | None = None,
-        peer: str | None = None) -> dict:
-    """`prompts` None: a short probe of this machine picks the prompts per step that
-    balance generation and training (`bench.probe`)."""
-    if peer not in (None, "trl"):
-        raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
-    per_round: list[dict[str, dict]] = []
-    with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
-        root = keep or Path(tmp)
-        shape = _probe(root, prompts, max_num_seqs)
-        prompts = shape["prompts"]
-        for r in range(rounds):
-            results = {}
-            for mode, k in MODES:
-                name = mode if k is None else f"async({k})"
-                results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
-                                         max_num_seqs=max_num_seqs)
-            if peer == "trl":  # the colocated peer, in the same round
-                from .peer_trl import run_trl
-
-                results["trl"] = run_trl(bench_job("sync", None, steps, root, prompts,
-                                                   max_num_seqs), steps)
-            per_round.append(results)
-    peers = [res.pop("trl") for res in per_round if "trl" in res]
-    names = list(per_round[0])
-    spec = bench_job("periodic", None, steps, Path("."), prompts, max_num_seqs).spec
-    pieces = _pieces(spec)  # periodic's batches a step (the other modes' bounds need none)
-    for res in per_round:  # each round's bounds from its own sync run (Tgen, Ttrain apart)
-        sync = res["sync"]
-        for name, r in res.items():
-            r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
-                                       sync["train_seconds"], pieces, shape["gen_fixed"])
-            r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
-    modes = {}
-    for m in names:
-        runs = [res[m] for res in per_round]
-        modes[m] = {key: _merge(key, [r[key] for r in runs]) for key in runs[0]}
-    speedup = {m: statistics.median(res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
-                                    for res in per_round) for m in names}
-    out_peer = {}
-    if peers:
-        out_peer = {"peer": {"name": "trl", "version": peers[0]["trl"],
-                             "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers),
-                             "step_seconds": statistics.median(p["step_seconds"] for p in peers)},
-                    "vs_peer": {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
-                                                     for res, p in zip(per_round, peers))
-                                for m in names}}
-    sync = modes["sync"]
-    for m in modes.values():  # each side's compute a step next to the other, over alone
-        m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
-        m["train_contention"] = m["train_busy_seconds"] / sync["train_busy_seconds"]
-    return {**out_peer, "shape": shape,
-            "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
-            "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
-            "bound": {m: modes[m]["bound"] for m in names},
-            "of_bound": {m: modes[m]["of_bound"] for m in names},
-            "speedup": speedup, "rounds": len(per_round),
-            "speedup_per_round": [{m: res[m]["tokens_per_s"] / res["sync"]["tokens_per_s"]
-                                   for m in names} for res in per_round],
-            "modes": modes}
-
-
-def _balance(root: Path, max_num_seqs: int | None) -> dict:
-    """Probe this machine and pick the prompts per step that balance Tgen and Ttrain."""
-    from . import probe
-
-    def job_for(p: int) -> RLJob:
-        return bench_job("sync", None, 1, root, p, max_num_seqs)
-
-    rollout_threads, trainer_threads = probe.threads_of(job_for(PROMPTS), root / "probe")
-    found = probe.run_probe(job_for, rollout_threads, trainer_threads)
-    chosen = probe.choose_prompts(found)
-    gen, train = probe.predict(found, chosen)
-    return {"prompts": chosen, "chosen_by": "probe",
-            "probe": {"prompts": list(found.prompts), "gen_seconds": list(found.gen_seconds),
-                      "train_seconds": list(found.train_seconds),
-                      "threads": {"rollout": found.rollout_threads,
-                                  "trainer": found.trainer_threads},
-                      "seconds": found.seconds},
-            "predicted": {"gen_seconds": gen, "train_seconds": train}}
 
 
 def _pieces(spec) -> int:
