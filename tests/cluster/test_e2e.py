@@ -1,7 +1,7 @@
 """The README's cluster journey on a real node, nothing faked: the images built by
 `python -m images.build` and imported into the node's containerd, `helm install` of
 the chart (the operator runs as a pod from its image, with its ServiceAccount), then
-`kubectl apply` of examples/quickstart-cluster-pvc.yaml and
+`kubectl apply` of examples/k8s/quickstart-cluster-pvc.yaml and
 examples/quickstart-cluster.yaml. The Redis, TransferQueue, rollout and trainer pods
 become Ready, `kubectl get rljobs` shows STEP advancing with real STALENESS and
 TOKENS/S, the job succeeds, its final weights are on the checkpoint volume, and
@@ -99,7 +99,7 @@ def test_readme_journey_runs_the_job_on_a_real_node(node_cluster, images_on_node
         operator_ready = time.monotonic() - t0
 
         t0 = time.monotonic()
-        plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/quickstart-cluster-pvc.yaml"))
+        plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
         plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/quickstart-cluster.yaml"))
         ready_at = None
         steps_seen: list[tuple[float, int, float, float]] = []

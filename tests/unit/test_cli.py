@@ -18,9 +18,10 @@ def rljob(*args, input=None, cwd=REPO):
 
 
 def test_validate_accepts_examples():
-    out = rljob("validate", *sorted(str(p) for p in (REPO / "examples").glob("*.yaml")))
+    examples = sorted(str(p) for p in (REPO / "examples").glob("*.yaml"))
+    out = rljob("validate", *examples)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count(": valid") == 3
+    assert len(examples) >= 4 and out.stdout.count(": valid") == len(examples)
 
 
 def test_validate_reports_one_line_per_problem(tmp_path):
