@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -52,12 +54,11 @@ class RedisServer:
 class TQServer:
     def __init__(self, units: list[RedisServer] | None, lease_seconds: float = 60.0,
                  max_row_bytes: int | None = None, job: str | None = None):
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        # the worker binds port 0 and says which ports it got: no window in which another
+        # process can take a port picked here
         args = [sys.executable, "-m", "rljob", "worker", "transferqueue",
-                "--listen", self.address, "--lease-seconds", str(lease_seconds),
-                "--metrics-port", str(self.metrics_port), "--job", job or f"job{self.port}"]
+                "--listen", "127.0.0.1:0", "--lease-seconds", str(lease_seconds),
+                "--metrics-port", "0", "--job", job or f"job{uuid.uuid4().hex[:8]}"]
         for u in units or []:
             args += ["--redis", u.url]
         if not units:
@@ -67,10 +68,24 @@ class TQServer:
         env = dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD)
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
+        seen = ""
         line = self.proc.stdout.readline()
-        if "listening" not in line:
-            rest = self.proc.stdout.read() if self.proc.poll() is not None else ""
-            raise RuntimeError(f"transferqueue did not start: {line}{rest}")
+        while line and " listening on " in line and not line.startswith("transferqueue "):
+            seen += line  # the log line before the ready line
+            line = self.proc.stdout.readline()
+        if not line.startswith("transferqueue listening on "):
+            # the first line of a failure is "Traceback": wait for the rest of it
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            rest = self.proc.stdout.read()
+            raise RuntimeError(f"transferqueue did not start (exit {self.proc.returncode}): "
+                               f"{seen}{line}{rest}")
+        found = re.search(r"listening on 127\.0\.0\.1:(\d+) .*metrics on :(\d+)", line)
+        assert found, line
+        self.port, self.metrics_port = int(found[1]), int(found[2])
+        self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> int:
         self.proc.terminate()

@@ -315,7 +315,7 @@ def test_session_reconnects_after_a_controller_restart(redis_units):
     assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
     # a controller is back on the same address: the next call opens a new session
     import subprocess
-    args = [a if a != server.address else f"127.0.0.1:{port}" for a in server.proc.args]
+    args = [a if a != "127.0.0.1:0" else f"127.0.0.1:{port}" for a in server.proc.args]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in proc.stdout.readline()

@@ -55,6 +55,8 @@ class ControllerCollector(Collector):
             yield g
 
 
-def start_metrics_server(service, port: int, addr: str = "0.0.0.0") -> None:
+def start_metrics_server(service, port: int, addr: str = "0.0.0.0") -> int:
+    """Serve /metrics on `port` (0: any free port); returns the port bound."""
     REGISTRY.register(ControllerCollector(service))
-    start_http_server(port, addr=addr)
+    httpd, _ = start_http_server(port, addr=addr)
+    return httpd.server_port

@@ -541,7 +541,7 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
     if metrics_port is not None:
         from .metrics import start_metrics_server
 
-        start_metrics_server(service, metrics_port)
+        metrics_port = start_metrics_server(service, metrics_port)
     await server.start()
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -555,8 +555,9 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
              len(service.units), service.unit_configs[0].backend)
     if ready is not None:
         ready.set()
+    metrics = f", metrics on :{metrics_port}" if metrics_port is not None else ""
     print(f"transferqueue listening on {service.public_address} (table {service.table_id}, "
-          f"{service.recovered})", flush=True)
+          f"{service.recovered}{metrics})", flush=True)
     await stop.wait()
     log.info("shutting down: draining for %.1fs", grace)
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
