@@ -1,6 +1,6 @@
 """Elastic rollout scaling for a running RLJob (StreamRL §4.2), as pure logic.
 
-Every time the job reports a new step, the measured gap δ = Tgen − Ttrain is
+At most every `intervalSeconds`, on a step not seen before, the measured gap δ = Tgen − Ttrain is
 compared with δ′, what one more rollout replica is predicted to save. The
 operator adds one replica when δ ≥ δ′ held for `consecutiveSteps` observed
 steps in a row, outside `cooldownSeconds` of the last scale, within
@@ -41,6 +41,7 @@ class Memory:
     """What the autoscaler remembers about one job between observations."""
 
     last_step: int = -1
+    last_time: float | None = None  # when the last counted observation was made
     direction: int = 0
     streak: int = 0
 
@@ -55,11 +56,14 @@ class ScaleAction:
 def observe(memory: Memory, spec: RLJobSpec, replicas: int, step: int, gen_seconds: float,
             train_seconds: float, now: float, last_scale_time: float | None) -> ScaleAction | None:
     """Feed one observation; returns the scale to perform, if any. Only a step
-    not seen before counts towards `consecutiveSteps`."""
+    not seen before, `intervalSeconds` or more after the last one counted, counts
+    towards `consecutiveSteps`."""
     auto = spec.rollout.autoscaling
     if not auto.enabled or step <= memory.last_step or gen_seconds <= 0 or train_seconds <= 0:
         return None
-    memory.last_step = step
+    if memory.last_time is not None and now - memory.last_time < auto.interval_seconds:
+        return None
+    memory.last_step, memory.last_time = step, now
     gain, loss = predicted_change(spec, replicas, gen_seconds)
     max_replicas = spec.rollout.max_replicas or replicas
     decision = verdict(gen_seconds, train_seconds, gain, loss, replicas,

@@ -235,11 +235,16 @@ def _volumes(job: RLJob, shm: bool) -> tuple[list[dict], list[dict]]:
     return vols, mounts
 
 
-def _accelerator_resources(job: RLJob, count: int) -> dict:
+def _worker_resources(job: RLJob, count: int, compute) -> dict:
+    """A rollout's or trainer's container: `count` accelerators, and the role's CPU and
+    memory (`rollout.resources` / `trainer.resources`) as requests and limits. The CPU
+    limit is what the worker sizes its compute threads by (`device.cores_given`): CPU
+    replicas on one node do not oversubscribe its cores."""
+    amounts = {k: v for k, v in compute.model_dump().items() if v is not None}
     resource = job.spec.accelerator.resource
-    if resource is None:
-        return {}
-    return {"requests": {resource: str(count)}, "limits": {resource: str(count)}}
+    if resource is not None:
+        amounts[resource] = str(count)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
 def _scheduling(job: RLJob, pod_spec: dict) -> None:
@@ -544,7 +549,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0) -> dict:
                   {"name": "weights", "containerPort": WEIGHTS_PORT}, _metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),
         "volumeMounts": mounts,
-        "resources": _accelerator_resources(job, t.npus_per_node),
+        "resources": _worker_resources(job, t.npus_per_node, t.resources),
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }
@@ -585,7 +590,7 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
         "ports": [_metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),
         "volumeMounts": mounts,
-        "resources": _accelerator_resources(job, r.npus_per_replica),
+        "resources": _worker_resources(job, r.npus_per_replica, r.resources),
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }

@@ -164,13 +164,16 @@ class Operator:
         if action is None:
             return
         ns, name = job.metadata.namespace, job.metadata.name
-        self.kube.scale(ns, name, action.replicas_to)
         d = action.decision
         direction = "out" if action.replicas_to > replicas else "in"
-        metrics.SCALES.labels(direction).inc()
         raw_status["lastScale"] = {
             "time": iso(now_utc()), "from": replicas, "to": action.replicas_to,
             "reason": d.reason, "delta": round(d.gap, 4), "gain": round(d.gain, 4)}
+        # the record first: a reconcile that sees the new spec.rollout.replicas then also
+        # sees that the autoscaler made it (not a kubectl scale)
+        self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})
+        self.kube.scale(ns, name, action.replicas_to)
+        metrics.SCALES.labels(direction).inc()
         job.spec.rollout.replicas = action.replicas_to
         kopf.event(body, type="Normal", reason=f"ScaledRollout{direction.capitalize()}",
                    message=f"rollout replicas {replicas} → {action.replicas_to} at step "

@@ -108,7 +108,7 @@ def worker_pids(job_name: str, run_dir: Path) -> list[int]:
     return pids
 
 
-def expected_digests(job_file: Path) -> list[str]:
+def expected_digests(job_file: Path, steps: int = STEPS) -> list[str]:
     """What each step must train: its own prompts, G samples each, in slot order."""
     spec = RLJob.model_validate(yaml.safe_load(job_file.read_text())).spec
     os.chdir(REPO)
@@ -118,7 +118,7 @@ def expected_digests(job_file: Path) -> list[str]:
     batch = spec.algorithm.global_batch_size
     return [prompts_digest(flow.prepare_prompts(
         PromptCursor.at_step(examples, spec.algorithm.seed, s, batch).take(batch))["prompt_ids"])
-        for s in range(STEPS)]
+        for s in range(steps)]
 
 
 def check(run: Run, code: int = 0, k: int = 1) -> list[dict]:

@@ -14,9 +14,11 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from images import oci
 from tests.cluster.controlplane import REPO
@@ -46,8 +48,8 @@ def images_on_node(node_cluster):
     return refs
 
 
-def _rljob(plane, ns: str) -> dict:
-    out = plane.kubectl("get", "rljob", JOB, "-n", ns, "-o", "json", check=False)
+def _rljob(plane, ns: str, job: str = JOB) -> dict:
+    out = plane.kubectl("get", "rljob", job, "-n", ns, "-o", "json", check=False)
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
@@ -58,9 +60,9 @@ def _condition(job: dict, kind: str) -> str:
     return ""
 
 
-def _children(plane, ns: str) -> list[str]:
+def _children(plane, ns: str, job: str = JOB) -> list[str]:
     out = plane.kubectl("get", "pods,services,statefulsets,deployments,configmaps,secrets",
-                        "-n", ns, "-l", f"rljob.dev/name={JOB}", "-o", "name", check=False)
+                        "-n", ns, "-l", f"rljob.dev/name={job}", "-o", "name", check=False)
     return out.stdout.split()
 
 
@@ -73,81 +75,349 @@ def _debug(plane, ns: str) -> str:
     return f"pods:\n{pods}\nevents:\n{events}\noperator:\n{logs}"
 
 
-@pytest.mark.timeout(1800)
-def test_readme_journey_runs_the_job_on_a_real_node(node_cluster, images_on_node, tmp_path):
+@pytest.fixture(scope="module")
+def operator_release(node_cluster, images_on_node):
+    """`helm install` of the chart: the operator runs as a pod from its image."""
     plane = node_cluster.plane
-    # the checkpoint volume: a PersistentVolume on the node, bound to the example's claim
-    # (clusters provision one from their default StorageClass)
-    ns = f"e2e-{os.getpid()}"
-    plane.kubectl("create", "namespace", ns)
-    host_dir = tmp_path / "checkpoints"
-    host_dir.mkdir()
-    host_dir.chmod(0o777)  # the job's pods run as uid 1000
-    plane.kubectl("apply", "-f", "-", input=json.dumps({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": f"{ns}-checkpoints"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                 "hostPath": {"path": str(host_dir), "type": "Directory"},
-                 "claimRef": {"namespace": ns, "name": "quickstart-checkpoints"}}}))
+    t0 = time.monotonic()
+    helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
+         "--set", "reconcileInterval=2", "--set", "logFormat=plain")
     try:
-        t0 = time.monotonic()
-        helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-             "--set", "reconcileInterval=2", "--set", "logFormat=plain")
         plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
                       "--timeout=180s", timeout=200)
-        operator_ready = time.monotonic() - t0
+        print(f"\noperator Ready {time.monotonic() - t0:.0f}s after helm install")
+        yield plane
+    finally:
+        helm(plane, "uninstall", RELEASE, "-n", OPERATOR_NS, check=False)
 
-        t0 = time.monotonic()
-        plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
-        plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/quickstart-cluster.yaml"))
-        ready_at = None
-        steps_seen: list[tuple[float, int, float, float]] = []
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            job = _rljob(plane, ns)
-            progress = job.get("status", {}).get("progress", {})
-            if ready_at is None and _condition(job, "Ready") == "True":
-                ready_at = time.monotonic() - t0
-            step = progress.get("step", 0)
-            if step and (not steps_seen or steps_seen[-1][1] != step):
-                steps_seen.append((time.monotonic() - t0, step,
-                                   progress.get("stalenessMean", 0.0),
-                                   progress.get("tokensPerSecond", 0.0)))
-            if _condition(job, "Succeeded") == "True":
-                break
-            if _condition(job, "Failed") == "True":
-                pytest.fail(f"the job failed: {job['status']}\n{_debug(plane, ns)}")
-            time.sleep(1)
-        else:
-            pytest.fail(f"no success in 900 s: {steps_seen[-3:]}\n{_debug(plane, ns)}")
-        succeeded = time.monotonic() - t0
-        table = plane.kubectl("get", "rljobs", "-n", ns).stdout
-        print(f"\noperator Ready {operator_ready:.0f}s after helm install; apply -> Ready "
-              f"{ready_at}s, -> Succeeded {succeeded:.0f}s; steps seen "
-              f"{[s[1] for s in steps_seen]}\n{table}")
-        assert ready_at is not None, "the job never showed Ready=True"
-        assert len(steps_seen) >= 3 and steps_seen[-1][1] == 60, steps_seen
-        # async with maxStaleness 1: real staleness in (0, 1], real generated tokens/s
-        assert any(0 < s[2] <= 1 for s in steps_seen), steps_seen
-        assert all(s[2] <= 1 for s in steps_seen), steps_seen
-        assert any(s[3] > 0 for s in steps_seen), steps_seen
-        header, row = table.splitlines()[:2]
-        assert header.split()[:5] == ["NAME", "READY", "STEP", "STALENESS", "TOKENS/S"]
-        assert row.split()[0] == JOB and row.split()[2] == "60"
-        final = host_dir / JOB / "final"
-        assert (final / "config.json").exists(), sorted(str(p) for p in host_dir.rglob("*"))
-        assert any(final.glob("*.safetensors"))
 
-        # ttlSecondsAfterFinished: 30 -> the children go, the RLJob stays
-        t1 = time.monotonic()
-        deadline = time.monotonic() + 120
-        while _children(plane, ns) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert not _children(plane, ns), _children(plane, ns)
-        print(f"children removed {time.monotonic() - t1:.0f}s after success")
-        assert _rljob(plane, ns), "the RLJob itself stays"
+@pytest.fixture
+def namespace(node_cluster, tmp_path):
+    """A namespace for one test, and a directory on the node for its volumes."""
+    plane = node_cluster.plane
+    ns = f"e2e-{os.getpid()}-{tmp_path.name[-12:].lower().strip('_-')}".replace("_", "-")[:63]
+    plane.kubectl("create", "namespace", ns)
+    pvs: list[str] = []
+
+    def volume(claim: str) -> Path:
+        """A PersistentVolume on the node, pre-bound to `claim` (clusters provision
+        one from their default StorageClass)."""
+        host_dir = tmp_path / claim
+        host_dir.mkdir()
+        host_dir.chmod(0o777)  # the job's pods run as non-root users
+        pv = f"{ns}-{claim}"[:253]
+        plane.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": str(host_dir), "type": "Directory"},
+                     "claimRef": {"namespace": ns, "name": claim}}}))
+        pvs.append(pv)
+        return host_dir
+
+    try:
+        yield ns, volume
     finally:
         plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        helm(plane, "uninstall", RELEASE, "-n", OPERATOR_NS, check=False)
-        plane.kubectl("delete", "pv", f"{ns}-checkpoints", "--wait=false", check=False)
+        for pv in pvs:
+            plane.kubectl("delete", "pv", pv, "--wait=false", check=False)
+
+
+class Watch:
+    """Polls an RLJob once a second: the steps it shows (time, step, progress) and
+    its end. `on_poll(job)` runs at every poll (a test's faults)."""
+
+    def __init__(self, plane, ns: str, job: str):
+        self.plane, self.ns, self.job = plane, ns, job
+        self.t0 = time.monotonic()
+        self.steps: list[tuple[float, int, dict]] = []
+        self.ready_at: float | None = None
+
+    def until_succeeded(self, timeout: float, on_poll=None) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = _rljob(self.plane, self.ns, self.job)
+            progress = job.get("status", {}).get("progress", {})
+            if self.ready_at is None and _condition(job, "Ready") == "True":
+                self.ready_at = time.monotonic() - self.t0
+            step = progress.get("step", 0)
+            if step and (not self.steps or self.steps[-1][1] != step):
+                self.steps.append((time.monotonic() - self.t0, step, progress))
+            if _condition(job, "Succeeded") == "True":
+                return time.monotonic() - self.t0
+            if _condition(job, "Failed") == "True":
+                pytest.fail(f"the job failed: {job['status']}\n{_debug(self.plane, self.ns)}")
+            if on_poll is not None:
+                on_poll(job)
+            time.sleep(1)
+        pytest.fail(f"no success in {timeout:.0f} s: {[s[:2] for s in self.steps[-3:]]}\n"
+                    f"{_debug(self.plane, self.ns)}")
+
+    def step(self) -> int:
+        return self.steps[-1][1] if self.steps else 0
+
+    def rate(self, t_from: float, t_to: float) -> float:
+        """Steps a second the job showed between two times (seconds since the start)."""
+        inside = [(t, s) for t, s, _ in self.steps if t_from <= t <= t_to]
+        if len(inside) < 2:
+            return 0.0
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+def _apply(plane, ns: str, doc_or_path) -> None:
+    if isinstance(doc_or_path, Path):
+        plane.kubectl("apply", "-n", ns, "-f", str(doc_or_path))
+    else:
+        plane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc_or_path))
+
+
+@pytest.mark.timeout(1800)
+def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace):
+    plane = operator_release
+    ns, volume = namespace
+    host_dir = volume("quickstart-checkpoints")
+    plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
+    watch = Watch(plane, ns, JOB)
+    _apply(plane, ns, REPO / "examples/quickstart-cluster.yaml")
+    succeeded = watch.until_succeeded(900)
+    steps_seen = [(t, s, p.get("stalenessMean", 0.0), p.get("tokensPerSecond", 0.0))
+                  for t, s, p in watch.steps]
+    table = plane.kubectl("get", "rljobs", "-n", ns).stdout
+    print(f"\napply -> Ready {watch.ready_at}s, -> Succeeded {succeeded:.0f}s; steps seen "
+          f"{[s[1] for s in steps_seen]}\n{table}")
+    assert watch.ready_at is not None, "the job never showed Ready=True"
+    assert len(steps_seen) >= 3 and steps_seen[-1][1] == 60, steps_seen
+    # async with maxStaleness 1: real staleness in (0, 1], real generated tokens/s
+    assert any(0 < s[2] <= 1 for s in steps_seen), steps_seen
+    assert all(s[2] <= 1 for s in steps_seen), steps_seen
+    assert any(s[3] > 0 for s in steps_seen), steps_seen
+    header, row = table.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "READY", "STEP", "STALENESS", "TOKENS/S"]
+    assert row.split()[0] == JOB and row.split()[2] == "60"
+    final = host_dir / JOB / "final"
+    assert (final / "config.json").exists(), sorted(str(p) for p in host_dir.rglob("*"))
+    assert any(final.glob("*.safetensors"))
+
+    # ttlSecondsAfterFinished: 30 -> the children go, the RLJob stays
+    t1 = time.monotonic()
+    deadline = time.monotonic() + 120
+    while _children(plane, ns) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _children(plane, ns), _children(plane, ns)
+    print(f"children removed {time.monotonic() - t1:.0f}s after success")
+    assert _rljob(plane, ns), "the RLJob itself stays"
+
+
+def _pod(plane, ns: str, name: str) -> dict:
+    out = plane.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def _pod_ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def _scrape(pod: dict, metric: str, port: int = 9090) -> float | None:
+    """A counter from a pod's /metrics, read from the node (pod IPs are routable here)."""
+    ip = pod.get("status", {}).get("podIP")
+    if not ip:
+        return None
+    try:
+        body = urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=3).read().decode()
+    except OSError:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+              if line.startswith(metric + "{") or line.startswith(metric + " ")]
+    return sum(values) if values else None
+
+
+@pytest.mark.timeout(1800)
+def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release, namespace):
+    """examples/scaleout-cluster.yaml: one slow rollout replica, a fast trainer. The
+    operator reads Tgen and Ttrain from the job's TransferQueue and adds a replica
+    when δ = Tgen − Ttrain ≥ δ′ for consecutiveSteps steps; the new pod joins and
+    generates. Prints steps/s before and after."""
+    plane = operator_release
+    ns, _ = namespace
+    name = "scaleout-cluster"
+    doc = yaml.safe_load((REPO / "examples/scaleout-cluster.yaml").read_text())
+    max_steps = doc["spec"]["algorithm"]["maxSteps"]
+    watch = Watch(plane, ns, name)
+    scales: list[tuple[float, int, dict]] = []  # (time, step, lastScale)
+    joined: dict[str, float] = {}  # new replica -> when Ready
+    generated: dict[str, float] = {}  # new replica -> samples it generated (last scrape)
+
+    def on_poll(job: dict) -> None:
+        last = job.get("status", {}).get("lastScale")
+        if last and (not scales or scales[-1][2]["time"] != last["time"]):
+            scales.append((time.monotonic() - watch.t0, watch.step(), last))
+        for index in range(1, (scales[-1][2]["to"] if scales else 1)):
+            pod_name = f"{name}-rollout-{index}"
+            pod = _pod(plane, ns, pod_name)
+            if _pod_ready(pod):
+                joined.setdefault(pod_name, time.monotonic() - watch.t0)
+                samples = _scrape(pod, "rljob_samples_total")
+                if samples is not None:
+                    generated[pod_name] = samples
+
+    _apply(plane, ns, doc)
+    done = watch.until_succeeded(1200, on_poll)
+    events = json.loads(plane.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "reason=ScaledRolloutOut",
+        "-o", "json").stdout)["items"]
+    first = scales[0] if scales else None
+    report = [f"succeeded {done:.0f}s after apply; scales (s, step, from->to, δ, δ′): "
+              + ", ".join(f"({t:.0f}, {s}, {x['from']}->{x['to']}, {x['delta']:.2f}, "
+                          f"{x['gain']:.2f})" for t, s, x in scales),
+              f"new replicas Ready at {joined}; samples they generated {generated}"]
+    if first:
+        before = watch.rate(0, first[0])
+        settled = min(joined.values()) + 5 if joined else first[0]
+        after = watch.rate(settled, done)
+        report.append(f"steps/s before the first scale-out {before:.3f}, after the new "
+                      f"replica joined {after:.3f} ({after / before:.2f}x)" if before else "")
+    print("\n" + "\n".join(report))
+    assert first is not None, f"no scale-out: {watch.steps[-3:]}\n{_debug(plane, ns)}"
+    assert first[2]["from"] == 1 and first[2]["to"] == 2, first
+    # StreamRL's rule on the job's own figures: δ ≥ δ′ > 0
+    assert first[2]["delta"] >= first[2]["gain"] > 0, first
+    assert "generation lags training" in first[2]["reason"], first
+    assert scales[-1][2]["to"] <= doc["spec"]["rollout"]["maxReplicas"], scales
+    assert events and all("δ=" in e["message"] and "δ′=" in e["message"] for e in events), events
+    assert len(events) == len(scales), (events, scales)
+    # the added replica ran for real: Ready, and it generated samples the job trained on
+    assert f"{name}-rollout-1" in joined, joined
+    assert generated.get(f"{name}-rollout-1", 0) > 0, generated
+    assert watch.step() == max_steps
+    job = _rljob(plane, ns, name)
+    assert job["spec"]["rollout"]["replicas"] == scales[-1][2]["to"]
+
+
+def _live_pods(plane, ns: str, job: str) -> dict[str, list[str]]:
+    """The job's pods that are not being deleted, by role."""
+    out = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l", f"rljob.dev/name={job}",
+                                   "-o", "json").stdout)
+    by_role: dict[str, list[str]] = {}
+    for p in out["items"]:
+        if not p["metadata"].get("deletionTimestamp"):
+            by_role.setdefault(p["metadata"]["labels"]["rljob.dev/role"], []).append(
+                p["metadata"]["name"])
+    return by_role
+
+
+def _tq_stats(plane, ns: str, job: str):
+    """The TransferQueue controller's own Stats, over gRPC to its pod."""
+    import grpc
+
+    from rljob.transferqueue.proto import transferqueue_pb2 as pb
+    from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
+
+    pods = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l",
+                                    f"rljob.dev/name={job},rljob.dev/role=transferqueue",
+                                    "-o", "json").stdout)["items"]
+    ip = next(p["status"]["podIP"] for p in pods if _pod_ready(p))
+    with grpc.insecure_channel(f"{ip}:50051") as channel:
+        return pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
+
+
+@pytest.mark.timeout(2400)
+def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, namespace,
+                                                           tmp_path):
+    """The cluster quickstart with Redis on its own volume (persistence: true) and a
+    checkpoint every 2 steps. Mid-run, one after another: a rollout pod, the trainer
+    pod, the TransferQueue pod, the Redis pod and the operator's own pod are deleted.
+    The job still succeeds; the TransferQueue counts every row acked by the trainer
+    exactly once; every step trained its own prompts; staleness never exceeded its
+    bound; after the operator's restart there is never a duplicate child. Prints each
+    recovery time (deletion to the first step past the one shown at deletion)."""
+    from tests.chaos.test_faults import expected_digests
+
+    plane = operator_release
+    ns, volume = namespace
+    name = "faults-cluster"
+    doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    steps, k = 80, spec["workflow"]["maxStaleness"]
+    spec["algorithm"]["maxSteps"] = steps
+    spec["trainer"] = {"checkpointPvc": "checkpoints", "checkpointEvery": 2}
+    spec["transferQueue"]["leaseSeconds"] = 5
+    spec["transferQueue"]["redis"].update(persistence=True, storageSize="1Gi")
+    spec["runPolicy"] = {"ttlSecondsAfterFinished": 600}
+    host_dir = volume("checkpoints")
+    volume(f"data-{name}-redis-0")  # the StatefulSet's claim for storage unit 0
+    plane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "checkpoints"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "resources": {"requests": {"storage": "1Gi"}}}}))
+    job_file = tmp_path / f"{name}.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+
+    faults = [("rollout", "-n", ns, f"pod/{name}-rollout-0"),
+              ("trainer", "-n", ns, f"pod/{name}-trainer-0"),
+              ("transferqueue", "-n", ns, "pods", "-l",
+               f"rljob.dev/name={name},rljob.dev/role=transferqueue"),
+              ("redis", "-n", ns, f"pod/{name}-redis-0"),
+              ("operator", "-n", OPERATOR_NS, "pods", "-l", "app.kubernetes.io/name=rljob-operator")]
+    watch = Watch(plane, ns, name)
+    state = {"next": 0, "arm_at": 5, "fault": None}
+    recoveries: list[tuple[str, int, float]] = []
+    staleness_seen: list[int] = []
+    duplicates: list[dict] = []
+
+    def on_poll(job: dict) -> None:
+        progress = job.get("status", {}).get("progress", {})
+        if progress.get("step"):
+            staleness_seen.append(progress.get("stalenessMax", 0))
+        now = time.monotonic()
+        if state["fault"] is not None:
+            what, at_step, t_fault = state["fault"]
+            if watch.step() > at_step:
+                recoveries.append((what, at_step, now - t_fault))
+                state["fault"] = None
+                state["arm_at"] = watch.step() + 3
+            elif now - t_fault > 300:
+                pytest.fail(f"no step past {at_step} within 300 s of deleting the {what} pod\n"
+                            f"{_debug(plane, ns)}")
+        elif state["next"] < len(faults) and watch.step() >= state["arm_at"]:
+            what, *target = faults[state["next"]]
+            plane.kubectl("delete", *target, "--wait=false")
+            state["fault"] = (what, watch.step(), now)
+            state["next"] += 1
+        if any(r[0] == "operator" for r in recoveries) or \
+                (state["fault"] and state["fault"][0] == "operator"):
+            pods = _live_pods(plane, ns, name)
+            want = {"rollout": spec["rollout"]["replicas"], "trainer": 1, "transferqueue": 1,
+                    "storage": 1}
+            if any(len(pods.get(role, [])) > n for role, n in want.items()):
+                duplicates.append(pods)
+
+    _apply(plane, ns, job_file)
+    done = watch.until_succeeded(1800, on_poll)
+    stats = _tq_stats(plane, ns, name)
+    print(f"\nsucceeded {done:.0f}s after apply; recovery (pod, step at deletion, seconds): "
+          f"{[(w, s, round(r, 1)) for w, s, r in recoveries]}")
+    assert [r[0] for r in recoveries] == [f[0] for f in faults], \
+        f"not every fault was injected and recovered from: {recoveries}"
+    assert not duplicates, duplicates[:3]
+
+    # every row the driver released was trained exactly once: the train task acked
+    # exactly a step's samples per step (rows are acked when a checkpoint holds them)
+    n = spec["algorithm"]["globalBatchSize"] * spec["algorithm"]["groupSize"]
+    train = {t.name: t for t in stats.tasks}["train"]
+    print(f"TransferQueue: train acked {train.acked}, expired {train.expired}, "
+          f"table rows {stats.rows}, cleared partitions {stats.cleared_partitions}")
+    assert train.acked == n * steps, (train, stats.rows)
+
+    from rljob.local import read_metrics
+
+    ms = read_metrics(host_dir / name)
+    assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    assert all(m["samples"] == n and m["rows_claimed"] == n for m in ms)
+    assert [m["prompts"] for m in ms] == expected_digests(job_file, steps)
+    assert max(m["staleness_max"] for m in ms) <= k
+    assert staleness_seen and max(staleness_seen) <= k
+    # the operator that came back converged on the same children
+    pods = _live_pods(plane, ns, name)
+    assert len(pods.get("transferqueue", [])) == 1 and len(pods.get("storage", [])) == 1, pods

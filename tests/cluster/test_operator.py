@@ -186,7 +186,7 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
     job["metadata"]["name"] = "elastic"
     rollout = job["spec"].setdefault("rollout", {})
     rollout.update({"replicas": 1, "minReplicas": 1, "maxReplicas": 3, "autoscaling": {
-        "enabled": True, "consecutiveSteps": 2, "cooldownSeconds": 10}})
+        "enabled": True, "consecutiveSteps": 2, "cooldownSeconds": 10, "intervalSeconds": 1}})
     spec = load_rljob_from_dict(job).spec
 
     with ScriptedStats() as stats:

@@ -183,6 +183,21 @@ def test_cpu_pods_request_no_accelerator_and_run_as_non_root():
     assert res["limits"] == {"nvidia.com/gpu": str(job.spec.rollout.npus_per_replica)}
 
 
+def test_role_resources_are_requests_and_limits_beside_the_accelerator():
+    job = load("scaleout-cluster.yaml")
+    res = b.build_rollout_pod(job, 2)["spec"]["containers"][0]["resources"]
+    # the CPU limit is what the worker sizes its threads by (device.cores_given)
+    assert res == {"requests": {"cpu": "450m", "memory": "2Gi"},
+                   "limits": {"cpu": "450m", "memory": "2Gi"}}
+    assert b.build_trainer_pod(job, 0)["spec"]["containers"][0]["resources"] == {}
+    npu = load("quickstart.yaml", **{"accelerator.type": "ascend"})
+    npu.spec.trainer.resources.cpu, npu.spec.trainer.resources.memory = "16", "256Gi"
+    res = b.build_trainer_pod(npu, 0)["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"cpu": "16", "memory": "256Gi",
+                             "huawei.com/Ascend910": str(npu.spec.trainer.npus_per_node)}
+    assert res["requests"] == res["limits"]
+
+
 def test_checkpoint_pvc_mounts_and_run_dir():
     job = load("quickstart.yaml")
     job.spec.trainer.checkpoint_pvc = "ckpt"

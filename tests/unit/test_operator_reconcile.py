@@ -172,6 +172,7 @@ def auto_job(**kw):
     a.consecutive_steps = kw.get("steps", 2)
     a.cooldown_seconds = kw.get("cooldown", 100)
     a.allow_scale_in = kw.get("scale_in", False)
+    a.interval_seconds = kw.get("interval", 1)
     j.spec.rollout.max_replicas = kw.get("max", 4)
     return j.spec
 
@@ -206,6 +207,19 @@ def test_scales_out_after_consecutive_steps_honouring_cooldown_and_max():
     # at maxReplicas: never more
     for step in range(8, 14):
         assert observe(mem, spec, 4, step, 100.0, 1.0, now=1000 + step, last_scale_time=105) is None
+
+
+def test_the_gap_is_sampled_at_most_every_interval_seconds():
+    spec = auto_job(steps=2, cooldown=0, interval=30)
+    gain, _ = predicted_change(spec, 2, 10.0)
+    mem = Memory()
+    big = 10.0 - gain - 0.5
+    assert observe(mem, spec, 2, 1, 10.0, big, now=0, last_scale_time=None) is None
+    # new steps inside the interval are not observations
+    for step, now in ((2, 10), (3, 29)):
+        assert observe(mem, spec, 2, step, 10.0, big, now=now, last_scale_time=None) is None
+    act = observe(mem, spec, 2, 4, 10.0, big, now=30, last_scale_time=None)
+    assert act is not None and act.replicas_to == 3
 
 
 def test_scale_in_only_when_allowed():

@@ -154,13 +154,22 @@ class WorkflowSpec(ApiModel):
     )
 
 
+class ComputeResources(ApiModel):
+    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+
+
 class AutoscalingSpec(ApiModel):
     enabled: bool = Field(
         False,
         description="Add a rollout replica when generation lags training by more than "
         "one more replica would save.",
     )
-    interval_seconds: int = Field(30, ge=1, le=86400, description="How often to decide.")
+    interval_seconds: int = Field(
+        30, ge=1, le=86400,
+        description="Least time between two observations of the gap that count towards "
+        "consecutiveSteps (the gap is sampled at most this often).",
+    )
     cooldown_seconds: int = Field(
         300, ge=0, le=86400, description="Minimum time between two scale decisions."
     )
@@ -193,6 +202,11 @@ class RolloutSpec(ApiModel):
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    resources: ComputeResources = Field(
+        default_factory=ComputeResources,
+        description="CPU and memory of each rollout container, as requests and limits (a "
+        "CPU limit also caps its compute threads); unset: none.",
+    )
 
     rules = (
         Rule(
@@ -248,6 +262,11 @@ class TrainerSpec(ApiModel):
         "checkpoints and final weights, mounted at /checkpoints; without it a restarted "
         "trainer gang starts from step 0.",
     )
+    resources: ComputeResources = Field(
+        default_factory=ComputeResources,
+        description="CPU and memory of each trainer container, as requests and limits (a "
+        "CPU limit also caps its compute threads); unset: none.",
+    )
 
     @property
     def world_size(self) -> int:
@@ -285,11 +304,6 @@ class RewardSpec(ApiModel):
         pattern=REWARD_PATTERN,
         description="A built-in verifier name or a custom 'module:function' on the image.",
     )
-
-
-class ComputeResources(ApiModel):
-    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
-    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
 
 
 class RedisSpec(ApiModel):
