@@ -517,9 +517,11 @@ def trainer_command(job: RLJob, resume: bool) -> list[str]:
             "--master-port=$(MASTER_PORT)", "--no-python", *worker]
 
 
-def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0) -> dict:
-    """Trainer node `rank`. After a gang restart every rank resumes from the
-    last checkpoint (`--resume`)."""
+def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
+                      resume: bool | None = None) -> dict:
+    """Trainer node `rank`. After a gang restart (or, with `resume`, a trainer pod
+    recreated once the job made progress) every rank resumes from the last
+    checkpoint (`--resume`)."""
     name = job.metadata.name
     t = job.spec.trainer
     accelerated = job.spec.accelerator.type != "cpu"
@@ -543,7 +545,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0) -> dict:
         "name": "trainer",
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": trainer_command(job, resume=restarts > 0),
+        "command": trainer_command(job, resume=restarts > 0 if resume is None else resume),
         "env": env,
         "ports": [{"name": "master", "containerPort": MASTER_PORT},
                   {"name": "weights", "containerPort": WEIGHTS_PORT}, _metrics_port()],

@@ -115,6 +115,7 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     previous = {c["type"]: c for c in raw_status.get("conditions") or []}
     trainer_status = dict(raw_status.get("trainer") or {})
     restarts = int(trainer_status.get("restarts", 0))
+    progressed = bool((raw_status.get("progress") or {}).get("step"))
 
     by_role: dict[str, list[dict]] = {}
     for p in pods:
@@ -190,7 +191,10 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
         for rank in range(spec.trainer.num_nodes):
             pod_name = b.trainer_pod_name(name, rank)
             if rank not in have and pod_name not in terminating:
-                out.create.append(b.build_trainer_pod(job, rank, restarts))
+                # a trainer pod deleted (or evicted) after the job made progress comes
+                # back from the last checkpoint, not from step 0
+                out.create.append(b.build_trainer_pod(job, rank, restarts,
+                                                      resume=restarts > 0 or progressed))
         # rollouts: evicted/failed replicas are replaced; count follows the spec
         live = []
         for p in rollouts:

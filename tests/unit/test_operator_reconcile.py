@@ -47,6 +47,19 @@ def conds(p):
     return {c["type"]: c for c in p.status["conditions"]}
 
 
+def test_a_trainer_pod_deleted_after_progress_resumes_from_its_checkpoint():
+    j = job()
+    j.spec.trainer.num_nodes = 1
+    first = plan(j, {}, [], T0, 1)
+    trainer = next(o for o in first.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer")
+    assert "--resume" not in trainer["spec"]["containers"][0]["command"]
+    pods = [p for p in everything_ready(j) if p["metadata"]["labels"]["rljob.dev/role"] != "trainer"]
+    status = {"startTime": "2026-01-01T00:00:00Z", "progress": {"step": 34}}
+    again = plan(j, status, pods, T0, 1)
+    [trainer] = [o for o in again.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer"]
+    assert "--resume" in trainer["spec"]["containers"][0]["command"]
+
+
 def test_fresh_job_creates_every_pod_and_waits():
     j = job()
     p = plan(j, {}, [], T0, 1)

@@ -224,6 +224,27 @@ def test_a_consumer_refuses_part_of_its_lease_for_regeneration():
     assert c.tasks["train"].stale_regenerated == 2
 
 
+def test_rows_regenerated_before_their_producer_acked_are_made_again():
+    """A consumer may claim rows as soon as they are written, before the producer acks
+    its lease; if it sends them back for regeneration then, the producer's late ack
+    must not count them as made (they would be ready for no task, ever)."""
+    c, _ = make()
+    c.allocate(0, 4, group_size=2)
+    c.notify_written([0, 1, 2, 3], ["prompt"])
+    made = claim(c, "rollout", 4)
+    c.notify_written([0, 1, 2, 3], ["resp", "reward", "advantage"], versions=[1] * 4)
+    got = claim(c, "train", 4)
+    assert c.regenerate("train", got.lease, [0, 1], "rollout") == 2
+    compacted = Controller(2, 10.0, Clock())
+    compacted.replay(c.snapshot())  # a restarted controller remembers the same
+    for ctl in (c, compacted):
+        acked, _ = ctl.ack("rollout", made.lease)  # the late ack, whole lease
+        assert acked == 2
+        assert [r.index for r in claim(ctl, "rollout", 4, min_count=1).rows] == [0, 1]
+    with pytest.raises(TQError, match="not held"):
+        c.ack("rollout", made.lease, [0])
+
+
 def test_replaying_the_journal_rebuilds_the_same_state():
     c, clock = make()
     c.allocate(0, 4, group_size=2)

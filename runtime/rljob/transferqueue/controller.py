@@ -119,6 +119,9 @@ class Lease:
     rows: set[int]
     deadline: float
     consumer: str = ""
+    # rows a regenerate took back from this (producer's) lease before it acked them: its
+    # late ack skips them, so they are made again instead of counting as made
+    revoked: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,8 @@ class Controller:
             for lease in state.leases.values():
                 recs.append({"op": "lease", "task": name, "lease": lease.id,
                              "rows": sorted(lease.rows), "consumer": lease.consumer,
-                             "deadline": lease.deadline, "counted": False})
+                             "deadline": lease.deadline, "counted": False,
+                             "revoked": sorted(lease.revoked)})
         return recs
 
     # ---- registration -------------------------------------------------
@@ -608,7 +612,8 @@ class Controller:
         task, lease_id = rec["task"], rec["lease"]
         state = self.tasks[task]
         self._lease_seq = max(self._lease_seq, int(lease_id.rsplit("-", 1)[1]))
-        lease = Lease(lease_id, task, set(rec["rows"]), rec["deadline"], rec["consumer"])
+        lease = Lease(lease_id, task, set(rec["rows"]), rec["deadline"], rec["consumer"],
+                      set(rec.get("revoked", ())))
         state.leases[lease_id] = lease
         produces = bool(state.spec.produces)
         for idx in rec["rows"]:
@@ -731,6 +736,12 @@ class Controller:
         self.tasks[rec["task"]].stale_regenerated += len(rec["indices"])
         for idx in rec["indices"]:
             row = self.rows[idx]
+            for name in redo:  # a producer that wrote the row but has not acked it yet
+                lease_id = row.leased.pop(name, None)
+                if lease_id is not None:
+                    lease = self.tasks[name].leases[lease_id]
+                    lease.rows.discard(idx)
+                    lease.revoked.add(idx)
             row.written -= cleared
             row.acked -= redo
             for state in self.tasks.values():
@@ -747,10 +758,11 @@ class Controller:
 
     def ack(self, task: str, lease_id: str, indices: list[int] | None = None) -> tuple[int, list[Cleared]]:
         lease = self._lease(task, lease_id)
-        chosen = sorted(set(indices) if indices else lease.rows)
-        foreign = set(chosen) - lease.rows
+        chosen = set(indices) if indices else set(lease.rows)
+        foreign = chosen - lease.rows - lease.revoked
         if foreign:
             raise Conflict(f"rows {sorted(foreign)[:5]} are not in lease {lease_id!r}")
+        chosen = sorted(chosen & lease.rows)  # not the rows a regenerate took back
         cleared = self._do({"op": "ack", "task": task, "lease": lease_id, "indices": chosen})
         return len(chosen), cleared
 
