@@ -133,9 +133,14 @@ class Watch:
         self.steps: list[tuple[float, int, dict]] = []
         self.ready_at: float | None = None
 
-    def until_succeeded(self, timeout: float, on_poll=None) -> float:
+    def until_succeeded(self, timeout: float, on_poll=None, stall: float = 300) -> float:
+        """Seconds from the start to Succeeded; fails on Failed, on `timeout`, and when
+        no new step shows for `stall` seconds after the first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.steps and time.monotonic() - self.t0 - self.steps[-1][0] > stall:
+                pytest.fail(f"no new step for {stall:.0f} s after step {self.step()}\n"
+                            f"{_debug(self.plane, self.ns)}")
             job = _rljob(self.plane, self.ns, self.job)
             progress = job.get("status", {}).get("progress", {})
             if self.ready_at is None and _condition(job, "Ready") == "True":

@@ -68,13 +68,14 @@ class TQServer:
         env = dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD)
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
-        seen = ""
-        line = self.proc.stdout.readline()
-        while line and " listening on " in line and not line.startswith("transferqueue "):
-            seen += line  # the log line before the ready line
+        seen = ""  # log lines before the ready line
+        while True:
             line = self.proc.stdout.readline()
+            if not line or line.startswith(("transferqueue listening on ", "Traceback")):
+                break
+            seen += line
         if not line.startswith("transferqueue listening on "):
-            # the first line of a failure is "Traceback": wait for the rest of it
+            # a failure: wait for the rest of what it says
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 import urllib.request
+import uuid
 
 import grpc
 import numpy as np
@@ -348,3 +349,30 @@ def test_stream_loader_prefetches_and_gives_back_on_early_exit(tq):
                                                  stop_when_idle=1.0, wait=0.5)]
         assert sorted(i for b in got for i in b) == list(range(12))
         assert {s.name: s for s in c.stats().tasks}["t"].acked == 12
+
+
+def test_a_replaced_controller_stops_at_its_next_write(redis_units):
+    """A replacement controller pod starts while the old one still drains: the
+    replacement takes the table over, the old one is fenced off at its next write
+    (it stops without answering), and nothing it accepted before is lost."""
+    job = f"fenced{uuid.uuid4().hex[:8]}"
+    old = TQServer(redis_units, job=job)
+    try:
+        with TransferQueueClient(old.address) as c:
+            c.register(DRIVER, Task("t", ["prompt"]))
+            c.put(0, prompts(2))
+        new = TQServer(redis_units, job=job)
+        try:
+            with TransferQueueClient(old.address) as c, pytest.raises(TransferQueueError):
+                c.put(1, prompts(3))
+            assert old.proc.wait(timeout=20) == 3  # EXIT_STORAGE_LOST: fail-stop
+            assert "a newer controller took the table over" in old.proc.stdout.read()
+            with TransferQueueClient(new.address) as c:
+                assert c.stats().rows == 2
+                c.register(DRIVER, Task("t", ["prompt"]))
+                assert len(c.put(1, prompts(3))) == 3
+                assert len(c.claim("t", 5)) == 5
+        finally:
+            new.stop()
+    finally:
+        old.stop()

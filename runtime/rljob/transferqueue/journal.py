@@ -9,6 +9,13 @@ restarted Redis without persistence): the table's cells are gone, so the
 controller deletes what is left and starts a new table with a new id, and the
 job restarts from its last checkpoint.
 
+Only one controller writes the journal. On a cluster a replacement controller
+pod starts while the one it replaces is still draining, so each controller takes
+a fencing token when it opens the table (`JOB:owner`, incremented) and every write
+checks it atomically: a controller that has been replaced gets `Fenced` on its
+next write and stops before answering anyone, and the replacement's replay holds
+every record that was accepted before it took over.
+
 Memory units live in the controller's process: nothing outlives it, and no
 journal is kept.
 """
@@ -24,6 +31,20 @@ import redis
 from .storage.redis_unit import RedisUnit
 
 
+# RPUSH KEYS[2] ARGV[2..] only while KEYS[1] (the owner) still holds ARGV[1]
+_FENCED_RPUSH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED another controller owns this table')
+end
+return redis.call('RPUSH', KEYS[2], unpack(ARGV, 2))
+"""
+_CHUNK = 1000  # records per script call (Lua's unpack has a limit)
+
+
+class Fenced(RuntimeError):
+    """Another controller opened the table after this one: this one must stop."""
+
+
 class RedisJournal:
     def __init__(self, units: Sequence[RedisUnit], job: str):
         self.units = list(units)
@@ -32,12 +53,17 @@ class RedisJournal:
         self.journal_key = f"{job}:journal"
         self.snapshot_key = f"{job}:snapshot"
         self.table_key = f"{job}:table"
+        self.owner_key = f"{job}:owner"
         self.length = 0  # records appended since the last snapshot
         self.table_id = ""
+        self.token = ""
+        self._rpush = self.client.register_script(_FENCED_RPUSH)
 
     # ---- start-up -------------------------------------------------------
     def open(self) -> tuple[list[dict], str]:
-        """(records to replay, how the table was found: recovered | new | lost)."""
+        """(records to replay, how the table was found: recovered | new | lost).
+        Takes the table over first: a controller that had it can no longer write."""
+        self.token = str(self.client.incr(self.owner_key))
         ids = [u.client.get(self.table_key) for u in self.units]
         found = {i for i in ids if i is not None}
         if len(found) == 1 and None not in ids:
@@ -49,6 +75,7 @@ class RedisJournal:
         how = "lost" if found else "new"
         for u in self.units:  # cells of a lost table (or of a finished one): nobody reads them
             u.purge()
+        self.client.set(self.owner_key, self.token)  # the purge took the owner key too
         self.table_id = uuid.uuid4().hex
         for u in self.units:
             u.client.set(self.table_key, self.table_id)
@@ -56,24 +83,39 @@ class RedisJournal:
 
     # ---- running --------------------------------------------------------
     def append(self, records: list[dict]) -> None:
-        self.client.rpush(self.journal_key, *(json.dumps(r, separators=(",", ":"))
-                                              for r in records))
+        lines = [json.dumps(r, separators=(",", ":")) for r in records]
+        for start in range(0, len(lines), _CHUNK):
+            try:
+                self._rpush(keys=[self.owner_key, self.journal_key],
+                            args=[self.token, *lines[start:start + _CHUNK]])
+            except redis.ResponseError as exc:
+                if "FENCED" in str(exc):
+                    raise Fenced(str(exc)) from None
+                raise
         self.length += len(records)
 
     def compact(self, snapshot: list[dict]) -> None:
-        """Replace snapshot + journal by `snapshot` in one transaction."""
+        """Replace snapshot + journal by `snapshot` in one transaction (none if another
+        controller took the table over meanwhile)."""
         tmp = f"{self.snapshot_key}.new"
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(tmp)
-        for start in range(0, len(snapshot), 4096):
-            pipe.rpush(tmp, *(json.dumps(r, separators=(",", ":"))
-                              for r in snapshot[start:start + 4096]))
-        pipe.delete(self.journal_key)
-        if snapshot:
-            pipe.rename(tmp, self.snapshot_key)
-        else:
-            pipe.delete(self.snapshot_key)
-        pipe.execute()
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(self.owner_key)
+                if (pipe.get(self.owner_key) or b"").decode() != self.token:
+                    raise Fenced("another controller owns this table")
+                pipe.multi()
+                pipe.delete(tmp)
+                for start in range(0, len(snapshot), 4096):
+                    pipe.rpush(tmp, *(json.dumps(r, separators=(",", ":"))
+                                      for r in snapshot[start:start + 4096]))
+                pipe.delete(self.journal_key)
+                if snapshot:
+                    pipe.rename(tmp, self.snapshot_key)
+                else:
+                    pipe.delete(self.snapshot_key)
+                pipe.execute()
+            except redis.WatchError:
+                raise Fenced("another controller took this table over") from None
         self.length = 0
 
     def lost_units(self) -> list[int]:

@@ -182,8 +182,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if self.journal.length >= max(self.compact_every, 4 * len(self.controller.rows)):
                 self.journal.compact(self.controller.snapshot())
         except Exception as exc:  # noqa: BLE001 - fail-stop: never answer past a lost change
-            log.critical("cannot write the journal (%s): stopping; a restart recovers the "
-                         "table from what was journaled", exc)
+            from .journal import Fenced
+
+            if isinstance(exc, Fenced):
+                log.critical("a newer controller took the table over: stopping without "
+                             "answering (this one was replaced)")
+            else:
+                log.critical("cannot write the journal (%s): stopping; a restart recovers "
+                             "the table from what was journaled", exc)
             logging.shutdown()
             os._exit(EXIT_STORAGE_LOST)
 
