@@ -330,8 +330,8 @@ def _tq_stats(plane, ns: str, job: str):
 def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, namespace,
                                                            tmp_path):
     """The cluster quickstart with Redis on its own volume (persistence: true) and a
-    checkpoint every 2 steps. Mid-run, one after another: a rollout pod, the trainer
-    pod, the TransferQueue pod, the Redis pod and the operator's own pod are deleted.
+    checkpoint every 2 steps. Mid-run, one after another: the operator's own pod, a
+    rollout pod, the trainer pod, the TransferQueue pod and the Redis pod are deleted.
     The job still succeeds; the TransferQueue counts every row acked by the trainer
     exactly once; every step trained its own prompts; staleness never exceeded its
     bound; after the operator's restart there is never a duplicate child. Prints each
@@ -359,12 +359,14 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     job_file = tmp_path / f"{name}.yaml"
     job_file.write_text(yaml.safe_dump(doc))
 
-    faults = [("rollout", "-n", ns, f"pod/{name}-rollout-0"),
+    # the operator first: every later fault is then handled by the operator that came
+    # back, and the duplicate-children check covers all of them
+    faults = [("operator", "-n", OPERATOR_NS, "pods", "-l", "app.kubernetes.io/name=rljob-operator"),
+              ("rollout", "-n", ns, f"pod/{name}-rollout-0"),
               ("trainer", "-n", ns, f"pod/{name}-trainer-0"),
               ("transferqueue", "-n", ns, "pods", "-l",
                f"rljob.dev/name={name},rljob.dev/role=transferqueue"),
-              ("redis", "-n", ns, f"pod/{name}-redis-0"),
-              ("operator", "-n", OPERATOR_NS, "pods", "-l", "app.kubernetes.io/name=rljob-operator")]
+              ("redis", "-n", ns, f"pod/{name}-redis-0")]
     watch = Watch(plane, ns, name)
     state = {"next": 0, "arm_at": 5, "fault": None}
     recoveries: list[tuple[str, int, float]] = []

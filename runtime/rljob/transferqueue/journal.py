@@ -125,6 +125,6 @@ class RedisJournal:
             try:
                 if u.client.get(self.table_key) != self.table_id.encode():
                     lost.append(i)
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.TimeoutError):
                 pass  # down right now: judged when it is back
         return lost

@@ -151,7 +151,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                         raise StorageError(f"storage unit {i}: {exc}; check {PASSWORD_ENV}") \
                             from None
                     raise
-                except redis.ConnectionError as exc:
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # refused, or a timeout: a recreated unit's pod has a new address and
+                    # its DNS name may still point at the old one for a while
                     if time.monotonic() > deadline:
                         raise StorageError(f"storage unit {i} is unreachable after "
                                            f"{storage_wait:.0f}s: {exc}") from None
