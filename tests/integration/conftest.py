@@ -84,7 +84,9 @@ class TQServer:
             raise RuntimeError(f"transferqueue did not start (exit {self.proc.returncode}): "
                                f"{seen}{line}{rest}")
         found = re.search(r"listening on 127\.0\.0\.1:(\d+) .*metrics on :(\d+)", line)
-        assert found, line
+        if not found:
+            self.proc.kill()
+            raise RuntimeError(f"transferqueue said where it listens in an unknown form: {line}")
         self.port, self.metrics_port = int(found[1]), int(found[2])
         self.address = f"127.0.0.1:{self.port}"
 
