@@ -19,11 +19,13 @@ class Engine:
 
     def __init__(self):
         self.version = -1
+        self.epoch = 0
+        self.drain_seconds = 0.0
         self.state: dict[str, torch.Tensor] = {}
         self.loads = 0
 
-    def load_weights(self, state, version):
-        self.state, self.version = state, version
+    def load_weights(self, state, version, epoch=0):
+        self.state, self.version, self.epoch = state, version, epoch
         self.loads += 1
 
 

@@ -86,6 +86,11 @@ class AlgorithmSpec(ApiModel):
         0.001, ge=0, description="Weight of the k3 KL estimate to the reference policy."
     )
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")
+    max_grad_norm: float = Field(
+        1.0, ge=0, le=1e6,
+        description="Gradients are scaled down to this global L2 norm before each optimizer "
+        "step; 0 turns clipping off.",
+    )
     global_batch_size: int = Field(
         32, ge=1, le=65536, description="Prompts per optimizer step."
     )

@@ -35,14 +35,22 @@ class Generation:
 
 class RolloutEngine(ABC):
     version: int = -1
+    epoch: int = 0  # the weight sender's life `version` came from
+    # concurrent engines take groups one by one (`submit`) and keep many in flight;
+    # the others generate a batch per `generate` call
+    concurrent: bool = False
+    drain_seconds: float = 0.0  # of the last update: generations in flight finishing
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         """For each prompt (token ids), `params.n` generations."""
 
     @abstractmethod
-    def load_weights(self, state_dict: dict, version: int) -> None:
-        """Replace the policy weights with those of `version`."""
+    def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
+        """Replace the policy weights with those of `version` (of sender life `epoch`)."""
+
+    def close(self) -> None:
+        """Stop the engine's own processes, if it has any."""
 
 
 def seeded_sample(logits, uniforms, temperature: float, top_p: float):
@@ -90,9 +98,9 @@ class HFEngine(RolloutEngine):
         self.model = model.eval()
         self.tok = tokenizer
 
-    def load_weights(self, state_dict: dict, version: int) -> None:
+    def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         self.model.load_state_dict(state_dict)
-        self.version = version
+        self.version, self.epoch = version, epoch
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         torch = self.torch
@@ -141,11 +149,12 @@ class HFEngine(RolloutEngine):
         return results
 
 
-def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None) -> RolloutEngine:
+def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,
+                accelerator: str = "cpu", seed: int = 0) -> RolloutEngine:
     if kind == "vllm":
         from .vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_spec, rollout_spec, tokenizer)
+        return VLLMEngine(model_spec, rollout_spec, tokenizer, accelerator, seed)
     if model is None:
         raise ValueError("the hf engine needs the model")
     return HFEngine(model, tokenizer)

@@ -160,7 +160,7 @@ class MegatronEngine:
     """One trainer rank's model under Megatron-core parallelism."""
 
     def __init__(self, hf_config: dict, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                 dtype: torch.dtype = torch.bfloat16, cpu_init: bool = False):
+                 dtype: torch.dtype = torch.float32, cpu_init: bool = False, seed: int = 0):
         try:
             import megatron.core  # noqa: F401
         except ImportError as exc:
@@ -170,6 +170,7 @@ class MegatronEngine:
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.dtype = dtype
         self.cpu_init = cpu_init
+        self.seed = seed
         self.model = None
 
     def transformer_config(self):
@@ -196,6 +197,13 @@ class MegatronEngine:
 
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(self.tp, self.pp)
+        if not self.cpu_init:
+            # mcore initialises tensor-parallel weights (and runs dropout) under its
+            # model-parallel RNG tracker, which must be seeded first; the same seed
+            # on every tp rank, offset by mcore per rank where it must differ
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(self.seed)
         c = self.cfg
         self.model = GPTModel(
             config=self.transformer_config(),
@@ -213,6 +221,18 @@ class MegatronEngine:
     def hf_state(self) -> dict[str, torch.Tensor]:
         state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
         return mcore_to_hf(state, self.cfg)
+
+
+def _load_mindspeed(device) -> None:
+    """On Ascend, MindSpeed patches mcore for torch_npu (fused kernels, hccl); it
+    must be imported before mcore builds a model."""
+    if device.kind != "ascend":
+        return
+    try:
+        import mindspeed.megatron_adaptor  # noqa: F401 - patches megatron.core on import
+    except ImportError as exc:
+        raise RuntimeError("trainer.engine megatron on accelerator.type ascend needs "
+                           "MindSpeed: pip install 'rljob[npu]' in the runtime image") from exc
 
 
 def load_mcore_state(model, state: dict[str, torch.Tensor]) -> None:
@@ -257,16 +277,21 @@ class MegatronPolicy(Policy):
         if world % par.tp:
             raise SystemExit(f"trainer.parallelism.tp={par.tp} does not divide the "
                              f"{world} trainer ranks")
+        from .policy import compute_dtype
+
         self.device = torch_device
         self.tp = par.tp
-        dtype = getattr(torch, spec.model.dtype)
-        # the starting weights as Hugging Face builds them (pretrained or random init)
-        hf = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype)
+        self.compute = compute_dtype(spec, device)
+        _load_mindspeed(device)
+        # the starting weights as Hugging Face builds them (pretrained or random
+        # init), float32: the master copy; the passes compute in `self.compute`
+        hf = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=torch.float32)
         self.cfg = hf.config.to_dict()
         self.hf_config = hf.config
         full = hf_to_mcore(hf.state_dict(), self.cfg)
         del hf
-        self.engine = MegatronEngine(self.cfg, par.tp, par.pp, dtype=dtype)
+        self.engine = MegatronEngine(self.cfg, par.tp, par.pp, dtype=torch.float32,
+                                     cpu_init=not device.accelerated, seed=spec.algorithm.seed)
         self.model = self.engine.build().to(torch_device)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -283,7 +308,8 @@ class MegatronPolicy(Policy):
         self._dist = dist
 
     def freeze_reference(self, state: dict | None = None) -> None:
-        ref = MegatronEngine(self.cfg, self.tp, 1, dtype=self.engine.dtype).build()
+        ref = MegatronEngine(self.cfg, self.tp, 1, dtype=self.engine.dtype,
+                             cpu_init=self.engine.cpu_init, seed=self.engine.seed).build()
         ref = ref.to(self.device)
         ref.load_state_dict(state if state is not None else self.model.state_dict())
         ref.eval()
@@ -294,20 +320,40 @@ class MegatronPolicy(Policy):
     def _logprobs(self, model, batch) -> torch.Tensor:
         return mcore_token_logprobs(model, batch.input_ids)
 
-    def hf_state(self) -> dict[str, torch.Tensor]:
-        """Collective over the tensor-parallel group: the full weights, HF names, on CPU."""
-        mine = {k: v.detach() for k, v in self.model.state_dict().items()
-                if "_extra_state" not in k}
-        if self.tp == 1:
-            full = mine
-        else:
-            shards = []
-            for name in mine:
-                parts = [torch.empty_like(mine[name]) for _ in range(self.tp)]
-                self._dist.all_gather(parts, mine[name].contiguous(), group=self.tp_group)
-                shards.append((name, parts))
-            full = unshard_tp([{n: p[r] for n, p in shards} for r in range(self.tp)])
-        return {k: v.cpu() for k, v in mcore_to_hf(full, self.cfg).items()}
+    def hf_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective over the first data-parallel replica's tensor-parallel group:
+        rank 0 (the weight sender) gets the full weights under HF names in the
+        compute dtype on the host; every other rank gets None. Only the shards
+        are sent, only to rank 0 (no all-gather, no copy on the other ranks)."""
+        if self.data_rank != 0:
+            return None
+        mine = {k: v.detach().to(self.compute)
+                for k, v in self.model.state_dict().items() if "_extra_state" not in k}
+        if self.tp > 1:
+            first = self._dist.get_global_rank(self.tp_group, 0)
+            gathered = {}
+            for name, t in mine.items():
+                parts = ([torch.empty_like(t) for _ in range(self.tp)]
+                         if self.tp_rank == 0 else None)
+                self._dist.gather(t.contiguous(), parts, dst=first, group=self.tp_group)
+                gathered[name] = parts
+            if self.tp_rank != 0:
+                return None
+            mine = unshard_tp([{n: p[r] for n, p in gathered.items()} for r in range(self.tp)])
+        return {k: v.cpu() for k, v in mcore_to_hf(mine, self.cfg).items()}
+
+    def _grad_sumsq(self) -> torch.Tensor:
+        """Tensor-parallel shards count once each, replicated weights (norms) once
+        over the group: summed over the tensor-parallel group."""
+        total = torch.zeros((), device=self.device)
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            sq = (p.grad.float() ** 2).sum()
+            total += sq if getattr(p, "tensor_model_parallel", False) else sq / self.tp
+        if self.tp > 1:
+            self._dist.all_reduce(total, group=self.tp_group)
+        return total
 
     def saves_checkpoint(self, rank: int) -> bool:
         return self.data_rank == 0  # one copy of each tensor-parallel shard
@@ -320,7 +366,7 @@ class MegatronPolicy(Policy):
         from transformers import AutoModelForCausalLM
 
         state = self.hf_state()
-        if self._dist.get_rank() == 0:
+        if state is not None:
             model = AutoModelForCausalLM.from_config(self.hf_config)
             model.load_state_dict(state, strict=False)
             model.save_pretrained(path)

@@ -3,11 +3,19 @@ worker is the same for `trainer.engine: torch` (a transformers model, DDP over
 every rank) and `trainer.engine: megatron` (a Megatron-core GPTModel under
 tensor parallelism, DDP over the data-parallel group; `megatron_engine.py`).
 
-Every method that says "collective" must be called on every rank."""
+Every method that says "collective" must be called on every rank.
+
+Precision: the trainable weights are float32 (the master copy the optimizer
+updates) whatever `model.dtype` says; the forward and backward passes compute in
+`model.dtype` under autocast on an accelerator, and the weights rollouts load are
+cast to it. An optimizer stepping bfloat16 weights directly loses almost every
+update at RL learning rates (1e-6 is below bfloat16's resolution of a weight).
+CPU runs compute in float32."""
 
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -19,15 +27,23 @@ from ..models import build_model
 from .algorithms import Batch, token_logprobs
 
 
+def compute_dtype(spec: RLJobSpec, device: Device) -> torch.dtype:
+    """What the passes compute in (and rollouts receive): `model.dtype` on an
+    accelerator, float32 on CPU (pure)."""
+    return torch.float32 if device.kind == "cpu" else getattr(torch, spec.model.dtype)
+
+
 class Policy:
-    """What both engines share: `model` (this rank's trainable module), `wrapped`
-    (it under DDP, or itself), `ref` (the frozen reference), `device`,
-    `data_rank` / `data_world` (this rank's place among the data-parallel ranks)."""
+    """What both engines share: `model` (this rank's trainable module, float32
+    weights), `wrapped` (it under DDP, or itself), `ref` (the frozen reference),
+    `device`, `compute` (the dtype passes run in), `data_rank` / `data_world`
+    (this rank's place among the data-parallel ranks)."""
 
     model: torch.nn.Module
     wrapped: torch.nn.Module
     ref: torch.nn.Module | None
     device: torch.device
+    compute: torch.dtype = torch.float32
     data_rank: int
     data_world: int
 
@@ -37,12 +53,38 @@ class Policy:
     def parameters(self):
         return self.model.parameters()
 
+    def autocast(self):
+        """Passes in the compute dtype (float32 weights stay the master copy)."""
+        if self.compute == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute)
+
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs(self.wrapped, batch)
+        with self.autocast():
+            return self._logprobs(self.wrapped, batch).float()
 
     @torch.no_grad()
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs(self.ref, batch)
+        with self.autocast():
+            return self._logprobs(self.ref, batch).float()
+
+    def _grad_sumsq(self) -> torch.Tensor:
+        """This rank's sum of squared gradients (its contribution to the norm)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        return sum((g.float() ** 2).sum() for g in grads)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Collective for tensor-parallel engines: the gradient norm over the whole
+        model; if `max_norm` > 0 and the norm exceeds it, gradients are scaled to it."""
+        norm = float(self._grad_sumsq()) ** 0.5
+        if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return norm
 
     def no_sync(self, last: bool):
         """Skip the gradient all-reduce on all but a step's last micro-batch."""
@@ -63,11 +105,12 @@ class TorchPolicy(Policy):
     """trainer.engine torch: policy and frozen reference as transformers models."""
 
     def __init__(self, spec: RLJobSpec, tok, device: Device, torch_device, rank: int,
-                 world: int):
-        dtype = torch.float32 if device.kind == "cpu" else None
+                 world: int, compute: torch.dtype | None = None):
         self.device = torch_device
+        self.compute = compute or compute_dtype(spec, device)
+        # float32 master weights; the passes compute in `self.compute`
         self.model = build_model(spec.model, tok, seed=spec.algorithm.seed,
-                                 dtype=dtype).to(torch_device)
+                                 dtype=torch.float32).to(torch_device)
         self.wrapped = self.model
         if world > 1:
             ids = [torch_device] if device.accelerated else None
@@ -87,9 +130,13 @@ class TorchPolicy(Policy):
     def _logprobs(self, model, batch: Batch) -> torch.Tensor:
         return token_logprobs(model, batch)
 
-    def hf_state(self) -> dict[str, torch.Tensor]:
-        """Weights under Hugging Face names (what rollouts load)."""
-        return self.model.state_dict()
+    def hf_state(self) -> dict[str, torch.Tensor] | None:
+        """Weights under Hugging Face names in the compute dtype, on the host (what
+        rollouts load); only rank 0 sends them, the others get None (no copy)."""
+        if self.rank != 0:
+            return None
+        return {k: v.detach().to("cpu", self.compute)
+                for k, v in self.model.state_dict().items()}
 
     def saves_checkpoint(self, rank: int) -> bool:
         return rank == 0  # every rank holds the same weights

@@ -350,6 +350,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 opt.zero_grad()
                 break
             t0 = time.time()
+            grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
             opt.step()
             spans.add("optimizer", t0, time.time(), t)
             train_time += time.time() - t0
@@ -362,6 +363,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 with spans.span("weight-sync", t):
                     sender.publish(version, state)
                 m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
+                m["grad_norm"] = grad_norm
                 m["rows_claimed"] = source.rows_claimed
                 m["rows_regenerated"] = source.rows_regenerated
                 tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],

@@ -243,12 +243,13 @@ class WeightReceiver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swap_seconds: list[tuple[float, float, int]] = []  # (start, end, version)
+        self.drain_seconds: list[float] = []  # of each swap: waiting for generations in flight
 
     def load_latest(self, engine, min_version: int = 0, wait: float = 600.0) -> int:
         """Block until a version ≥ min_version is loaded (a replica joining the run)."""
         version, state = self.client.fetch(min_version, wait)
         with self.lock:
-            engine.load_weights(state, version)
+            engine.load_weights(state, version, self.client.last_epoch)
             self.version, self.epoch = version, self.client.last_epoch
         self.client.report(self.replica, version, self.epoch)
         return version
@@ -281,9 +282,10 @@ class WeightReceiver:
                     log.info("the trainer restarted: taking version %d of its new epoch "
                              "(held %d)", version, self.version)
                 with self.lock:  # waits for the generation in progress to finish
-                    engine.load_weights(state, version)
+                    engine.load_weights(state, version, epoch)
                     self.version, self.epoch = version, epoch
                 self.swap_seconds.append((t0, time.time(), version))
+                self.drain_seconds.append(engine.drain_seconds)
                 with self.swapped:
                     self.swapped.notify_all()
                 if not self._stop.is_set():
