@@ -362,6 +362,30 @@ def bench_workflow(
         bench.render(results)
 
 
+@bench_app.command("engines")
+def bench_engines(
+    steps: int = typer.Option(20, min=5, help="Steps per engine (the first 3 are not "
+                              "measured)."),
+    rounds: int = typer.Option(1, min=1, help="Rounds of the two engines; medians are "
+                               "printed."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1,
+                                     help="rollout.maxNumSeqs of the job."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The same small job with the hf and the vllm rollout engine: generated tokens/s,
+    weight-update seconds, steps/s."""
+    import json
+
+    from .bench import engines as bench
+
+    results = bench.run(steps, rounds, max_num_seqs, keep)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 def _job_spec(job_file: Path):
     return _load_job(job_file).spec
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class WorkerMetrics:
@@ -23,5 +23,14 @@ class WorkerMetrics:
         self.staleness = one(Gauge, "rljob_staleness_mean", "Mean staleness of the last step")
         self.gen_seconds = one(Gauge, "rljob_gen_seconds", "Tgen of the last step")
         self.train_seconds = one(Gauge, "rljob_train_seconds", "Ttrain of the last step")
+        self.inflight = one(Gauge, "rljob_rollout_sequences_in_flight",
+                            "Sequences a concurrent rollout engine is generating")
+        buckets = (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100)
+        self.weight_swap = Histogram(
+            "rljob_weight_swap_seconds", "A rollout's weight update: generations in flight "
+            "finishing plus the load", ["worker"], buckets=buckets, registry=reg).labels(worker)
+        self.weight_drain = Histogram(
+            "rljob_weight_drain_seconds", "Of a rollout's weight update: waiting for the "
+            "generations in flight", ["worker"], buckets=buckets, registry=reg).labels(worker)
         if port:
             start_http_server(port, registry=reg)

@@ -200,9 +200,10 @@ class RolloutSpec(ApiModel):
         256,
         ge=1,
         le=65536,
-        description="Sequences a replica generates together in one batch: it claims whole "
-        "groups up to this many (at most its share of a step; in periodic mode at most a "
-        "quarter of it, so generation overlaps training) and generates them in one call.",
+        description="Sequences a replica generates together: it claims whole groups up to "
+        "this many (at most its share of a step; in periodic mode at most a quarter of it, "
+        "so generation overlaps training). The hf engine generates them in one call; vllm "
+        "keeps that many in flight, claiming more as groups finish (continuous batching).",
     )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 import numpy as np
@@ -52,7 +52,12 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         device = activate(resolve_device(spec.accelerator.type,
                                          int(os.environ.get("LOCAL_RANK", "0"))))
         model = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype).to(device)
-    engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model)
+    if spec.rollout.engine == "vllm" and spec.accelerator.type == "cpu":
+        # vLLM's CPU build takes its KV cache from host memory (GiB); it sizes it itself
+        # on accelerators
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model,
+                         spec.accelerator.type, spec.algorithm.seed)
     reward_fn = get_reward(spec.reward.name)
     spans = SpanLog(run_dir, name)
     metrics = WorkerMetrics(name, metrics_port)
@@ -74,11 +79,11 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"
 
-    def claim() -> tuple[Batch, tuple[int, int]]:
+    def claim(rows: int = claim_rows) -> tuple[Batch, tuple[int, int]]:
         """The next groups, and (weightSync sync) the newest (version, epoch) published
         then."""
         try:
-            batch = tq.claim_get("rollout", claim_rows, ROLLOUT_READS, policy="group",
+            batch = tq.claim_get("rollout", rows, ROLLOUT_READS, policy="group",
                                  wait=0.5, min_count=g)
         except TransferQueueError as exc:
             if not exc.unavailable:
@@ -91,13 +96,16 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         return batch, (receiver.latest() if batch.rows and wait_weights else (-1, 0))
 
     def write(batch: Batch, flat: list, scored: list, version: int, epoch: int,
-              done: float) -> None:
-        """Publish a generated batch under its lease (fenced), then ack it. A lease that
+              done: float, indices: list[int] | None = None, last: bool = True) -> None:
+        """Publish generated rows (`indices`, default the whole batch) under their
+        lease (fenced), then ack them; `last`: the batch's keep-alive ends. A lease that
         expired meanwhile (this replica was paused or cut off) has given the rows to
         another replica: the controller refuses the write and the work is dropped."""
-        keeper.drop(batch)
+        if last:
+            keeper.drop(batch)
+        indices = batch.indices if indices is None else indices
         try:
-            tq.write(batch.indices, {
+            tq.write(indices, {
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
                 "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
                 "reward": [s.score for s in scored],
@@ -105,11 +113,34 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 "finished_at": [done] * len(flat),
                 "weights_epoch": [epoch] * len(flat),
             }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
-            tq.ack(batch)
+            tq.ack(batch, indices)
         except TransferQueueError as exc:
             log.warning("dropped %d generated samples of step %d: %s", len(flat),
                         batch.rows[0].partition, exc)
             metrics.dropped.inc(len(flat))
+
+    def score(batch: Batch, first: int, group: list) -> tuple[list, list]:
+        texts = [tok.decode(x.response_ids) for x in group]
+        rows = range(first, first + len(group))
+        scored = score_all(reward_fn, [batch.data["prompt"][i] for i in rows], texts,
+                           [batch.data["answer"][i] for i in rows])
+        errors = [x.error for x in scored if x.error]
+        if errors:
+            log.warning("reward failed for %d of %d samples: %s", len(errors), len(group),
+                        errors[0])
+        return group, scored
+
+    if engine.concurrent:
+        try:
+            _stream(engine, spec, receiver, keeper, tq, claim, write, score, spans,
+                    metrics, stop, claim_rows, wait_weights)
+        finally:
+            engine.close()
+            keeper.close()
+            receiver.stop()
+            tq.close()
+            spans.close()
+        return
 
     # the I/O of a generation overlaps the next one: one claim is in flight while
     # a group generates, and its results are written while the next generates
@@ -121,6 +152,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         while not stop.is_set():
             for t0, t1, v in receiver.swap_seconds[logged_swaps:]:
                 spans.add("weight-sync", t0, t1, v)
+                metrics.weight_swap.observe(t1 - t0)
             logged_swaps = len(receiver.swap_seconds)
             metrics.version.set(receiver.version)
             batch, latest = ahead.result()
@@ -172,6 +204,89 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         receiver.stop()
         tq.close()
         spans.close()
+
+
+def _stream(engine, spec: RLJobSpec, receiver, keeper, tq, claim, write, score, spans,
+            metrics, stop, max_rows: int, wait_weights: bool) -> None:
+    """A concurrent engine (vLLM): keep up to `max_rows` rows' groups in flight,
+    claim more as groups finish, and write each group the moment it is generated.
+    Weight updates happen inside the engine between generations (it drains the
+    groups in flight first), so every group comes back with the one version that
+    generated it."""
+    g = spec.algorithm.group_size
+    params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
+                            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
+    io = ThreadPoolExecutor(1, thread_name_prefix="rljob-rollout-claim")
+    writer = ThreadPoolExecutor(1, thread_name_prefix="rljob-rollout-write")
+    inflight: dict[Future, tuple[Batch, int, float]] = {}  # group → (batch, first row, t0)
+    left: dict[str, int] = {}  # a batch's lease → its groups not yet written
+    held: dict[str, Batch] = {}
+    ahead: Future | None = None
+    written: list[Future] = []
+    logged_swaps = 0
+    try:
+        while not stop.is_set():
+            for (t0, t1, v), drain in zip(receiver.swap_seconds[logged_swaps:],
+                                          receiver.drain_seconds[logged_swaps:]):
+                spans.add("weight-sync", t0, t1, v)
+                metrics.weight_swap.observe(t1 - t0)
+                metrics.weight_drain.observe(drain)
+            logged_swaps = len(receiver.swap_seconds)
+            metrics.version.set(receiver.version)
+            metrics.inflight.set(len(inflight) * g)
+            free = max_rows - len(inflight) * g
+            if ahead is None and free >= g:
+                ahead = io.submit(claim, free)
+            done, _ = wait([*inflight, *([ahead] if ahead else [])], timeout=0.5,
+                           return_when=FIRST_COMPLETED)
+            if ahead is not None and ahead.done():
+                batch, latest = ahead.result()
+                ahead = None
+                if batch.rows:
+                    if wait_weights:  # generation waits for the newest weights
+                        receiver.wait_version(latest[0], epoch=latest[1])
+                    step = batch.rows[0].partition
+                    t0 = time.time()
+                    for first in range(0, len(batch.rows), g):
+                        seed = _seed(spec, step, batch.data["slot"][first] // g)
+                        fut = engine.submit(batch.data["prompt_ids"][first].tolist(), params,
+                                            seed)
+                        inflight[fut] = (batch, first, t0)
+                    left[batch.lease], held[batch.lease] = len(batch.rows) // g, batch
+            for fut in [f for f in done if f in inflight]:
+                batch, first, t0 = inflight.pop(fut)
+                group, version, epoch = fut.result()
+                finished = time.time()
+                spans.add("generate", t0, finished, batch.rows[0].partition)
+                left[batch.lease] -= 1
+                last = left[batch.lease] == 0
+                if last:
+                    del left[batch.lease], held[batch.lease]
+                group, scored = score(batch, first, group)
+                for w in [w for w in written if w.done()]:
+                    w.result()  # a failed write surfaces here
+                written = [w for w in written if not w.done()]
+                written.append(writer.submit(write, batch, group, scored, version, epoch,
+                                             finished, batch.indices[first:first + g], last))
+                metrics.samples.inc(len(group))
+                metrics.tokens.inc(sum(len(x.response_ids) for x in group))
+    finally:
+        writer.shutdown(wait=True)  # what was generated is written
+        # groups in flight and a claim in flight: their rows go back to the queue at once
+        if ahead is not None:
+            try:
+                batch, _ = ahead.result()
+                if batch.rows:
+                    held[batch.lease] = batch
+            except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
+                log.warning("a claim in flight failed: %s", exc)
+        io.shutdown()
+        for batch in held.values():
+            keeper.drop(batch)
+            try:
+                tq.release(batch)
+            except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
+                log.warning("could not release a claimed batch: %s", exc)
 
 
 def _seed(spec: RLJobSpec, step: int, group: int) -> int:

@@ -1,0 +1,63 @@
+"""Whole runs with the real vLLM rollout engine (CPU build): the README's vLLM
+quickstart learns, and `rljob bench engines` prints both engines side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's environment")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict:
+    path = os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator"),
+                            os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def test_the_vllm_quickstart_learns(tmp_path):
+    job = REPO / "examples" / "quickstart-vllm.yaml"
+    spec = yaml.safe_load(job.read_text())["spec"]
+    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job), "--run-dir",
+                          str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO,
+                         env=_env(), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rollout_log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
+    assert "WeightUpdateExtension" in rollout_log  # the vLLM engine generated, not hf
+    ms = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = spec["algorithm"]["maxSteps"]
+    samples = spec["algorithm"]["globalBatchSize"] * spec["algorithm"]["groupSize"]
+    assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    assert all(m["samples"] == samples for m in ms)
+    assert max(m["staleness_max"] for m in ms) <= spec["workflow"]["maxStaleness"]
+    assert len({v for m in ms for v in m["versions"]}) > steps // 2  # weights kept updating
+    window = 30
+    means = [sum(m["reward_mean"] for m in ms[i:i + window]) / window
+             for i in range(0, steps, window)]
+    print("mean reward per 30 steps:", " → ".join(f"{r:.2f}" for r in means))
+    assert means[-1] > means[0] + 0.05
+
+
+def test_bench_engines_prints_both_engines(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rljob", "bench", "engines", "--steps", "8",
+                          "--json"], capture_output=True, text=True, cwd=REPO, env=_env(),
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads(out.stdout)
+    print(json.dumps({k: results[k] for k in ("engines", "vllm_over_hf")}, indent=1))
+    for engine in ("hf", "vllm"):
+        e = results["engines"][engine]
+        assert e["steps"] == 5
+        assert e["generated_tokens_per_s"] > 0 and e["weight_updates"] >= 1
+        assert e["weight_update_seconds"] > 0
+    assert results["vllm_over_hf"]["generated_tokens_per_s"] == pytest.approx(
+        results["engines"]["vllm"]["generated_tokens_per_s"]
+        / results["engines"]["hf"]["generated_tokens_per_s"])
