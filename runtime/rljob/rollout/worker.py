@@ -150,10 +150,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     logged_swaps = 0
     try:
         while not stop.is_set():
-            for t0, t1, v in receiver.swap_seconds[logged_swaps:]:
-                spans.add("weight-sync", t0, t1, v)
-                metrics.weight_swap.observe(t1 - t0)
-            logged_swaps = len(receiver.swap_seconds)
+            logged_swaps = _log_swaps(receiver, spans, metrics, logged_swaps)
             metrics.version.set(receiver.version)
             batch, latest = ahead.result()
             ahead = io.submit(claim)
@@ -226,12 +223,7 @@ def _stream(engine, spec: RLJobSpec, receiver, keeper, tq, claim, write, score, 
     logged_swaps = 0
     try:
         while not stop.is_set():
-            for (t0, t1, v), drain in zip(receiver.swap_seconds[logged_swaps:],
-                                          receiver.drain_seconds[logged_swaps:]):
-                spans.add("weight-sync", t0, t1, v)
-                metrics.weight_swap.observe(t1 - t0)
-                metrics.weight_drain.observe(drain)
-            logged_swaps = len(receiver.swap_seconds)
+            logged_swaps = _log_swaps(receiver, spans, metrics, logged_swaps)
             metrics.version.set(receiver.version)
             metrics.inflight.set(len(inflight) * g)
             free = max_rows - len(inflight) * g
@@ -287,6 +279,17 @@ def _stream(engine, spec: RLJobSpec, receiver, keeper, tq, claim, write, score, 
                 tq.release(batch)
             except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
                 log.warning("could not release a claimed batch: %s", exc)
+
+
+def _log_swaps(receiver, spans, metrics, logged: int) -> int:
+    """Record the weight swaps since the first `logged` ones (timeline spans and
+    histograms); return how many are recorded now."""
+    for (t0, t1, v), drain in zip(receiver.swap_seconds[logged:],
+                                  receiver.drain_seconds[logged:]):
+        spans.add("weight-sync", t0, t1, v)
+        metrics.weight_swap.observe(t1 - t0)
+        metrics.weight_drain.observe(drain)
+    return len(receiver.swap_seconds)
 
 
 def _seed(spec: RLJobSpec, step: int, group: int) -> int:
