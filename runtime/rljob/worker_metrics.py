@@ -32,5 +32,9 @@ class WorkerMetrics:
         self.weight_drain = Histogram(
             "rljob_weight_drain_seconds", "Of a rollout's weight update: waiting for the "
             "generations in flight", ["worker"], buckets=buckets, registry=reg).labels(worker)
+        self.weight_transfer = Histogram(
+            "rljob_weight_transfer_seconds", "A rollout's weight update: moving the version "
+            "from the trainer (gRPC stream or collective broadcast)", ["worker"],
+            buckets=buckets, registry=reg).labels(worker)
         if port:
             start_http_server(port, registry=reg)

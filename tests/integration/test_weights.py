@@ -1,6 +1,7 @@
 """Weight sync over real gRPC on loopback: WeightSender (trainer rank 0) →
 WeightReceiver (a rollout replica), versions, chunking, replica reports, and
-shutdown that does not hang on a long poll."""
+shutdown that does not hang on a long poll; and the collective path: a real gloo
+process group per replica, versions broadcast in buckets."""
 
 from __future__ import annotations
 
@@ -17,16 +18,23 @@ from rljob.weights import CHUNK, WeightClient, WeightReceiver, WeightSender
 class Engine:
     """What the receiver needs from a rollout engine: load_weights + version."""
 
+    weight_ranks = 0  # receives broadcasts in the receiver's process
+
     def __init__(self):
         self.version = -1
         self.epoch = 0
         self.drain_seconds = 0.0
+        self.transfer_seconds = 0.0
         self.state: dict[str, torch.Tensor] = {}
         self.loads = 0
 
     def load_weights(self, state, version, epoch=0):
-        self.state, self.version, self.epoch = state, version, epoch
+        self.state = {k: v.clone() for k, v in state.items()}
+        self.version, self.epoch = version, epoch
         self.loads += 1
+
+    def weight_device(self):
+        return torch.device("cpu")
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
@@ -222,3 +230,64 @@ def test_a_refused_report_does_not_stop_the_receiver():
     finally:
         receiver.stop()
         sender.stop(grace=0)
+
+
+def test_collective_versions_reach_a_replica_bit_exact():
+    """weightTransport collective: the replica joins a gloo group of its own with the
+    sender, each version arrives as a broadcast of several buckets (a small bucket
+    size here) and equals what was published, bit for bit; a gRPC fetch of the same
+    version (another cluster's replica) still works."""
+    sender = WeightSender(f"127.0.0.1:{free_port()}", transport="collective",
+                          bucket_bytes=1 << 20)
+    address = f"127.0.0.1:{sender.port}"
+    engine = Engine()
+    receiver = WeightReceiver(address, "rollout-0", mode="async", transport="collective",
+                              backend="gloo")
+    client = WeightClient(address)
+    try:
+        sender.publish(0, weights(0))
+        assert len(sender._latest.buckets) >= 2
+        assert receiver.load_latest(engine) == 0
+        assert_same(engine.state, weights(0))
+        receiver.start_background(engine, heartbeat=0.5)
+        for v in (1, 2, 3):
+            sender.publish(v, weights(v))
+            receiver.wait_version(v, timeout=30)
+            assert engine.version == v
+            assert_same(engine.state, weights(v))
+        assert sender.wait_replicas(3, timeout=10)
+        assert len(receiver.transfer_seconds) == engine.loads == 4
+        assert all(t > 0 for t in receiver.transfer_seconds)
+        version, state = client.fetch(3, wait=10)
+        assert version == 3
+        assert_same(state, weights(3))
+    finally:
+        client.close()
+        receiver.stop()
+        sender.stop(grace=0)
+
+
+def test_a_collective_replica_joins_the_restarted_trainer():
+    """The trainer dies and a new one (new epoch, no groups) serves the same address:
+    the replica's broadcast request is refused, it joins the new sender's group
+    and takes the new life's version."""
+    port = free_port()
+    first = WeightSender(f"127.0.0.1:{port}", epoch=21, transport="collective")
+    first.publish(4, weights(4))
+    engine = Engine()
+    receiver = WeightReceiver(f"127.0.0.1:{port}", "rollout-0", transport="collective")
+    receiver.load_latest(engine)
+    first_group = receiver._group_name
+    first.stop(grace=0)
+    second = WeightSender(f"127.0.0.1:{port}", epoch=22, transport="collective")
+    try:
+        second.publish(2, weights(2))
+        receiver.start_background(engine, heartbeat=0.5)
+        receiver.wait_version(2, timeout=60, epoch=22)
+        assert (engine.version, receiver.epoch) == (2, 22)
+        assert_same(engine.state, weights(2))
+        assert receiver._group_name not in (None, first_group)
+        assert second.wait_replicas(2, timeout=10)
+    finally:
+        receiver.stop()
+        second.stop(grace=0)

@@ -48,19 +48,31 @@ def final_weights(run_dir: Path):
 
 
 def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
+    """...and so does periodic with weights broadcast over the collective path
+    (a gloo group per replica) instead of streamed over gRPC: the rollouts sample
+    from bit-identical weights."""
     runs = {}
-    for mode in ("sync", "periodic"):
-        path = job(tmp_path, f"bit-{mode}", workflow={"mode": mode, "maxStaleness": None})
+    for mode, transport in (("sync", "grpc"), ("periodic", "grpc"),
+                            ("periodic-collective", "collective")):
+        path = job(tmp_path, f"bit-{mode}", workflow={
+            "mode": mode.split("-")[0], "maxStaleness": None, "weightTransport": transport})
         doc = yaml.safe_load(path.read_text())
         del doc["spec"]["workflow"]["maxStaleness"]
         path.write_text(yaml.safe_dump(doc))
         rljob_run(path, tmp_path / mode, "--max-steps", "3")
         runs[mode] = tmp_path / mode
-    a, b = final_weights(runs["sync"]), final_weights(runs["periodic"])
-    assert a.keys() == b.keys()
-    assert all((a[k] == b[k]).all() for k in a), "periodic diverged from sync"
+    a = final_weights(runs["sync"])
+    for other in ("periodic", "periodic-collective"):
+        b = final_weights(runs[other])
+        assert a.keys() == b.keys()
+        assert all((a[k] == b[k]).all() for k in a), f"{other} diverged from sync"
     ms = {m: metrics(d) for m, d in runs.items()}
-    assert [x["reward_mean"] for x in ms["sync"]] == [x["reward_mean"] for x in ms["periodic"]]
+    assert ([x["reward_mean"] for x in ms["sync"]] == [x["reward_mean"] for x in ms["periodic"]]
+            == [x["reward_mean"] for x in ms["periodic-collective"]])
+    logs = sorted((runs["periodic-collective"] / "logs").glob("rollout-*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        assert "joined weight group" in log.read_text(), log.name  # not over gRPC
     assert all(x["staleness_max"] == 0 for x in ms["periodic"])
     # and the first update changed something
     init = RLJob.model_validate(yaml.safe_load((runs["sync"] / "job.yaml").read_text()))

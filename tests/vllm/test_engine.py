@@ -116,3 +116,34 @@ def test_an_update_waits_for_the_groups_in_flight(engine, tok):
         assert _max_error(model, tok, prompts, [g for g, _, _ in results]) < TOL
     print(f"update with 24 groups in flight: drain {engine.drain_seconds * 1e3:.0f} ms, "
           f"reload {engine.reload_seconds * 1e3:.0f} ms")
+
+
+def test_a_broadcast_version_is_received_by_the_workers_and_loaded(engine, tok):
+    """weightTransport collective: the engine's worker joins a weight group (gloo on
+    CPU) with a real sender, receives each version's buckets and reloads them; the
+    log-probs then equal transformers' under the sent weights."""
+    from rljob.netutil import free_port
+    from rljob.weights import WeightReceiver, WeightSender
+
+    sender = WeightSender(f"127.0.0.1:{free_port()}", transport="collective",
+                          bucket_bytes=1 << 20)
+    receiver = WeightReceiver(f"127.0.0.1:{sender.port}", "rollout-0", transport="collective",
+                              backend="gloo")
+    prompts = [tok.encode(t) for t in PROMPTS_TEXT]
+    try:
+        for version, noise in ((10, 0.0), (11, 0.05)):
+            model = _policy(tok, seed=0, noise=noise)
+            sender.publish(version, model.state_dict())
+            assert receiver.load_latest(engine, version, wait=60) == version
+            assert (engine.version, len(sender._latest.buckets) > 1) == (version, True)
+            err = _max_error(model, tok, prompts, engine.generate(prompts, PARAMS))
+            print(f"broadcast version {version}: {sender._latest.total / 1e6:.1f} MB in "
+                  f"{len(sender._latest.buckets)} buckets, received in "
+                  f"{engine.transfer_seconds * 1e3:.1f} ms, drain "
+                  f"{engine.drain_seconds * 1e3:.1f} ms, load {engine.reload_seconds * 1e3:.1f}"
+                  f" ms; max |logp error| {err:.2e}")
+            assert err < TOL
+        assert len(receiver.transfer_seconds) == 2 and min(receiver.transfer_seconds) > 0
+    finally:
+        receiver.stop()
+        sender.stop(grace=0)

@@ -140,6 +140,19 @@ class WorkflowSpec(ApiModel):
         description="async: rollouts receive new weights into host memory while generating "
         "and swap at an iteration boundary; sync: generation waits for the new weights.",
     )
+    weight_transport: Literal["auto", "grpc", "collective"] = Field(
+        "auto",
+        description="How weights travel from trainer rank 0 to the rollouts. collective: "
+        "broadcast in buckets from device memory in a process group per replica (gloo on "
+        "CPU, NCCL on GPU, HCCL on Ascend); grpc: streamed from host memory over gRPC "
+        "(any network, across clusters). auto: collective on accelerators, grpc on CPU.",
+    )
+
+    def transport(self, accelerator: str) -> str:
+        """The weight transport in force on `accelerator` (auto resolved)."""
+        if self.weight_transport != "auto":
+            return self.weight_transport
+        return "grpc" if accelerator == "cpu" else "collective"
 
     @property
     def staleness_bound(self) -> int:

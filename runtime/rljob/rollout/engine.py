@@ -40,6 +40,12 @@ class RolloutEngine(ABC):
     # the others generate a batch per `generate` call
     concurrent: bool = False
     drain_seconds: float = 0.0  # of the last update: generations in flight finishing
+    # the collective weight path (`weights/collective.py`): an engine whose model
+    # lives in processes of its own (vLLM) joins the weight group with those
+    # processes' ranks and loads each broadcast there; the weights of the others
+    # (weight_ranks 0) are received by this process, into `weight_device()`
+    weight_ranks: int = 0
+    transfer_seconds: float = 0.0  # of the last broadcast loaded by the engine itself
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -48,6 +54,20 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         """Replace the policy weights with those of `version` (of sender life `epoch`)."""
+
+    def weight_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def join_weight_group(self, backend: str, store: str, prefix: str, first_rank: int,
+                          world: int) -> None:
+        """Join the engine's ranks (first_rank, first_rank + 1, ...) to a weight group."""
+        raise NotImplementedError(f"{type(self).__name__} receives weights in-process")
+
+    def load_broadcast(self, sizes: list[int], slots: list, version: int, epoch: int) -> None:
+        """Receive a broadcast version in the engine's own ranks and load it there."""
+        raise NotImplementedError(f"{type(self).__name__} receives weights in-process")
 
     def close(self) -> None:
         """Stop the engine's own processes, if it has any."""
@@ -101,6 +121,9 @@ class HFEngine(RolloutEngine):
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         self.model.load_state_dict(state_dict)
         self.version, self.epoch = version, epoch
+
+    def weight_device(self):
+        return next(self.model.parameters()).device
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         torch = self.torch

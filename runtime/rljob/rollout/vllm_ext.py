@@ -6,7 +6,11 @@
 through the model runner's `reload_weights`, which keeps every backend's own
 weight layout (the CPU backend repacks linear weights after a load, so loading
 into the model's parameters directly does not work there). Every worker of the
-replica runs it; each keeps the shard its tensor-parallel rank needs."""
+replica runs it; each keeps the shard its tensor-parallel rank needs.
+
+`rljob_join` / `rljob_receive` are the collective path: each worker joins the
+replica's weight group as rank first_rank + its rank, and receives a version's
+buckets from the trainer into its own device before the same reload."""
 
 from __future__ import annotations
 
@@ -19,3 +23,27 @@ class WeightUpdateExtension:
         state = load(data)
         self.model_runner.reload_weights(weights_iterator=list(state.items()))
         return len(state)
+
+    def rljob_join(self, backend: str, store: str, prefix: str, first_rank: int,
+                   world: int) -> int:
+        """Join the replica's weight group (blocks until every rank has); return the rank."""
+        from rljob.weights.collective import new_group
+
+        rank = first_rank + self.rank
+        self._rljob_group, self._rljob_store = new_group(backend, store, prefix, rank, world)
+        self._rljob_backend = backend
+        return rank
+
+    def rljob_receive(self, sizes: list[int], slots: list) -> tuple[float, int]:
+        """Receive one broadcast version and reload it; return (seconds receiving, tensors)."""
+        import time
+
+        from rljob.weights.collective import Slot, device_of, receive, unpack
+
+        t0 = time.monotonic()
+        buckets = receive(self._rljob_group, sizes, device_of(self._rljob_backend))
+        received = time.monotonic() - t0
+        state = unpack([Slot(n, d, tuple(sh), b, o, nb) for n, d, sh, b, o, nb in slots],
+                       buckets)
+        self.model_runner.reload_weights(weights_iterator=list(state.items()))
+        return received, len(state)

@@ -30,6 +30,7 @@ from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
+from ..weights.collective import BACKENDS
 from ..workflow.tasks import ROLLOUT_READS, TASKS, rollout_batch_rows
 from .engine import SamplingParams, make_engine
 
@@ -62,7 +63,9 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     spans = SpanLog(run_dir, name)
     metrics = WorkerMetrics(name, metrics_port)
 
-    receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync)
+    transport = spec.workflow.transport(spec.accelerator.type)
+    receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync, transport,
+                              BACKENDS[spec.accelerator.type])
     with spans.span("weight-sync", -1):
         receiver.load_latest(engine, 0)  # joining: the newest version first
     receiver.start_background(engine)
@@ -284,11 +287,13 @@ def _stream(engine, spec: RLJobSpec, receiver, keeper, tq, claim, write, score, 
 def _log_swaps(receiver, spans, metrics, logged: int) -> int:
     """Record the weight swaps since the first `logged` ones (timeline spans and
     histograms); return how many are recorded now."""
-    for (t0, t1, v), drain in zip(receiver.swap_seconds[logged:],
-                                  receiver.drain_seconds[logged:]):
+    for (t0, t1, v), drain, transfer in zip(receiver.swap_seconds[logged:],
+                                            receiver.drain_seconds[logged:],
+                                            receiver.transfer_seconds[logged:]):
         spans.add("weight-sync", t0, t1, v)
         metrics.weight_swap.observe(t1 - t0)
         metrics.weight_drain.observe(drain)
+        metrics.weight_transfer.observe(transfer)
     return len(receiver.swap_seconds)
 
 

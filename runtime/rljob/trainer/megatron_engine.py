@@ -320,10 +320,10 @@ class MegatronPolicy(Policy):
     def _logprobs(self, model, batch) -> torch.Tensor:
         return mcore_token_logprobs(model, batch.input_ids)
 
-    def hf_state(self) -> dict[str, torch.Tensor] | None:
+    def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
         """Collective over the first data-parallel replica's tensor-parallel group:
         rank 0 (the weight sender) gets the full weights under HF names in the
-        compute dtype on the host; every other rank gets None. Only the shards
+        compute dtype, on the host or left on its device; every other rank gets None. Only the shards
         are sent, only to rank 0 (no all-gather, no copy on the other ranks)."""
         if self.data_rank != 0:
             return None
@@ -340,7 +340,7 @@ class MegatronPolicy(Policy):
             if self.tp_rank != 0:
                 return None
             mine = unshard_tp([{n: p[r] for n, p in gathered.items()} for r in range(self.tp)])
-        return {k: v.cpu() for k, v in mcore_to_hf(mine, self.cfg).items()}
+        return {k: v.cpu() if on_host else v for k, v in mcore_to_hf(mine, self.cfg).items()}
 
     def _grad_sumsq(self) -> torch.Tensor:
         """Tensor-parallel shards count once each, replicated weights (norms) once

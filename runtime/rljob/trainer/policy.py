@@ -130,12 +130,14 @@ class TorchPolicy(Policy):
     def _logprobs(self, model, batch: Batch) -> torch.Tensor:
         return token_logprobs(model, batch)
 
-    def hf_state(self) -> dict[str, torch.Tensor] | None:
-        """Weights under Hugging Face names in the compute dtype, on the host (what
-        rollouts load); only rank 0 sends them, the others get None (no copy)."""
+    def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
+        """Weights under Hugging Face names in the compute dtype (what rollouts
+        load), on the host or left on the device; only rank 0 sends them, the
+        others get None (no copy)."""
         if self.rank != 0:
             return None
-        return {k: v.detach().to("cpu", self.compute)
+        where = "cpu" if on_host else None
+        return {k: v.detach().to(where, self.compute)
                 for k, v in self.model.state_dict().items()}
 
     def saves_checkpoint(self, rank: int) -> bool:

@@ -278,7 +278,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     # this life's epoch: samples of weights a dead life published after `start` are
     # not in its history and are made again
     lineage = Lineage.restored(new_epoch(), recorded)
-    sender = WeightSender(weights_listen, lineage.epoch) if rank == 0 else None
+    # collective: rollouts receive the weights from this device (no host copy)
+    on_host = spec.workflow.transport(spec.accelerator.type) != "collective"
+    sender = (WeightSender(weights_listen, lineage.epoch,
+                           spec.workflow.transport(spec.accelerator.type))
+              if rank == 0 else None)
     if start == 0 and ref_state is None:
         with spans.span("train", -1):
             warm_loss = warm_up(policy, tok, spec)
@@ -290,7 +294,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         opt.load_state_dict(opt_state)
 
     tq = keeper = None
-    state = policy.hf_state()  # collective (megatron gathers tensor-parallel shards)
+    state = policy.hf_state(on_host)  # collective (megatron gathers tensor-parallel shards)
     if rank == 0:
         sender.publish(start, state)
         tq = TransferQueueClient(tq_address)
@@ -355,7 +359,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             spans.add("optimizer", t0, time.time(), t)
             train_time += time.time() - t0
             version = t + 1
-            state = policy.hf_state()  # collective
+            state = policy.hf_state(on_host)  # collective
             if rank == 0:
                 # the step's rows stay leased (kept alive) until a checkpoint holds
                 # the update: a trainer that dies before then trains them again

@@ -83,3 +83,63 @@ class StatusResponse(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaVersion]
     epoch: int
     def __init__(self, version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaVersion, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("replica", "group", "store", "world", "backend")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    group: str
+    store: str
+    world: int
+    backend: str
+    def __init__(self, replica: _Optional[str] = ..., group: _Optional[str] = ..., store: _Optional[str] = ..., world: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class JoinAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BroadcastRequest(_message.Message):
+    __slots__ = ("replica", "group", "min_version", "wait_seconds", "epoch")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    group: str
+    min_version: int
+    wait_seconds: float
+    epoch: int
+    def __init__(self, replica: _Optional[str] = ..., group: _Optional[str] = ..., min_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class TensorSlot(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "bucket", "offset", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    bucket: int
+    offset: int
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class BroadcastPlan(_message.Message):
+    __slots__ = ("version", "epoch", "buckets", "tensors")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    epoch: int
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSlot]
+    def __init__(self, version: _Optional[int] = ..., epoch: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ..., tensors: _Optional[_Iterable[_Union[TensorSlot, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,16 @@ class WeightServiceStub:
                 request_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.StatusRequest.SerializeToString,
                 response_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/rljob.weights.v1.WeightService/Join',
+                request_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.JoinRequest.SerializeToString,
+                response_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.JoinAck.FromString,
+                _registered_method=True)
+        self.Broadcast = channel.unary_unary(
+                '/rljob.weights.v1.WeightService/Broadcast',
+                request_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastRequest.SerializeToString,
+                response_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastPlan.FromString,
+                _registered_method=True)
 
 
 class WeightServiceServicer:
@@ -83,6 +93,18 @@ class WeightServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Broadcast(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +127,16 @@ def add_WeightServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.StatusRequest.FromString,
                     response_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.StatusResponse.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.JoinRequest.FromString,
+                    response_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.JoinAck.SerializeToString,
+            ),
+            'Broadcast': grpc.unary_unary_rpc_method_handler(
+                    servicer.Broadcast,
+                    request_deserializer=rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastRequest.FromString,
+                    response_serializer=rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastPlan.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +247,60 @@ class WeightService:
             '/rljob.weights.v1.WeightService/Status',
             rljob_dot_weights_dot_proto_dot_weights__pb2.StatusRequest.SerializeToString,
             rljob_dot_weights_dot_proto_dot_weights__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.weights.v1.WeightService/Join',
+            rljob_dot_weights_dot_proto_dot_weights__pb2.JoinRequest.SerializeToString,
+            rljob_dot_weights_dot_proto_dot_weights__pb2.JoinAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Broadcast(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rljob.weights.v1.WeightService/Broadcast',
+            rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastRequest.SerializeToString,
+            rljob_dot_weights_dot_proto_dot_weights__pb2.BroadcastPlan.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,153 @@
+"""The collective weight path (`workflow.weightTransport: collective`): the trainer's
+rank 0 and every rank of a rollout replica's engine form a process group of their
+own (gloo on CPU, NCCL on GPU, HCCL on Ascend), and each weight version is
+broadcast from rank 0 in a few large buckets straight from device memory.
+
+A replica hosts its group's rendezvous store (a `TCPStore` on its own address) and
+asks the sender to join (`WeightService.Join`); the sender answers each
+`Broadcast` request with the version's plan (where each tensor lies in which
+bucket) and then broadcasts the buckets, which the replica's ranks receive into
+buffers of their own device. gRPC stays the control plane (versions, epochs,
+reports) and the data path across clusters (`weightTransport: grpc`).
+
+Pure parts: `plan_buckets` (layout), `pack` / `unpack` (tensors ↔ buckets);
+the process groups are torch.distributed's own backends, made without a default
+group (`new_group`), so a trainer rank already in its gang's group can join a
+group per replica.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+
+BUCKET_BYTES = 256 << 20
+# accelerator.type → torch.distributed backend of the weight groups
+BACKENDS = {"cpu": "gloo", "gpu": "nccl", "ascend": "hccl"}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor lies: bytes [offset, offset + nbytes) of bucket `bucket`."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_buckets(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES
+                 ) -> tuple[list[Slot], list[int]]:
+    """Tensors in order into buckets of at most `bucket_bytes` (a larger tensor gets a
+    bucket of its own); each tensor starts at a multiple of 16 bytes. Returns the
+    slots and each bucket's size (pure)."""
+    slots: list[Slot] = []
+    sizes: list[int] = []
+    for name, t in state.items():
+        n = _nbytes(t)
+        start = -(-sizes[-1] // 16) * 16 if sizes else 0
+        if not sizes or (sizes[-1] and start + n > bucket_bytes):
+            sizes.append(0)
+            start = 0
+        slots.append(Slot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                          len(sizes) - 1, start, n))
+        sizes[-1] = start + n
+    return slots, sizes
+
+
+def pack(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES
+         ) -> tuple[list[Slot], list[torch.Tensor]]:
+    """A copy of `state` in byte buckets on its own device (one snapshot: the trainer
+    goes on training while replicas receive it)."""
+    slots, sizes = plan_buckets(state, bucket_bytes)
+    device = next(iter(state.values())).device if state else torch.device("cpu")
+    buckets = [torch.empty(s, dtype=torch.uint8, device=device) for s in sizes]
+    for slot, t in zip(slots, state.values()):
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        buckets[slot.bucket][slot.offset:slot.offset + slot.nbytes].copy_(flat)
+    return slots, buckets
+
+
+def unpack(slots: list[Slot], buckets: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of `slots` as views into `buckets` (no copy)."""
+    out = {}
+    for s in slots:
+        raw = buckets[s.bucket][s.offset:s.offset + s.nbytes]
+        out[s.name] = raw.view(getattr(torch, s.dtype)).reshape(s.shape)
+    return out
+
+
+def device_of(backend: str) -> torch.device:
+    """Where a rank of a `backend` group keeps its buckets."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == "hccl":
+        return torch.device("npu", torch.npu.current_device())  # torch_npu registers it
+    return torch.device("cpu")
+
+
+def open_store(toward: str, timeout: float = 600.0):
+    """A rendezvous store on a free port of this host's address toward `toward`
+    (host:port of the sender: the address it can reach us at). Returns (store, "host:port")."""
+    import socket
+
+    from torch.distributed import TCPStore
+
+    host = toward.rsplit(":", 1)[0] or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet is sent: only picks the route's source address
+        me = s.getsockname()[0]
+    store = TCPStore(me, 0, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=timeout))
+    return store, f"{me}:{store.port}"
+
+
+def new_group(backend: str, store_address: str, prefix: str, rank: int, world: int,
+              timeout: float = 600.0):
+    """A process group of `world` ranks apart from any default group, met at the
+    store `store_address` (host:port) under `prefix`. Blocks until every rank has
+    joined; a collective that waits longer than `timeout` s fails. Returns (group, store)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    host, port = store_address.rsplit(":", 1)
+    wait = datetime.timedelta(seconds=timeout)
+    store = TCPStore(host, int(port), is_master=False, timeout=wait)
+    pstore = PrefixStore(prefix, store)
+    if backend == "gloo":
+        group = torch.distributed.ProcessGroupGloo(pstore, rank, world, wait)
+    elif backend == "nccl":
+        opts = torch.distributed.ProcessGroupNCCL.Options()
+        opts._timeout = wait
+        group = torch.distributed.ProcessGroupNCCL(pstore, rank, world, opts)
+    elif backend == "hccl":
+        import torch_npu  # noqa: F401 - registers torch.distributed.ProcessGroupHCCL
+
+        group = torch.distributed.ProcessGroupHCCL(pstore, rank, world, wait)
+    else:
+        raise ValueError(f"no weight group backend {backend!r}: one of gloo, nccl, hccl")
+    return group, store
+
+
+def broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = root
+    group.broadcast([tensor], opts).wait()
+
+
+def receive(group, sizes: list[int], device: torch.device) -> list[torch.Tensor]:
+    """A non-root rank's side of one version: the buckets, in order."""
+    buckets = []
+    for size in sizes:
+        b = torch.empty(size, dtype=torch.uint8, device=device)
+        broadcast(group, b)
+        buckets.append(b)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return buckets
