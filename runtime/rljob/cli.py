@@ -386,6 +386,27 @@ def bench_engines(
         bench.render(results)
 
 
+@bench_app.command("weights")
+def bench_weights(
+    rounds: int = typer.Option(3, min=1, help="Versions sent over each transport; medians "
+                               "are printed."),
+    layers: int = typer.Option(None, min=1, help="Transformer layers (Qwen2-0.5B: 24)."),
+    dtype: str = typer.Option("bfloat16", help="The weights' dtype."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """One weight version to a replica in another process over grpc and collective
+    (gloo): publish, transfer and update seconds side by side."""
+    import json
+
+    from .bench import weights as bench
+
+    results = bench.run(rounds, layers, dtype)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 def _job_spec(job_file: Path):
     return _load_job(job_file).spec
 

@@ -291,3 +291,22 @@ def test_a_collective_replica_joins_the_restarted_trainer():
     finally:
         receiver.stop()
         second.stop(grace=0)
+
+
+def test_bench_weights_prints_both_transports():
+    """`rljob bench weights` (one layer, one measured round): both transports moved
+    the whole version to the other process."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "rljob", "bench", "weights", "--rounds", "1",
+                          "--layers", "1", "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout)
+    want = int(r["model"]["gb"] * 1e9)
+    for name in ("grpc", "collective"):
+        t = r["transports"][name]
+        assert abs(t["bytes"] - want) <= 1 and t["transfer_seconds"] > 0, name
+    assert r["collective_over_grpc"]["transfer_seconds"] > 0
