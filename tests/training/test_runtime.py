@@ -101,6 +101,9 @@ def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     rljob_run(path, run_dir, "--max-steps", "4")
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4]
+    for rank in (0, 1):  # the optimizer is ZeRO-1 over the two ranks
+        log = (run_dir / "logs" / f"trainer-{rank}.log").read_text()
+        assert "(ZeRO-1 over 2 data-parallel rank(s))" in log, rank
     assert (run_dir / "checkpoints" / "step-4" / "trainer.pt").exists()
     # continue the same run to step 6 from its last checkpoint
     rljob_run(path, run_dir, "--resume", str(run_dir), "--max-steps", "6")

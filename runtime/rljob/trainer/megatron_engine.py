@@ -298,6 +298,7 @@ class MegatronPolicy(Policy):
         load_mcore_state(self.model, shard_tp(full, self.tp, self.tp_rank))
         self.data_rank = parallel_state.get_data_parallel_rank()
         self.data_world = parallel_state.get_data_parallel_world_size()
+        self.data_group = parallel_state.get_data_parallel_group()
         self.wrapped = self.model
         if self.data_world > 1:
             ids = [torch_device] if device.accelerated else None

@@ -36,8 +36,9 @@ def compute_dtype(spec: RLJobSpec, device: Device) -> torch.dtype:
 class Policy:
     """What both engines share: `model` (this rank's trainable module, float32
     weights), `wrapped` (it under DDP, or itself), `ref` (the frozen reference),
-    `device`, `compute` (the dtype passes run in), `data_rank` / `data_world`
-    (this rank's place among the data-parallel ranks)."""
+    `device`, `compute` (the dtype passes run in), `data_rank` / `data_world` /
+    `data_group` (this rank's place among the data-parallel ranks, and their
+    process group; None: the default group)."""
 
     model: torch.nn.Module
     wrapped: torch.nn.Module
@@ -46,6 +47,7 @@ class Policy:
     compute: torch.dtype = torch.float32
     data_rank: int
     data_world: int
+    data_group = None
 
     def _logprobs(self, model, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
@@ -117,6 +119,7 @@ class TorchPolicy(Policy):
             self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.rank = rank
         self.data_rank, self.data_world = rank, world  # every rank trains its own shard
+        self.data_group = None  # the default group: every trainer rank
         self.ref = None
 
     def freeze_reference(self, state: dict | None = None) -> None:

@@ -289,9 +289,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if rank == 0 and spec.model.warmup_steps:
             log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps, warm_loss)
     policy.freeze_reference(ref_state)
-    opt = torch.optim.AdamW(policy.parameters(), lr=spec.algorithm.lr, weight_decay=0.0)
+    opt = make_optimizer(policy, spec.algorithm.lr)
     if opt_state is not None:
-        opt.load_state_dict(opt_state)
+        opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard of the whole
 
     tq = keeper = None
     state = policy.hf_state(on_host)  # collective (megatron gathers tensor-parallel shards)
@@ -359,6 +359,10 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             spans.add("optimizer", t0, time.time(), t)
             train_time += time.time() - t0
             version = t + 1
+            if t == start:
+                log.info("optimizer state on this rank: %.2f MB (%s over %d data-parallel "
+                         "rank(s))", optimizer_state_bytes(opt) / 1e6,
+                         "ZeRO-1" if policy.data_world > 1 else "AdamW", policy.data_world)
             state = policy.hf_state(on_host)  # collective
             if rank == 0:
                 # the step's rows stay leased (kept alive) until a checkpoint holds
@@ -424,9 +428,33 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             dist.destroy_process_group()
 
 
+def make_optimizer(policy, lr: float) -> torch.optim.Optimizer:
+    """AdamW on the float32 master weights. Over several data-parallel ranks it is
+    ZeRO-1 (`ZeroRedundancyOptimizer`): each rank keeps the optimizer state of its
+    share of the parameters only, steps that share and broadcasts it; the update
+    is the same as unsharded AdamW's."""
+    params = list(policy.parameters())
+    if policy.data_world > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
+                                       process_group=policy.data_group, lr=lr,
+                                       weight_decay=0.0)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state this rank holds (its shard under ZeRO)."""
+    inner = getattr(opt, "optim", opt)
+    return sum(v.numel() * v.element_size() for st in inner.state.values()
+               for v in st.values() if torch.is_tensor(v))
+
+
 def _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, batches,
             lineage: Lineage) -> None:
     """Checkpoint `version`, then ack the rows it holds: they are consumed for good."""
+    if ckpt_dir and hasattr(opt, "consolidate_state_dict"):
+        opt.consolidate_state_dict(to=0)  # ZeRO, collective: the whole state to the saver
     if ckpt_dir and policy.saves_checkpoint(rank):
         _checkpoint(ckpt_dir, version, policy, opt, lineage)
     if world > 1:

@@ -93,17 +93,21 @@ def device_of(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
+def source_address(host: str) -> str:
+    """This host's address on the route toward `host` (the one `host` reaches us at)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host or "127.0.0.1", 9))  # sends nothing: only picks the route
+        return s.getsockname()[0]
+
+
 def open_store(toward: str, timeout: float = 600.0):
     """A rendezvous store on a free port of this host's address toward `toward`
     (host:port of the sender: the address it can reach us at). Returns (store, "host:port")."""
-    import socket
-
     from torch.distributed import TCPStore
 
-    host = toward.rsplit(":", 1)[0] or "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))  # no packet is sent: only picks the route's source address
-        me = s.getsockname()[0]
+    me = source_address(toward.rsplit(":", 1)[0])
     store = TCPStore(me, 0, is_master=True, wait_for_workers=False,
                      timeout=datetime.timedelta(seconds=timeout))
     return store, f"{me}:{store.port}"
@@ -121,7 +125,13 @@ def new_group(backend: str, store_address: str, prefix: str, rank: int, world: i
     store = TCPStore(host, int(port), is_master=False, timeout=wait)
     pstore = PrefixStore(prefix, store)
     if backend == "gloo":
-        group = torch.distributed.ProcessGroupGloo(pstore, rank, world, wait)
+        # gloo's connections on the interface that reaches the store's host (its
+        # default, the hostname's address, may be one the peers cannot reach)
+        opts = torch.distributed.ProcessGroupGloo._Options()
+        opts._timeout = wait
+        opts._devices = [torch.distributed.ProcessGroupGloo.create_device(
+            hostname=source_address(host))]
+        group = torch.distributed.ProcessGroupGloo(pstore, rank, world, opts)
     elif backend == "nccl":
         opts = torch.distributed.ProcessGroupNCCL.Options()
         opts._timeout = wait
