@@ -139,9 +139,9 @@ def images(version: str) -> dict[str, Image]:
             uid=1000, home="/home/rljob",
             # storage-unit pods can run this image too (transferQueue.redis.image)
             apt=("redis-server",), examples=True,
-            entrypoint=("rljob",), workdir="/opt/rljob",
+            entrypoint=("rljob",), workdir="/opt/rljob/examples",
             checks=(("rljob", "--help"), ("rljob", "worker", "--help"),
-                    ("rljob", "validate", "examples/quickstart.yaml"),
+                    ("rljob", "validate", "quickstart.yaml"),
                     ("python", "-c", TORCH_CHECK),
                     ("python", "-c", "import transformers, matplotlib, pyarrow, grpc, redis; "
                      "print('runtime imports ok')"),

@@ -14,9 +14,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: NAME metavars, no type tags on flags
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 DEFAULT_CRD_PATH = Path("crds/rljob.yaml")
+DEBUG = {"on": False}
+
+
+def _print_version(show: bool) -> None:
+    if show:
+        typer.echo(f"rljob {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show the whole traceback of an "
+                               "unexpected error (default: one line)."),
+) -> None:
+    """RLJob: disaggregated, asynchronous, streaming RL post-training of LLMs."""
+    DEBUG["on"] = debug
 
 
 @app.command()
@@ -56,27 +76,35 @@ def crd(
 @app.command()
 def validate(
     files: list[Path] = typer.Argument(..., help="RLJob YAML files ('-' reads stdin)."),
+    cluster: bool = typer.Option(False, "--cluster", help="Check only what the apiserver "
+                                 "and the operator check: the job's paths are the pods', "
+                                 "not looked for on this machine."),
 ) -> None:
-    """Check RLJob YAML offline with the messages the apiserver gives."""
+    """Check RLJob YAML offline: the apiserver's schema and rules (its wording), then,
+    unless --cluster, what `rljob run` needs on this machine (files, dataset keys,
+    reward, context length). Every problem is reported, one line each."""
     import sys
 
     from .api.validation import check_text
+    from .preflight import check_text_here
 
     bad = 0
     for path in files:
         if str(path) == "-":
-            source, text = "<stdin>", sys.stdin.read()
+            source, text, base = "<stdin>", sys.stdin.read(), Path.cwd()
         else:
-            source = str(path)
+            source, base = str(path), path.resolve().parent
             try:
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 typer.echo(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}", err=True)
                 bad += 1
                 continue
-        problems = check_text(text, source)
+        problems = [p.text for p in check_text(text, source)]
+        if not cluster:
+            problems += check_text_here(text, base)
         for p in problems:
-            typer.echo(f"{source}: {p.text}", err=True)
+            typer.echo(f"{source}: {p}", err=True)
         if problems:
             bad += 1
         else:
@@ -114,11 +142,18 @@ def _load_job(path: Path):
         raise typer.Exit(1) from None
 
 
+def _local_job(path: Path):
+    """The job as this machine runs it: relative paths read from the file's directory."""
+    from .preflight import resolve_paths
+
+    return resolve_paths(_load_job(path), path.resolve().parent)
+
+
 def _job_model(path: Path, profile: Path | None):
     from .planner.job import job_model
     from .planner.profile import Profile
 
-    job = _load_job(path)
+    job = _local_job(path)
     try:
         prof = Profile.load(profile) if profile else None
         return job, job_model(job.spec, prof)
@@ -491,7 +526,8 @@ def run(
     run_dir: Path = typer.Option(None, help="Run directory (default runs/NAME-TIMESTAMP)."),
     resume: Path = typer.Option(None, help="Continue the run in this directory from its "
                                 "last checkpoint."),
-    redis: list[str] = typer.Option([], "--redis", help="Redis URL(s) for TransferQueue "
+    redis: list[str] = typer.Option([], "--redis", metavar="URL",
+                                    help="Redis URL(s) for TransferQueue "
                                     "storage units (default: in-process memory)."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
@@ -505,31 +541,77 @@ def run(
 
     from .local import JobFailed, LocalRun, write_plots
 
+    from .preflight import check as preflight
+
+    source = resume / "job.yaml" if resume else file
+    job = _local_job(source)
+    problems = preflight(job, source.resolve().parent)
+    if problems:  # before anything starts
+        for p in problems:
+            typer.echo(f"{source}: {p}", err=True)
+        raise typer.Exit(1)
     if resume:
-        job = _load_job(resume / "job.yaml")
         directory = resume
     else:
-        job = _load_job(file)
         directory = run_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume))
     console = Console()
     console.print(f"run directory: {directory}")
 
+    from . import progress
+
+    started = time.monotonic()
+    warmup = 0 if resume else job.spec.model.warmup_steps
+
     def view():
         ms = runner.metrics()
-        t = Table(title=f"{job.metadata.name} · {job.spec.workflow.mode} · "
-                        f"{job.spec.rollout.replicas} rollout · {job.spec.trainer.world_size} "
-                        f"trainer rank(s)")
-        for col in ("step", "reward", "staleness mean/max", "tokens/s", "Tgen s", "Ttrain s"):
+        restarts = sum(runner.restarts.values())
+        t = Table(title=progress.header(
+            f"{job.metadata.name} · {job.spec.workflow.mode} · {job.spec.rollout.replicas} "
+            f"rollout · {job.spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
+            warmup, time.monotonic() - started, restarts))
+        for col in ("step", "reward", "smoothed", "loss", "kl", "staleness mean/max",
+                    "tokens/s", "Tgen s", "Ttrain s"):
             t.add_column(col, justify="right")
-        for m in ms[-8:]:
-            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}",
+        smooth = progress.smoothed([m["reward_mean"] for m in ms])
+        for m, r in list(zip(ms, smooth))[-8:]:
+            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}", f"{r:.3f}",
+                      progress._num(m.get("loss"), ".4f"), progress._num(m.get("kl"), ".4f"),
                       f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
                       f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
                       f"{m['train_seconds']:.2f}")
         if not runner.events:
             return t
         return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
+
+    class Lines:
+        """Without a terminal (CI, nohup, a pod's log): a plain line per step and per
+        event, and a line every 30 s until the first step."""
+
+        def __init__(self):
+            self.steps = self.events = 0
+            self.said = -1e9
+
+        def update(self, _renderable=None):
+            ms = runner.metrics()
+            now = time.monotonic()
+            for i in range(self.steps, len(ms)):
+                console.print(progress.step_line(ms[:i + 1], runner.steps, now - started),
+                              soft_wrap=True, highlight=False)
+            self.steps = len(ms)
+            for e in runner.events[self.events:]:
+                console.print(e, soft_wrap=True, highlight=False)
+            self.events = len(runner.events)
+            if not ms and now - self.said >= 30:
+                self.said = now
+                console.print(f"{progress.phase(ms, runner.steps, warmup)} · elapsed "
+                              f"{progress.clock(now - started)}", highlight=False)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
 
     class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
         pass
@@ -539,12 +621,12 @@ def run(
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    started = time.monotonic()
     status = 0
     try:
         runner.start()
-        with Live(view(), console=console, refresh_per_second=2,
-                  transient=not console.is_terminal) as live:
+        live_view = (Live(view(), console=console, refresh_per_second=2)
+                     if console.is_terminal else Lines())
+        with live_view as live:
             while not runner.supervise():
                 live.update(view())
                 time.sleep(0.5)
@@ -564,8 +646,6 @@ def run(
         if status == 0:
             runner.purge_storage()  # a finished job's table is nobody's
     summary = write_plots(directory)
-    if not console.is_terminal:
-        console.print(view())
     elapsed = time.monotonic() - started
     console.print(f"{summary.get('steps', 0)} steps in {elapsed:.0f}s; mean reward "
                   f"{summary.get('reward_first', float('nan')):.3f} → "
@@ -585,5 +665,45 @@ def run(
         raise typer.Exit(status)
 
 
+def _plain_metavars(cmd) -> None:
+    """Help in the conventional form: `FILE`, `--max-steps N`, `--run-dir PATH`, flags
+    bare (instead of type tags such as `<int>`, `{file}`, `<list[str]>`)."""
+    names = {"int": "N", "float": "X", "Path": "PATH", "str": "TEXT"}
+    for p in cmd.params:
+        kind = getattr(p, "param_type_name", "")
+        if kind == "argument":
+            name = p.name.upper() + ("..." if p.nargs != 1 else "")
+            p.metavar = name
+            p._usage_display_name = lambda name=name: name
+            p.display_type_rich = lambda ctx: None
+        elif kind == "option" and not p.is_flag and p.metavar is None:
+            desc = p.type_descriptor
+            if desc.is_choice:
+                p.metavar = "|".join(str(c) for c in desc.choices or ())
+            else:
+                ann = getattr(desc.annotation, "__name__", "")
+                p.metavar = names.get(ann) or p.name.upper()
+            if desc.is_list:
+                p.metavar = p.name.upper()
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_metavars(sub)
+
+
 def main() -> None:
-    app()
+    """`rljob`: an unexpected error ends in one line and exit 1 (`--debug`: the whole
+    traceback); the pods' `rljob worker ...` keep their tracebacks for the logs."""
+    import sys
+
+    import typer.main
+
+    cmd = typer.main.get_command(app)
+    _plain_metavars(cmd)
+    try:
+        cmd(prog_name="rljob")
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, not a traceback
+        if DEBUG["on"] or sys.argv[1:2] == ["worker"]:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        typer.echo(f"rljob: error: {type(exc).__name__}: {first} (rljob --debug ... shows "
+                   "the traceback)", err=True)
+        sys.exit(1)

@@ -21,24 +21,40 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     fmt = spec.format
     if fmt == "auto":
         fmt = "parquet" if path.suffix in (".parquet", ".pq") else "jsonl"
-    try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+    if not path.is_file():
+        raise ValueError(f"dataset.path {spec.path!r} does not exist")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
 
+        try:
             rows = pq.read_table(path).to_pylist()
-        else:
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet
+            raise ValueError(f"dataset.path {spec.path!r} is not valid parquet: {exc}") from None
+    else:
+        rows = []
+        try:
             with path.open(encoding="utf-8") as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-    except FileNotFoundError:
-        raise ValueError(f"dataset.path {spec.path!r} does not exist") from None
-    except (json.JSONDecodeError, OSError) as exc:
-        raise ValueError(f"dataset.path {spec.path!r} is not valid {fmt}: {exc}") from None
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"dataset.path {spec.path!r} line {number} is not "
+                                         f"JSON: {exc.msg} (column {exc.colno})") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"dataset.path {spec.path!r} cannot be read as JSONL: {exc}") from None
     if not rows:
         raise ValueError(f"dataset.path {spec.path!r} has no rows")
+    if not isinstance(rows[0], dict):
+        raise ValueError(f"dataset.path {spec.path!r}: rows must be JSON objects, the first "
+                         f"is a {type(rows[0]).__name__}")
     missing = [k for k in (spec.prompt_key, spec.answer_key) if k not in rows[0]]
     if missing:
-        raise ValueError(f"dataset rows have no {missing} (keys: {sorted(rows[0])}); set "
-                         "dataset.promptKey / dataset.answerKey")
+        raise ValueError(f"dataset.path {spec.path!r}: rows have no key "
+                         f"{', '.join(repr(k) for k in missing)} (their keys: "
+                         f"{', '.join(sorted(rows[0]))}); set dataset.promptKey / "
+                         "dataset.answerKey to the prompt's and the answer's keys")
     return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key])) for r in rows]
 
 

@@ -33,6 +33,9 @@ STEPS = 8
 def make_job(tmp_path: Path, name: str, **spec_patch) -> Path:
     doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     doc["metadata"]["name"] = name
+    # written elsewhere: the example's paths (relative to examples/) made absolute
+    doc["spec"]["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    doc["spec"]["dataset"]["path"] = str(REPO / "examples/data/arith.jsonl")
     doc["spec"]["model"]["warmupSteps"] = 20
     doc["spec"]["rollout"]["replicas"] = 2
     doc["spec"]["transferQueue"] = {"leaseSeconds": 3}

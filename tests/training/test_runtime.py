@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 def job(tmp_path: Path, name: str = "t", **spec_patch) -> Path:
     doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     doc["metadata"]["name"] = name
+    # written elsewhere: the example's paths (relative to examples/) made absolute
+    doc["spec"]["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    doc["spec"]["dataset"]["path"] = str(REPO / "examples/data/arith.jsonl")
     doc["spec"]["model"]["warmupSteps"] = 20
     for section, values in spec_patch.items():
         doc["spec"].setdefault(section, {}).update(values)
@@ -88,6 +91,10 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
     assert max(m["staleness_max"] for m in ms) <= k
     assert max(m["staleness_max"] for m in ms) >= 1  # it does run ahead
     assert "mean reward" in out.stdout
+    # stdout is no terminal here: a plain line per step, as a log wants
+    for i in range(1, 9):
+        assert f"step {i}/8 · reward " in out.stdout, i
+    assert "ETA" in out.stdout and "smoothed" in out.stdout
     for f in ("reward.png", "timeline.png", "final/model.safetensors", "job.yaml"):
         assert (tmp_path / "run" / f).exists(), f
 

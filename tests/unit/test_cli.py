@@ -29,7 +29,7 @@ def test_validate_reports_one_line_per_problem(tmp_path):
     bad.write_text("---\n".join(json.dumps(c.document()) + "\n" for c in INVALID[:3]))
     good = tmp_path / "good.yaml"
     good.write_text(TEN_LINE_YAML)
-    out = rljob("validate", str(good), str(bad))
+    out = rljob("validate", "--cluster", str(good), str(bad))  # good's paths are the pods'
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith(f"{bad}: ") for line in lines)
@@ -54,3 +54,99 @@ def test_crd_check_detects_drift(tmp_path):
     target.write_text(target.read_text().replace("maxLength: 512", "maxLength: 513", 1))
     out = rljob("crd", "--check", "-o", str(target))
     assert out.returncode == 1 and "out of date" in out.stderr
+
+
+def _job(tmp_path, spec: str, name: str = "t") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata:\n  name: {name}\n"
+                    f"spec:\n{spec}")
+    return path
+
+
+def test_validate_reports_every_problem_on_this_machine_at_once(tmp_path):
+    """Offline checks against this machine, all in one run: a model directory, a
+    dataset and a reward that do not exist, a name that is no DNS label; each line
+    names the field and the fix. --cluster leaves the paths to the pods."""
+    bad = _job(tmp_path, "  model: {path: 'random:no/model', tokenizer: 'builtin:char'}\n"
+                         "  dataset: {path: data/none.jsonl}\n"
+                         "  reward: {name: 'nosuchmod:score'}\n", name="Bad_Name")
+    out = rljob("validate", str(bad), cwd=REPO)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 4, lines
+    assert "metadata.name must be a DNS label" in lines[0]
+    assert lines[1].startswith(f"{bad}: model.path: {tmp_path / 'no/model'} is not a directory")
+    assert f"dataset.path: '{tmp_path / 'data/none.jsonl'}' does not exist" in lines[2]
+    assert "reward.name: reward 'nosuchmod:score': cannot import 'nosuchmod'" in lines[3]
+    out = rljob("validate", "--cluster", str(bad))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1  # the name
+
+
+def test_validate_suggests_the_field_an_unknown_one_meant(tmp_path):
+    bad = _job(tmp_path, "  model: {path: 'random:x'}\n  dataset: {path: d.jsonl}\n"
+                         "  algorithm: {learningRate: 1.0e-5, maxstep: 3, num_generations: 4}\n")
+    out = rljob("validate", str(bad))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f'{bad}: unknown field "spec.algorithm.learningRate" (did you mean "lr"?)',
+        f'{bad}: unknown field "spec.algorithm.maxstep" (did you mean "maxSteps"?)',
+        f'{bad}: unknown field "spec.algorithm.num_generations" (did you mean "groupSize"?)']
+
+
+def test_validate_checks_the_dataset_keys_rows_and_context_with_numbers(tmp_path):
+    model = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1=", "solution": "2"}\n\n{"question": "2+2="\n')
+    job = _job(tmp_path, f"  model: {{path: '{model}', tokenizer: 'builtin:char'}}\n"
+                         "  dataset: {path: q.jsonl}\n")
+    out = rljob("validate", str(job))
+    assert out.returncode == 1
+    assert "q.jsonl' line 3 is not JSON" in out.stderr  # the file's own line number
+    data.write_text('{"question": "1+1=", "solution": "2"}\n')
+    out = rljob("validate", str(job))
+    assert ("rows have no key 'prompt', 'answer' (their keys: question, solution); set "
+            "dataset.promptKey / dataset.answerKey") in out.stderr
+    data.write_text('{"prompt": "12+34=", "answer": "46"}\n')
+    out = rljob("validate", str(job))  # maxNewTokens 256 on a 64-position model
+    assert out.returncode == 1
+    assert ("rollout.maxNewTokens: 256 new tokens after the longest prompt (7 tokens) need "
+            "263 positions, but the model has 64 (max_position_embeddings); set "
+            "rollout.maxNewTokens to at most 57") in out.stderr
+
+
+def test_run_refuses_a_bad_job_before_starting_anything(tmp_path):
+    bad = _job(tmp_path, "  model: {path: 'random:nope', tokenizer: 'builtin:char'}\n"
+                         "  dataset: {path: none.jsonl}\n")
+    out = rljob("run", str(bad), "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "model.path" in out.stderr and "dataset.path" in out.stderr
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_relative_paths_are_read_from_the_job_files_directory(tmp_path):
+    """examples/quickstart.yaml names data/arith.jsonl: valid from any directory."""
+    out = rljob("validate", str(REPO / "examples" / "quickstart.yaml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
+def test_help_reads_like_a_unix_tool():
+    out = rljob("run", "-h")
+    assert out.returncode == 0
+    assert out.stdout.startswith("Usage: rljob run [OPTIONS] FILE\n")
+    assert "--max-steps N" in out.stdout and "--redis URL" in out.stdout
+    assert not any(tag in out.stdout for tag in ("<int>", "<path>", "<bool>", "{file}", "list["))
+    top = rljob("--help")
+    assert "--version" in top.stdout and "--debug" in top.stdout
+    assert rljob("--version").stdout == f"rljob {__import__('rljob').__version__}\n"
+
+
+def test_an_unexpected_error_is_one_line_unless_debug(tmp_path):
+    args = ("simulate", str(REPO / "examples" / "quickstart.yaml"), "-o",
+            str(tmp_path / "no" / "such" / "dir" / "sim.png"))
+    out = rljob(*args)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rljob: error: FileNotFoundError: ")
+    assert "--debug" in lines[0]
+    debug = rljob("--debug", *args)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

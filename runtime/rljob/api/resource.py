@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +21,8 @@ SHORT_NAMES = ("rlj",)
 # Children are named NAME-<role>-<n>; a StatefulSet pod name plus its revision
 # hash must fit a 63-character label, so job names stay short.
 MAX_NAME_LENGTH = 40
+# ... and Services need DNS-1035 labels
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 class ObjectMeta(BaseModel):
@@ -47,6 +50,15 @@ class RLJob(ApiModel):
             message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
             "(the job's pods and services are named after it)",
             check=lambda j: j.metadata.name is None or len(j.metadata.name) <= MAX_NAME_LENGTH,
+        ),
+        Rule(
+            cel="!has(self.metadata.name) || self.metadata.name.matches("
+            f"'{NAME_PATTERN}')",
+            message="metadata.name must be a DNS label: lowercase letters, digits and '-', "
+            "starting with a letter and ending with a letter or digit, e.g. grpo-qwen-7b "
+            "(the job's services are named after it)",
+            check=lambda j: j.metadata.name is None
+            or re.fullmatch(NAME_PATTERN, j.metadata.name) is not None,
         ),
     )
 

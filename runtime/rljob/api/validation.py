@@ -115,6 +115,68 @@ _BOUNDS = {
 }
 
 
+# names peers use for our fields (TRL, verl, OpenRLHF), normalized (lowercase, no
+# separators) → the field here
+SYNONYMS = {
+    "learningrate": "lr", "numgenerations": "groupSize", "nsamples": "groupSize",
+    "n": "groupSize", "beta": "klCoef", "klcoeff": "klCoef", "initklcoef": "klCoef",
+    "maxcompletionlength": "maxNewTokens", "maxresponselength": "maxNewTokens",
+    "responselength": "maxNewTokens", "maxtokens": "maxNewTokens",
+    "batchsize": "globalBatchSize", "trainbatchsize": "globalBatchSize",
+    "ppomicrobatchsize": "microBatchSize",
+    "maxgradnorm": "maxGradNorm", "gradclip": "maxGradNorm", "cliprange": "clipRatio",
+    "epsilon": "clipRatio", "totalsteps": "maxSteps", "totaltrainingsteps": "maxSteps",
+    "numreplicas": "replicas", "tensorparallelsize": "tensorParallel",
+    "tp": "tensorParallel", "modelpath": "path", "datasetpath": "path",
+    "rewardfunction": "name", "staleness": "maxStaleness",
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]", "", name).lower()
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The wire names of the fields of the object at `loc` (empty if unknown)."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    model: Any = RLJob
+    for part in loc:
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        field = fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = typing.get_args(ann) if isinstance(ann, types.UnionType) or \
+            typing.get_origin(ann) is typing.Union else (ann,)
+        nxt = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not nxt:
+            return []
+        model = nxt[0]
+    return [(f.alias or n) for n, f in model.model_fields.items()]
+
+
+def did_you_mean(loc: tuple[Any, ...]) -> str | None:
+    """The field an unknown field at `loc` probably meant (a peer's name for it, the
+    same name in another case, or a near spelling)."""
+    import difflib
+
+    known = _fields_at(loc[:-1])
+    if not known:
+        return None
+    typed = _norm(str(loc[-1]))
+    by_norm = {_norm(k): k for k in known}
+    if SYNONYMS.get(typed) in known:
+        return SYNONYMS[typed]
+    if typed in by_norm:
+        return by_norm[typed]
+    close = difflib.get_close_matches(typed, list(by_norm), n=1, cutoff=0.75)
+    return by_norm[close[0]] if close else None
+
+
 def _describe(err: dict[str, Any]) -> str:
     """One pydantic error in the apiserver's words."""
     kind, loc, value, ctx = err["type"], err["loc"], err.get("input"), err.get("ctx", {})
@@ -127,7 +189,8 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"{field}: Required value"
     if kind == "extra_forbidden":
-        return f'unknown field "{field}"'
+        hint = did_you_mean(loc)
+        return f'unknown field "{field}"' + (f' (did you mean "{hint}"?)' if hint else "")
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         supported = ", ".join(json.dumps(a) for a in allowed)

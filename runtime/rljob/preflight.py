@@ -1,0 +1,185 @@
+"""What can be checked of an RLJob on this machine before anything starts
+(`rljob run`, `rljob validate`): the files it names exist and parse, the
+dataset has the keys, the reward resolves, prompts plus `maxNewTokens` fit the
+model's context. Every problem is reported at once, each as one line naming the
+field, what is wrong (with the numbers) and the fix.
+
+Relative paths in a job file are read from the file's directory
+(`resolve_paths`); a model or tokenizer given as a hub id (`org/name`, not a
+directory here) and anything on a PVC (`model.pvc`, `dataset.pvc`: paths inside
+the pods) are left to the pods.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from .api.resource import RLJob
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+RANDOM = "random:"
+BUILTIN = "builtin:"
+# how many prompts the context check tokenizes (the longest of these is checked)
+PROMPTS_CHECKED = 2000
+
+
+def _local(value: str, base: Path) -> str:
+    """`value` read from `base` when relative (kept when absolute)."""
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _model_like(value: str, base: Path) -> str:
+    """A model or tokenizer reference: random:DIR and directories from `base`; a hub
+    id that is not a directory there stays as it is."""
+    if value.startswith(RANDOM):
+        return RANDOM + _local(value.removeprefix(RANDOM), base)
+    if value.startswith(BUILTIN):
+        return value
+    if HUB_ID.match(value) and not (base / value).exists():
+        return value
+    return _local(value, base)
+
+
+def resolve_paths(job: RLJob, base: Path) -> RLJob:
+    """The job with its relative local paths read from `base` (the job file's
+    directory); paths on PVCs are the pods' and stay as they are."""
+    spec = job.spec
+    model = spec.model
+    changes = {}
+    if not model.pvc:
+        changes["path"] = _model_like(model.path, base)
+        if model.tokenizer:
+            changes["tokenizer"] = _model_like(model.tokenizer, base)
+    dataset = spec.dataset
+    new_spec = spec.model_copy(update={
+        "model": model.model_copy(update=changes),
+        "dataset": dataset if dataset.pvc else dataset.model_copy(
+            update={"path": _local(dataset.path, base)}),
+    })
+    return job.model_copy(update={"spec": new_spec})
+
+
+def _model_dir(spec) -> Path | None:
+    """The directory holding the model's config.json here (None: a hub id / PVC)."""
+    path = spec.model.path
+    if spec.model.pvc:
+        return None
+    if path.startswith(RANDOM):
+        return Path(path.removeprefix(RANDOM))
+    if HUB_ID.match(path) and not Path(path).exists():
+        return None
+    return Path(path)
+
+
+def check(job: RLJob, base: Path | None = None) -> list[str]:
+    """Every problem of `job` (paths already resolved) that shows on this machine."""
+    spec = job.spec
+    problems: list[str] = []
+    where = f" (relative paths are read from {base})" if base else ""
+
+    # the model's config: its context length, and that the directory is one
+    context = None
+    model_dir = _model_dir(spec)
+    if model_dir is not None:
+        config = model_dir / "config.json"
+        if not model_dir.is_dir():
+            problems.append(f"model.path: {model_dir} is not a directory{where}; give a "
+                            "model directory, random:DIR (a transformers config to "
+                            "initialise randomly) or a hub id org/name")
+        elif not config.is_file():
+            problems.append(f"model.path: {model_dir} has no config.json: give a directory "
+                            "saved by transformers (save_pretrained)")
+        else:
+            try:
+                cfg = json.loads(config.read_text())
+                context = cfg.get("max_position_embeddings")
+            except (OSError, ValueError) as exc:
+                problems.append(f"model.path: {config} is not valid JSON: {exc}")
+
+    tok = None
+    tok_path = spec.model.tokenizer_path
+    tok_dir = Path(tok_path.removeprefix(RANDOM))
+    hub = HUB_ID.match(tok_path) and not tok_dir.exists()
+    if tok_path.startswith(BUILTIN) or (not spec.model.pvc and tok_dir.is_dir()):
+        try:
+            from .models import load_tokenizer
+
+            tok = load_tokenizer(spec.model)
+        except Exception as exc:  # noqa: BLE001 - transformers' many ways to fail
+            field = "model.tokenizer" if spec.model.tokenizer else "model.path"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            problems.append(f"{field}: cannot load a tokenizer from {tok_path}: {first}; set "
+                            "model.tokenizer (builtin:char, or a directory with tokenizer "
+                            "files)")
+    elif spec.model.tokenizer and not spec.model.pvc and not hub:
+        problems.append(f"model.tokenizer: {tok_dir} is not a directory{where}")
+
+    examples = None
+    if not spec.dataset.pvc:
+        from .data import load_examples
+
+        try:
+            examples = load_examples(spec.dataset)
+        except ValueError as exc:
+            msg = str(exc)
+            if "does not exist" in msg:
+                msg += f"{where}; give the JSONL or Parquet file of prompts"
+            problems.append(msg.replace("dataset.path ", "dataset.path: ", 1))
+
+    try:
+        from .reward import get_reward
+
+        if base is not None and str(base) not in sys.path:
+            sys.path.insert(0, str(base))  # a reward module next to the job file
+        get_reward(spec.reward.name)
+    except ValueError as exc:
+        problems.append(f"reward.name: {exc}")
+
+    if context and tok is not None and examples:
+        from .data import render_prompt
+
+        longest = max(len(tok.encode(render_prompt(tok, e.prompt)))
+                      for e in examples[:PROMPTS_CHECKED])
+        need = longest + spec.rollout.max_new_tokens
+        if longest >= context:
+            problems.append(
+                f"dataset.path: the longest prompt is {longest} tokens, but the model has "
+                f"{context} positions (max_position_embeddings): shorten the prompts or use "
+                "a model with a longer context")
+        elif need > context:
+            problems.append(
+                f"rollout.maxNewTokens: {spec.rollout.max_new_tokens} new tokens after the "
+                f"longest prompt ({longest} tokens) need {need} positions, but the model has "
+                f"{context} (max_position_embeddings); set rollout.maxNewTokens to at most "
+                f"{max(context - longest, 0)}")
+    return problems
+
+
+def check_text_here(text: str, base: Path) -> list[str]:
+    """`check` for every RLJob document of a file whose relative paths are read from
+    `base`; a document that does not fit the schema is skipped (its problems are
+    the schema's), one that only breaks cross-field rules is checked too."""
+    from pydantic import ValidationError
+
+    from .api.base import DEFER_RULES
+    from .api.validation import RLJobError, parse_documents
+
+    problems = []
+    try:
+        docs = parse_documents(text, str(base))
+    except RLJobError:
+        return []
+    for i, doc in enumerate(docs, 1):
+        try:
+            job = RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
+                                            context={DEFER_RULES: True})
+        except ValidationError:
+            continue
+        job = resolve_paths(job, base)
+        prefix = f"document {i}: " if len(docs) > 1 else ""
+        problems += [prefix + p for p in check(job, base)]
+    return problems

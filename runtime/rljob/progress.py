@@ -1,0 +1,69 @@
+"""What `rljob run` tells about a job as it goes (pure): smoothed reward, elapsed and
+ETA, one line per step for logs (stdout not a terminal), the live view's header."""
+
+from __future__ import annotations
+
+import math
+
+SMOOTHING = 0.1  # the exponential moving average's weight of the newest step
+
+
+def smoothed(values: list[float], alpha: float = SMOOTHING) -> list[float]:
+    """Exponential moving average of `values` (the first value starts it)."""
+    out: list[float] = []
+    for v in values:
+        out.append(v if not out else alpha * v + (1 - alpha) * out[-1])
+    return out
+
+
+def clock(seconds: float | None) -> str:
+    """1:02:03, 4:05 or -- (unknown)."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "--"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def eta(metrics: list[dict], total: int) -> float | None:
+    """Seconds to step `total` at the pace of the steps so far (from the first step's
+    end: start-up and warm-up are not the steady pace); None before two steps."""
+    if len(metrics) < 2:
+        return None
+    pace = (metrics[-1]["time"] - metrics[0]["time"]) / (len(metrics) - 1)
+    return max(total - metrics[-1]["step"], 0) * pace
+
+
+def phase(metrics: list[dict], total: int, warmup_steps: int) -> str:
+    if metrics:
+        return f"RL step {metrics[-1]['step']}/{total}"
+    return f"warm-up ({warmup_steps} steps) and start-up" if warmup_steps else "start-up"
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def step_line(metrics: list[dict], total: int, elapsed: float) -> str:
+    """One line about the newest step, for logs."""
+    m = metrics[-1]
+    reward = smoothed([x["reward_mean"] for x in metrics])[-1]
+    return (f"step {m['step']}/{total} · reward {m['reward_mean']:.3f} (smoothed {reward:.3f})"
+            f" · loss {_num(m.get('loss'), '.4f')} · kl {_num(m.get('kl'), '.4f')}"
+            f" · staleness {m['staleness_mean']:.2f}/{m['staleness_max']}"
+            f" · {m['tokens_per_second']:.0f} tok/s · Tgen {m['gen_seconds']:.2f}s"
+            f" · Ttrain {m['train_seconds']:.2f}s · elapsed {clock(elapsed)}"
+            f" · ETA {clock(eta(metrics, total))}")
+
+
+def header(name: str, metrics: list[dict], total: int, warmup_steps: int, elapsed: float,
+           restarts: int = 0) -> str:
+    """The live view's line above its table."""
+    parts = [name, phase(metrics, total, warmup_steps), f"elapsed {clock(elapsed)}",
+             f"ETA {clock(eta(metrics, total))}"]
+    if metrics:
+        parts.append(f"reward (smoothed) {smoothed([x['reward_mean'] for x in metrics])[-1]:.3f}")
+    if restarts:
+        parts.append(f"restarts {restarts}")
+    return " · ".join(parts)
