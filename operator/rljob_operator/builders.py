@@ -645,6 +645,16 @@ def to_yaml(objs: list[dict]) -> str:
     return yaml.dump_all(objs, Dumper=_LiteralDumper, sort_keys=False)
 
 
+def with_runtime_image(job: RLJob, image: str | None) -> RLJob:
+    """The job with its pods on `image` (the operator's runtimeImage) when the RLJob
+    names no image of its own (spec.image left at its default)."""
+    from rljob.api.spec import DEFAULT_IMAGE
+
+    if not image or job.spec.image != DEFAULT_IMAGE:
+        return job
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"image": image})})
+
+
 def build_all(job: RLJob, password: str, trainer_restarts: int = 0) -> list[dict]:
     """Every object of a freshly created job, in creation order."""
     return [

@@ -201,12 +201,14 @@ def to_job(body: kopf.Body) -> RLJob:
         "spec": dict(body.get("spec") or {}),
     }
     try:
-        return RLJob.model_validate(doc)
+        job = RLJob.model_validate(doc)
     except ValidationError as exc:
         # the CRD's schema and rules admit only valid specs; reaching this
         # means the CRD on the cluster is older than this operator
         raise kopf.PermanentError(f"spec does not validate (is the installed CRD older than "
                                   f"the operator? upgrade crds/rljob.yaml): {exc}") from None
+    # the chart's runtimeImage: the image of pods whose RLJob names none
+    return b.with_runtime_image(job, os.environ.get("RLJOB_RUNTIME_IMAGE"))
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator, interval: float) -> None:

@@ -35,7 +35,10 @@ def test_namespace_scope_grants_roles_only_where_it_watches(cluster):
              if d["kind"] in ("Role", "ClusterRole")}
     assert roles == {("Role", "team-a", "rel-rljob-operator"),
                      ("Role", "team-b", "rel-rljob-operator"),
-                     ("ClusterRole", None, "rel-rljob-operator-discovery")}
+                     ("ClusterRole", None, "rel-rljob-operator-discovery"),
+                     # the users' roles (aggregated into edit/admin and view)
+                     ("ClusterRole", None, "rel-rljob-operator-edit"),
+                     ("ClusterRole", None, "rel-rljob-operator-view")}
     discovery = next(d for d in docs if d["kind"] == "ClusterRole")
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in discovery["rules"])
     dep = next(d for d in docs if d["kind"] == "Deployment")
@@ -46,8 +49,8 @@ def test_namespace_scope_grants_roles_only_where_it_watches(cluster):
 def test_cluster_scope_default_and_peering_replicas(cluster):
     docs = render(cluster)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-                     "Deployment", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole"] * 4 + ["ClusterRoleBinding", "ClusterRoleBinding",
+                                            "Deployment", "Service", "ServiceAccount"]
     dep = next(d for d in docs if d["kind"] == "Deployment")
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -58,3 +61,22 @@ def test_cluster_scope_default_and_peering_replicas(cluster):
     bad = helm(cluster, "template", "rel", str(CHART), "--kube-version", "v1.34.4",
                "--set", "replicaCount=2", check=False)
     assert bad.returncode != 0 and "peering.enabled" in bad.stderr
+
+
+def test_users_roles_aggregate_into_edit_and_view_and_runtime_image_reaches_the_operator(cluster):
+    docs = render(cluster, "--set", "runtimeImage=registry.example/rljob/runtime:0.1.0")
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    edit, view = roles["rel-rljob-operator-edit"], roles["rel-rljob-operator-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert "create" in edit["rules"][0]["verbs"] and "rljobs" in edit["rules"][0]["resources"]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in view["rules"])
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_RUNTIME_IMAGE"] == "registry.example/rljob/runtime:0.1.0"
+    plain = render(cluster, "--set", "aggregateRoles=false")
+    assert sum(d["kind"] == "ClusterRole" for d in plain) == 2
+    dep = next(d for d in plain if d["kind"] == "Deployment")
+    assert "RLJOB_RUNTIME_IMAGE" not in {e["name"] for e in
+                                         dep["spec"]["template"]["spec"]["containers"][0]["env"]}

@@ -44,6 +44,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one TensorBoard tag, as TensorBoard reads the run's event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
 def final_weights(run_dir: Path):
     from safetensors.torch import load_file
 
@@ -97,6 +106,11 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
     assert "ETA" in out.stdout and "smoothed" in out.stdout
     for f in ("reward.png", "timeline.png", "final/model.safetensors", "job.yaml"):
         assert (tmp_path / "run" / f).exists(), f
+    # TensorBoard reads the same figures, one point per step
+    points = tensorboard_scalars(tmp_path / "run", "reward/mean")
+    assert [s for s, _ in points] == list(range(1, 9))
+    assert [v for _, v in points] == pytest.approx([m["reward_mean"] for m in ms])
+    assert len(tensorboard_scalars(tmp_path / "run", "staleness/max")) == 8
 
 
 def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
@@ -115,6 +129,7 @@ def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     # continue the same run to step 6 from its last checkpoint
     rljob_run(path, run_dir, "--resume", str(run_dir), "--max-steps", "6")
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in tensorboard_scalars(run_dir, "train/loss")] == [1, 2, 3, 4, 5, 6]
 
 
 def test_plots_summarise_a_run(tmp_path):

@@ -223,3 +223,17 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     # equal apart from the generated password
     assert docs[1:] == expected[1:]
     assert len(docs[0]["stringData"]["password"]) >= 24
+
+
+def test_runtime_image_replaces_only_the_default_image():
+    from rljob_operator.builders import build_trainer_pod, with_runtime_image
+
+    job = load_rljob(str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"))
+    assert job.spec.image == "rljob/runtime:0.1.0"  # names none: the default
+    mine = with_runtime_image(job, "registry.example/rljob/runtime:0.1.0")
+    pod = build_trainer_pod(mine, 0)
+    assert {c["image"] for c in pod["spec"]["containers"]} == {
+        "registry.example/rljob/runtime:0.1.0"}
+    assert with_runtime_image(job, None) is job and with_runtime_image(job, "") is job
+    own = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "a/b:1"})})
+    assert with_runtime_image(own, "registry.example/x:1").spec.image == "a/b:1"

@@ -25,6 +25,9 @@ DEFAULT_ASCEND_RESOURCE = "huawei.com/Ascend910"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 
+# the pods' image when an RLJob names none (the operator's runtimeImage replaces it)
+DEFAULT_IMAGE = "rljob/runtime:0.1.0"
+
 class ModelSpec(ApiModel):
     path: str = Field(
         min_length=1,
@@ -455,7 +458,7 @@ class RLJobSpec(ApiModel):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
     image: str = Field(
-        "rljob/runtime:0.1.0",
+        DEFAULT_IMAGE,
         min_length=1,
         max_length=512,
         description="Runtime image of the TransferQueue controller, rollout and trainer pods.",

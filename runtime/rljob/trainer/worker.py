@@ -303,7 +303,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if back:
             log.info("gave back %d rows an earlier trainer held", back)
         keeper = LeaseKeeper(tq)
-    metrics_file = None
+    metrics_file = tensorboard = None
     if run_dir and rank == 0:
         path = Path(run_dir) / "metrics.jsonl"
         if path.exists():  # steps after the checkpoint are trained again: their lines go
@@ -311,6 +311,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     if line.strip() and json.loads(line)["step"] <= start]
             path.write_text("".join(line + "\n" for line in kept))
         metrics_file = open(path, "a")
+        tensorboard = _tensorboard(Path(run_dir) / "tensorboard", start)
     checkpointed = start
     uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
     algo = spec.algorithm
@@ -392,6 +393,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 if metrics_file:
                     metrics_file.write(json.dumps(m) + "\n")
                     metrics_file.flush()
+                if tensorboard:
+                    for key, tag in TENSORBOARD_SCALARS.items():
+                        if m.get(key) is not None:
+                            tensorboard.add_scalar(tag, m[key], version)
+                    tensorboard.flush()
             every = spec.trainer.checkpoint_every
             if version % every == 0 or version == steps:
                 _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
@@ -423,9 +429,31 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             tq.close()
         if metrics_file:
             metrics_file.close()
+        if tensorboard:
+            tensorboard.close()
         spans.close()
         if world > 1:
             dist.destroy_process_group()
+
+
+# metrics.jsonl key → TensorBoard tag, one point per step
+TENSORBOARD_SCALARS = {
+    "reward_mean": "reward/mean", "loss": "train/loss", "kl": "train/kl",
+    "clip": "train/clip_fraction", "grad_norm": "train/grad_norm",
+    "staleness_mean": "staleness/mean", "staleness_max": "staleness/max",
+    "tokens_per_second": "throughput/tokens_per_second",
+    "samples_per_second": "throughput/samples_per_second",
+    "gen_seconds": "time/gen_seconds", "train_seconds": "time/train_seconds",
+    "step_seconds": "time/step_seconds", "response_length": "rollout/response_length",
+}
+
+
+def _tensorboard(directory: Path, start: int):
+    """A TensorBoard writer of the run's steps; a resumed run drops the points after
+    its checkpoint (they are trained again)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(directory), purge_step=start + 1 if start else None)
 
 
 def make_optimizer(policy, lr: float) -> torch.optim.Optimizer:
