@@ -6,23 +6,33 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 
 class WorkerMetrics:
+    """A worker's series, labelled `worker` (rollout-0, trainer-0, driver; never `job`,
+    which belongs to the scrape). Totals are counters (`rate()` makes the rates);
+    the step's figures have the names the TransferQueue controller and the operator
+    give the same figures (`rljob_job_*`)."""
+
     def __init__(self, worker: str, port: int | None):
         reg = self.registry = CollectorRegistry()
+        role = worker.split("-")[0]
+        verb = {"rollout": "generated", "trainer": "trained"}.get(role, "processed")
 
         def one(kind, name: str, doc: str):
             return kind(name, doc, ["worker"], registry=reg).labels(worker)
 
-        self.samples = one(Counter, "rljob_samples",
-                           "Samples generated (rollout) or trained (trainer)")
-        self.tokens = one(Counter, "rljob_tokens", "Response tokens generated or trained")
-        self.dropped = one(Counter, "rljob_samples_dropped",
+        self.samples = one(Counter, f"rljob_{verb}_samples",
+                           f"Samples {verb} by this worker")
+        self.tokens = one(Counter, f"rljob_{verb}_tokens",
+                          f"Response tokens {verb} by this worker")
+        self.dropped = one(Counter, "rljob_dropped_samples",
                            "Generated samples refused because their lease had expired")
         self.version = one(Gauge, "rljob_weights_version", "Weights version held")
-        self.step = one(Gauge, "rljob_step", "Last step released (driver) or trained (trainer)")
-        self.reward = one(Gauge, "rljob_reward_mean", "Mean reward of the last step")
-        self.staleness = one(Gauge, "rljob_staleness_mean", "Mean staleness of the last step")
-        self.gen_seconds = one(Gauge, "rljob_gen_seconds", "Tgen of the last step")
-        self.train_seconds = one(Gauge, "rljob_train_seconds", "Ttrain of the last step")
+        self.step = one(Gauge, "rljob_released_step" if role == "driver" else "rljob_job_step",
+                        "Last step released (driver) or trained (trainer)")
+        self.reward = one(Gauge, "rljob_job_reward_mean", "Mean reward of the last step")
+        self.staleness = one(Gauge, "rljob_job_staleness_mean",
+                             "Mean staleness of the last step")
+        self.gen_seconds = one(Gauge, "rljob_job_gen_seconds", "Tgen of the last step")
+        self.train_seconds = one(Gauge, "rljob_job_train_seconds", "Ttrain of the last step")
         self.inflight = one(Gauge, "rljob_rollout_sequences_in_flight",
                             "Sequences a concurrent rollout engine is generating")
         buckets = (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100)

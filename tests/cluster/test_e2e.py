@@ -262,7 +262,7 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
             pod = _pod(plane, ns, pod_name)
             if _pod_ready(pod):
                 joined.setdefault(pod_name, time.monotonic() - watch.t0)
-                samples = _scrape(pod, "rljob_samples_total")
+                samples = _scrape(pod, "rljob_generated_samples_total")
                 if samples is not None:
                     generated[pod_name] = samples
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import threading
 import time
@@ -239,7 +240,8 @@ def test_health_metrics_and_graceful_shutdown(redis_units):
         c.report_metrics(step=4, gen_seconds=2.5, train_seconds=1.5, tokens_per_second=900.0)
         assert c.stats().metrics.step == 4
     body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
-    assert 'rljob_tq_rows{job="' in body and "} 3.0" in body
+    assert 'rljob_tq_rows{rljob="' in body and "} 3.0" in body
+    assert not re.search(r'[{,]job="', body)  # the scrape's label, not ours
     assert "rljob_job_gen_seconds" in body
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=20) == 0

@@ -1,4 +1,5 @@
-"""Prometheus metrics of a TransferQueue controller, collected at scrape time."""
+"""Prometheus metrics of a TransferQueue controller, collected at scrape time, labelled
+`rljob` (the job's name; `job` belongs to the scrape: Prometheus would rename ours)."""
 
 from __future__ import annotations
 
@@ -14,29 +15,29 @@ class ControllerCollector(Collector):
     def collect(self):
         ctl = self.service.controller
         job = self.service.job
-        rows = GaugeMetricFamily("rljob_tq_rows", "Rows alive in the table", labels=["job"])
+        rows = GaugeMetricFamily("rljob_tq_rows", "Rows alive in the table", labels=["rljob"])
         rows.add_metric([job], len(ctl.rows))
         yield rows
         parts = CounterMetricFamily("rljob_tq_cleared_partitions", "Partitions consumed and cleared",
-                                    labels=["job"])
+                                    labels=["rljob"])
         parts.add_metric([job], ctl.cleared_partitions)
         yield parts
         written = CounterMetricFamily("rljob_tq_written_bytes", "Bytes written to storage units",
-                                      labels=["job"])
+                                      labels=["rljob"])
         written.add_metric([job], ctl.bytes_written)
         yield written
         per_task = {
             "ready": GaugeMetricFamily("rljob_tq_task_ready_rows", "Rows ready for a task",
-                                       labels=["job", "task"]),
+                                       labels=["rljob", "task"]),
             "claimed": GaugeMetricFamily("rljob_tq_task_claimed_rows", "Rows leased by a task",
-                                         labels=["job", "task"]),
+                                         labels=["rljob", "task"]),
             "acked": CounterMetricFamily("rljob_tq_task_acked_rows", "Rows acked by a task",
-                                         labels=["job", "task"]),
+                                         labels=["rljob", "task"]),
             "expired": CounterMetricFamily("rljob_tq_task_expired_rows",
-                                           "Rows whose lease expired", labels=["job", "task"]),
+                                           "Rows whose lease expired", labels=["rljob", "task"]),
             "stale_discarded": CounterMetricFamily("rljob_tq_task_stale_discarded_rows",
                                                    "Too-stale rows discarded",
-                                                   labels=["job", "task"]),
+                                                   labels=["rljob", "task"]),
         }
         for s in ctl.task_stats():
             for key, fam in per_task.items():
@@ -50,7 +51,7 @@ class ControllerCollector(Collector):
             ("staleness_mean", m.staleness_mean, "Mean staleness of the last step"),
             ("tokens_per_second", m.tokens_per_second, "Generated tokens per second"),
         ):
-            g = GaugeMetricFamily(f"rljob_job_{name}", doc, labels=["job"])
+            g = GaugeMetricFamily(f"rljob_job_{name}", doc, labels=["rljob"])
             g.add_metric([job], value)
             yield g
 
