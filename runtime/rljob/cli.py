@@ -259,7 +259,7 @@ def simulate(
              "step_seconds": r.step_seconds, "samples_per_second": r.throughput,
              "speedup_vs_sync": r.throughput / base, "bubble_ratio": r.bubble_ratio,
              "max_staleness": max(r.staleness, default=0)} for r in results]
-    window = min(r.makespan for r in results)
+    window = max(r.makespan for r in results)  # one time axis, every mode to its end
     plot_gantt(results, str(out), window=window)
     if json_out:
         typer.echo(json.dumps({"job": job.metadata.name, "modes": rows, "gantt": str(out)},

@@ -302,6 +302,16 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def _job_name(run_dir: Path) -> str:
+    """The run's job name (its job.yaml), else the directory's name."""
+    import yaml
+
+    try:
+        return yaml.safe_load((run_dir / "job.yaml").read_text())["metadata"]["name"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return run_dir.name
+
+
 def write_plots(run_dir: Path) -> dict:
     """reward.png and timeline.png of a finished (or stopped) run; returns a summary."""
     import matplotlib
@@ -311,14 +321,26 @@ def write_plots(run_dir: Path) -> dict:
 
     from .timeline import bubble_ratio, load_spans, plot_gantt
 
+    from .progress import smoothed
+    from .timeline import run_panels
+
+    name = _job_name(run_dir)
     metrics = read_metrics(run_dir)
     summary: dict = {"steps": len(metrics)}
     if metrics:
+        steps = [m["step"] for m in metrics]
+        rewards = [m["reward_mean"] for m in metrics]
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot([m["step"] for m in metrics], [m["reward_mean"] for m in metrics], marker=".")
+        ax.plot(steps, rewards, color="tab:blue", alpha=0.35, lw=1, label="mean reward")
+        ax.plot(steps, smoothed(rewards), color="tab:blue", lw=2,
+                label="smoothed (EMA 0.1)")
+        ax.axhline(rewards[0], color="gray", ls="--", lw=1,
+                   label=f"step 1 (after warm-up): {rewards[0]:.3f}")
+        ax.set_title(f"{name}: mean reward per step")
         ax.set_xlabel("step")
         ax.set_ylabel("mean reward")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
         fig.tight_layout()
         fig.savefig(run_dir / "reward.png", dpi=110)
         plt.close(fig)
@@ -328,6 +350,7 @@ def write_plots(run_dir: Path) -> dict:
     if spans:
         ratio = bubble_ratio(spans)
         summary["bubble_ratio"] = ratio
-        plot_gantt([(f"{run_dir.name}: bubble ratio {ratio:.0%}", spans)],
-                   run_dir / "timeline.png")
+        panels = run_panels(spans, name, ratio)
+        summary["timeline_panels"] = [t for t, _ in panels]
+        plot_gantt(panels, run_dir / "timeline.png")
     return summary

@@ -93,6 +93,24 @@ def bubble_ratio(spans: list[Span], weights: dict[str, float] | None = None,
     return 1 - busy / total if total > 0 else 0.0
 
 
+def run_panels(spans: list[Span], name: str, ratio: float, window: int = 3
+               ) -> list[tuple[str, list[Span]]]:
+    """The panels of a run's timeline (pure): the whole run, then, when it is longer
+    than two windows, its first `window` steps and `window` steps of its steady state
+    (the last ones), where single steps and their weight syncs can be told apart."""
+    # the trained steps (a weight-sync span carries the version it loads: one more)
+    steps = sorted({s.step for s in spans if s.kind == "train" and s.step >= 0}
+                   or {s.step for s in spans if s.step >= 0})
+    panels = [(f"{name}: all {len(steps)} steps, bubble ratio {ratio:.0%}", spans)]
+    if len(steps) > 2 * window:
+        for label, chosen in (("first steps", steps[:window]),
+                              ("steady state", steps[-window:])):
+            part = [s for s in spans if chosen[0] <= s.step <= chosen[-1]]
+            panels.append((f"{name}: {label} (steps {chosen[0]}-{chosen[-1]}), bubble ratio "
+                           f"{bubble_ratio(part):.0%}", part))
+    return panels
+
+
 def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
                window: float | None = None) -> None:
     """One timeline per panel; spans' times are shifted to start at 0."""

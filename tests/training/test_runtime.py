@@ -137,3 +137,5 @@ def test_plots_summarise_a_run(tmp_path):
     rljob_run(path, tmp_path / "run", "--max-steps", "3")
     summary = write_plots(tmp_path / "run")
     assert summary["steps"] == 3 and 0 <= summary["bubble_ratio"] < 1
+    # titled with the job's name; 3 steps: the whole run, no windows
+    assert [t.split(",")[0] for t in summary["timeline_panels"]] == ["plots: all 3 steps"]
