@@ -165,8 +165,9 @@ def _job_model(path: Path, profile: Path | None):
 @app.command()
 def plan(
     file: Path = typer.Argument(..., help="RLJob YAML."),
-    npus: int = typer.Option(None, help="NPUs to split between rollout and training "
-                             "(default: what the job asks for now)."),
+    npus: int = typer.Option(None, help="Accelerators (NPUs, GPUs; cores on CPU) to split "
+                             "between rollout and training (default: what the job asks "
+                             "for now)."),
     cross: str = typer.Option(None, help="Separate pools 'ROLLOUT,TRAINER' (e.g. two "
                               "datacenters) instead of one --npus pool."),
     profile: Path = typer.Option(None, help="Measured profile JSON (else analytic figures)."),
@@ -219,12 +220,15 @@ def plan(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{job.metadata.name}: rollout/trainer split ({model.source})")
-    for col in ("", "rollout", "trainer NPUs", "Tgen s", "Ttrain s", "step s", "idle",
+    unit = {"cpu": "core", "gpu": "GPU"}.get(spec.accelerator.type, "NPU")
+    table = Table(title=f"{job.metadata.name}: rollout/trainer split ({model.source}; "
+                        f"trainer gangs fill one node or whole nodes of "
+                        f"{spec.trainer.npus_per_node} {unit}s)")
+    for col in ("", "rollout", f"trainer {unit}s", "Tgen s", "Ttrain s", "step s", "idle",
                 "δ′ of +1 replica s"):
         table.add_column(col, justify="right")
     for name, r in (("plan", out["plan"]), ("as specified", out["current"])):
-        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} NPU",
+        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {unit}",
                       str(r["trainer_npus"]), f"{r['gen_seconds']:.2f}",
                       f"{r['train_seconds']:.2f}", f"{r['step_seconds']:.2f}",
                       f"{r['idle_ratio']:.0%}", f"{r['gain_of_one_more_replica']:.2f}")

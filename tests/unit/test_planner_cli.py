@@ -70,3 +70,19 @@ def test_unsized_models_get_a_clear_error(tmp_path):
                    .replace("/models/Qwen2.5-7B-Instruct", "/models/mystery-model"))
     out = rljob("plan", str(job))
     assert out.returncode == 1 and "cannot size model" in out.stderr
+
+
+@pytest.mark.parametrize("npus", [12, 16, 20, 24, 28])
+def test_plan_gives_the_trainer_one_node_or_whole_nodes(npus):
+    """The 7B example has 8-NPU nodes: a trainer gang of 12 NPUs is not a shape a
+    cluster can run, so it is never planned."""
+    out = rljob("plan", str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"), "--npus",
+                str(npus), "--json")
+    assert out.returncode == 0, out.stderr
+    t = json.loads(out.stdout)["plan"]["trainer_npus"]
+    assert t <= 8 or t % 8 == 0, t
+
+
+def test_plan_of_a_cpu_job_counts_cores():
+    out = rljob("plan", str(REPO / "examples" / "quickstart.yaml"))
+    assert out.returncode == 0 and "trainer cores" in out.stdout and "NPU" not in out.stdout

@@ -47,8 +47,11 @@ class JobModel:
         return self.spec.rollout.npus_per_replica
 
     def trainer_sizes(self, limit: int) -> list[int]:
+        """Trainer gangs the job can have: multiples of tp × pp that fit one node
+        (trainer.npusPerNode) or fill whole nodes."""
         unit = self.spec.trainer.parallelism.tp * self.spec.trainer.parallelism.pp
-        return list(range(unit, limit + 1, unit))
+        per_node = self.spec.trainer.npus_per_node
+        return [n for n in range(unit, limit + 1, unit) if n <= per_node or n % per_node == 0]
 
     def tgen(self, replicas: int) -> float:
         return generation_time(self.gen, self.workload, replicas)
