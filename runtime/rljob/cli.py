@@ -623,7 +623,8 @@ def run(
     def on_signal(signum, _frame):
         raise Interrupted(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a run started in the background of a script inherits it ignored
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     status = 0
     try:

@@ -411,6 +411,8 @@ class WeightReceiver:
             self._store, self._store_address = coll.open_store(self.client.address)
         name = f"{self.replica}.{secrets.token_hex(4)}"
         ranks = engine.weight_ranks or 1
+        log.info("joining weight group %s: store at %s, %d ranks", name, self._store_address,
+                 1 + ranks)
         self.client.join(self.replica, name, self._store_address, 1 + ranks, self.backend)
         if engine.weight_ranks:
             engine.join_weight_group(self.backend, self._store_address, name, 1, 1 + ranks)

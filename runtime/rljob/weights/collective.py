@@ -122,7 +122,10 @@ def new_group(backend: str, store_address: str, prefix: str, rank: int, world: i
 
     host, port = store_address.rsplit(":", 1)
     wait = datetime.timedelta(seconds=timeout)
-    store = TCPStore(host, int(port), is_master=False, timeout=wait)
+    # meeting the other ranks fails within 2 minutes (an unreachable address says so
+    # soon); a collective may wait `timeout` (a replica draining its requests)
+    store = TCPStore(host, int(port), is_master=False,
+                     timeout=datetime.timedelta(seconds=min(timeout, 120.0)))
     pstore = PrefixStore(prefix, store)
     if backend == "gloo":
         # gloo's connections on the interface that reaches the store's host (its
