@@ -59,9 +59,20 @@ INVALID = [
             'spec.algorithm.groupSize: Invalid value: "object": algorithm.groupSize must be at '
             "least 2 when algorithm.name is grpo"),
     Invalid("micro-batch-does-not-divide",
+            {"spec": {"algorithm": {"promptsPerStep": 3, "groupSize": 4,
+                                    "samplesPerMicroBatch": 5}}},
+            'spec.algorithm.samplesPerMicroBatch: Invalid value: "object": '
+            "algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "
+            "algorithm.groupSize"),
+    Invalid("micro-batch-old-names",
             {"spec": {"algorithm": {"globalBatchSize": 3, "groupSize": 4, "microBatchSize": 5}}},
-            'spec.algorithm.microBatchSize: Invalid value: "object": algorithm.microBatchSize '
-            "must divide algorithm.globalBatchSize × algorithm.groupSize"),
+            'spec.algorithm.samplesPerMicroBatch: Invalid value: "object": '
+            "algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "
+            "algorithm.groupSize"),
+    Invalid("batch-both-names",
+            {"spec": {"algorithm": {"promptsPerStep": 4, "globalBatchSize": 4}}},
+            'spec.algorithm.globalBatchSize: Invalid value: "object": algorithm.globalBatchSize '
+            "is the old name of algorithm.promptsPerStep"),
     Invalid("staleness-in-sync-mode", {"spec": {"workflow": {"mode": "sync", "maxStaleness": 2}}},
             'spec.workflow.maxStaleness: Invalid value: "object": workflow.maxStaleness is only '
             "allowed when workflow.mode is async"),

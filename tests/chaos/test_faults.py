@@ -118,7 +118,7 @@ def expected_digests(job_file: Path, steps: int = STEPS) -> list[str]:
     tok = load_tokenizer(spec.model)
     flow = Workflow(spec, None, None, tok)
     examples = load_examples(spec.dataset)
-    batch = spec.algorithm.global_batch_size
+    batch = spec.algorithm.step_prompts
     return [prompts_digest(flow.prepare_prompts(
         PromptCursor.at_step(examples, spec.algorithm.seed, s, batch).take(batch))["prompt_ids"])
         for s in range(steps)]

@@ -429,7 +429,7 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
 
     # every row the driver released was trained exactly once: the train task acked
     # exactly a step's samples per step (rows are acked when a checkpoint holds them)
-    n = spec["algorithm"]["globalBatchSize"] * spec["algorithm"]["groupSize"]
+    n = spec["algorithm"]["promptsPerStep"] * spec["algorithm"]["groupSize"]
     train = {t.name: t for t in stats.tasks}["train"]
     print(f"TransferQueue: train acked {train.acked}, expired {train.expired}, "
           f"table rows {stats.rows}, cleared partitions {stats.cleared_partitions}")

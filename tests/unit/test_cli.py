@@ -150,3 +150,13 @@ def test_an_unexpected_error_is_one_line_unless_debug(tmp_path):
     assert "--debug" in lines[0]
     debug = rljob("--debug", *args)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_a_cross_field_problem_gives_its_numbers(tmp_path):
+    bad = _job(tmp_path, "  model: {path: 'random:x'}\n  dataset: {path: d.jsonl}\n"
+                         "  algorithm: {promptsPerStep: 3, groupSize: 4, samplesPerMicroBatch: 5}\n")
+    out = rljob("validate", "--cluster", str(bad))
+    assert out.returncode == 1
+    assert ("algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "
+            "algorithm.groupSize (the samples trained per step) (3 prompts × 4 = 12 samples "
+            "per step, micro-batches of 5)") in out.stderr

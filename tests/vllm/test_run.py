@@ -34,7 +34,7 @@ def test_the_vllm_quickstart_learns(tmp_path):
     assert "WeightUpdateExtension" in rollout_log  # the vLLM engine generated, not hf
     ms = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     steps = spec["algorithm"]["maxSteps"]
-    samples = spec["algorithm"]["globalBatchSize"] * spec["algorithm"]["groupSize"]
+    samples = spec["algorithm"]["promptsPerStep"] * spec["algorithm"]["groupSize"]
     assert [m["step"] for m in ms] == list(range(1, steps + 1))
     assert all(m["samples"] == samples for m in ms)
     assert max(m["staleness_max"] for m in ms) <= spec["workflow"]["maxStaleness"]

@@ -31,6 +31,12 @@ class Rule:
     # JSONPath relative to the object the rule sits on, e.g. ".maxReplicas":
     # the apiserver reports the failure at that field.
     field_path: str | None = None
+    # the numbers behind a failure, for offline messages (the apiserver's is `message`)
+    detail: Callable[[Any], str] | None = None
+
+    def text(self, obj: Any) -> str:
+        """The message, with the numbers of `obj` when the rule has them."""
+        return self.message + (f" ({self.detail(obj)})" if self.detail else "")
 
     def x_kubernetes_validation(self) -> dict[str, str]:
         out = {"rule": self.cel, "message": self.message}
@@ -57,7 +63,7 @@ class ApiModel(BaseModel):
             return self
         for rule in type(self).rules:
             if not rule.check(self):
-                raise PydanticCustomError("rule", rule.message)
+                raise PydanticCustomError("rule", rule.text(self))
         return self
 
     def to_wire(self) -> dict[str, Any]:
@@ -69,6 +75,11 @@ class ApiModel(BaseModel):
 class RuleFailure:
     path: str  # dotted wire path of the object, e.g. "spec.rollout"
     rule: Rule
+    obj: Any = None  # the object that breaks it
+
+    @property
+    def text(self) -> str:
+        return self.rule.text(self.obj)
 
     @property
     def field(self) -> str:
@@ -89,4 +100,4 @@ def rule_failures(model: ApiModel, path: str) -> Iterator[RuleFailure]:
                     yield from rule_failures(item, f"{child}[{i}]")
     for rule in type(model).rules:
         if not rule.check(model):
-            yield RuleFailure(path, rule)
+            yield RuleFailure(path, rule, model)

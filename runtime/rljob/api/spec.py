@@ -94,18 +94,38 @@ class AlgorithmSpec(ApiModel):
         description="Gradients are scaled down to this global L2 norm before each optimizer "
         "step; 0 turns clipping off.",
     )
-    global_batch_size: int = Field(
-        32, ge=1, le=65536, description="Prompts per optimizer step."
+    prompts_per_step: int | None = Field(
+        None, ge=1, le=65536,
+        description="Prompts per optimizer step, each sampled groupSize times (default 32).",
     )
-    micro_batch_size: int = Field(
-        8, ge=1, le=65536, description="Samples (responses) per forward/backward micro-step."
+    samples_per_micro_batch: int | None = Field(
+        None, ge=1, le=65536,
+        description="Samples (responses) per forward/backward micro-step (default 8).",
+    )
+    global_batch_size: int | None = Field(
+        None, ge=1, le=65536,
+        description="Deprecated name of promptsPerStep (it counts prompts).",
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, le=65536,
+        description="Deprecated name of samplesPerMicroBatch (it counts samples).",
     )
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
     seed: int = Field(0, ge=0, description="Seed for sampling and initialisation.")
 
     @property
+    def step_prompts(self) -> int:
+        """Prompts per step (promptsPerStep, or its old name globalBatchSize; 32)."""
+        return self.prompts_per_step or self.global_batch_size or 32
+
+    @property
+    def micro_samples(self) -> int:
+        """Samples per micro-step (samplesPerMicroBatch, or its old name microBatchSize; 8)."""
+        return self.samples_per_micro_batch or self.micro_batch_size or 8
+
+    @property
     def samples_per_step(self) -> int:
-        return self.global_batch_size * self.group_size
+        return self.step_prompts * self.group_size
 
     rules = (
         Rule(
@@ -116,11 +136,30 @@ class AlgorithmSpec(ApiModel):
             field_path=".groupSize",
         ),
         Rule(
-            cel="(self.globalBatchSize * self.groupSize) % self.microBatchSize == 0",
-            message="algorithm.microBatchSize must divide algorithm.globalBatchSize × "
-            "algorithm.groupSize (the samples trained per step)",
-            check=lambda a: a.samples_per_step % a.micro_batch_size == 0,
+            cel="!has(self.promptsPerStep) || !has(self.globalBatchSize)",
+            message="algorithm.globalBatchSize is the old name of algorithm.promptsPerStep: "
+            "set promptsPerStep alone",
+            check=lambda a: a.prompts_per_step is None or a.global_batch_size is None,
+            field_path=".globalBatchSize",
+        ),
+        Rule(
+            cel="!has(self.samplesPerMicroBatch) || !has(self.microBatchSize)",
+            message="algorithm.microBatchSize is the old name of "
+            "algorithm.samplesPerMicroBatch: set samplesPerMicroBatch alone",
+            check=lambda a: a.samples_per_micro_batch is None or a.micro_batch_size is None,
             field_path=".microBatchSize",
+        ),
+        Rule(
+            cel="((has(self.promptsPerStep) ? self.promptsPerStep : "
+            "(has(self.globalBatchSize) ? self.globalBatchSize : 32)) * self.groupSize) % "
+            "(has(self.samplesPerMicroBatch) ? self.samplesPerMicroBatch : "
+            "(has(self.microBatchSize) ? self.microBatchSize : 8)) == 0",
+            message="algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "
+            "algorithm.groupSize (the samples trained per step)",
+            check=lambda a: a.samples_per_step % a.micro_samples == 0,
+            field_path=".samplesPerMicroBatch",
+            detail=lambda a: f"{a.step_prompts} prompts × {a.group_size} = "
+            f"{a.samples_per_step} samples per step, micro-batches of {a.micro_samples}",
         ),
     )
 

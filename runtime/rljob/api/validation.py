@@ -122,8 +122,11 @@ SYNONYMS = {
     "n": "groupSize", "beta": "klCoef", "klcoeff": "klCoef", "initklcoef": "klCoef",
     "maxcompletionlength": "maxNewTokens", "maxresponselength": "maxNewTokens",
     "responselength": "maxNewTokens", "maxtokens": "maxNewTokens",
-    "batchsize": "globalBatchSize", "trainbatchsize": "globalBatchSize",
-    "ppomicrobatchsize": "microBatchSize",
+    "batchsize": "promptsPerStep", "trainbatchsize": "promptsPerStep",
+    "globalbatchsize": "promptsPerStep", "rolloutbatchsize": "promptsPerStep",
+    "ppomicrobatchsize": "samplesPerMicroBatch",
+    "ppomicrobatchsizepergpu": "samplesPerMicroBatch",
+    "perdevicetrainbatchsize": "samplesPerMicroBatch",
     "maxgradnorm": "maxGradNorm", "gradclip": "maxGradNorm", "cliprange": "clipRatio",
     "epsilon": "clipRatio", "totalsteps": "maxSteps", "totaltrainingsteps": "maxSteps",
     "numreplicas": "replicas", "tensorparallelsize": "tensorParallel",
@@ -253,7 +256,7 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
-        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}'))
+        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.text}'))
     return problems
 
 

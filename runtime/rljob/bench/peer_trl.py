@@ -80,8 +80,8 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3) -> dict:
             beta=algo.kl_coef, epsilon=algo.clip_ratio, loss_type="grpo",
             num_generations=algo.group_size, max_completion_length=spec.rollout.max_new_tokens,
             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-            per_device_train_batch_size=algo.micro_batch_size,
-            gradient_accumulation_steps=per_step // algo.micro_batch_size,
+            per_device_train_batch_size=algo.micro_samples,
+            gradient_accumulation_steps=per_step // algo.micro_samples,
             generation_batch_size=per_step, seed=algo.seed, disable_tqdm=True)
         trainer = trl.GRPOTrainer(model=weights, reward_funcs=reward, args=config,
                                   train_dataset=data, processing_class=tok,

@@ -124,7 +124,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
                           released_at=0.0, finished_at=0.0, advantage=float(rng.normal()))
                    for i, group in enumerate(groups) for j, x in enumerate(group)]
         torch.set_num_threads(trainer_threads)
-        mb = s.algorithm.micro_batch_size
+        mb = s.algorithm.micro_samples
         t0 = time.perf_counter()
         opt.zero_grad()
         for k in range(0, len(samples), mb):

@@ -51,7 +51,7 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
                       "tokenizer": "builtin:char", "dtype": "float32"},
             "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": 16, "globalBatchSize": prompts, "microBatchSize": 16,
+            "algorithm": {"groupSize": 16, "promptsPerStep": prompts, "samplesPerMicroBatch": 16,
                           "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
             "rollout": {"replicas": 1, "engine": engine, "maxNewTokens": MAX_NEW_TOKENS,

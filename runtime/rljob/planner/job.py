@@ -94,7 +94,7 @@ def pipeline_config(model: JobModel, mode: str, streaming: bool = True, steps: i
         weight_sync_seconds = shape_bytes / 10e9
     return PipelineConfig(
         mode=mode, max_staleness=spec.workflow.staleness_bound or 1, streaming=streaming,
-        steps=steps, samples_per_step=samples, micro_batch=spec.algorithm.micro_batch_size,
+        steps=steps, samples_per_step=samples, micro_batch=spec.algorithm.micro_samples,
         replicas=replicas, slots=slots, gen_mean=gen_mean, gen_sigma=tail_sigma,
         gen_max_factor=max(2.0, model.workload.max_output / max(model.workload.mean_output, 1)),
         train_per_sample=ttrain / samples, weight_sync_seconds=weight_sync_seconds,

@@ -89,7 +89,7 @@ class StepSource:
         self.rows_regenerated = 0
         self.keeper = keeper  # keeps the step's leases alive until it is trained
         self.n = spec.algorithm.samples_per_step
-        self.mb = spec.algorithm.micro_batch_size
+        self.mb = spec.algorithm.micro_samples
         self.g = spec.algorithm.group_size
         self.buffer: dict[int, Sample] = {}
         self.leases = []
@@ -315,7 +315,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     checkpointed = start
     uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
     algo = spec.algorithm
-    n, mb = algo.samples_per_step, algo.micro_batch_size
+    n, mb = algo.samples_per_step, algo.micro_samples
     micro_batches = n // mb
     source = None
     version = start

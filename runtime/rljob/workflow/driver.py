@@ -135,7 +135,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     start_step = max(start_step, _released(tq))
     if start_step:
         log.info("releasing from step %d", start_step)
-    batch = spec.algorithm.global_batch_size
+    batch = spec.algorithm.step_prompts
     cursor = PromptCursor.at_step(examples, spec.algorithm.seed, start_step, batch)
     for step in range(start_step, steps):
         # everything but the put happens before the release is allowed, so the
