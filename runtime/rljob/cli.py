@@ -682,7 +682,9 @@ def _plain_metavars(cmd) -> None:
             p._usage_display_name = lambda name=name: name
             p.display_type_rich = lambda ctx: None
         elif kind == "option" and not p.is_flag and p.metavar is None:
-            desc = p.type_descriptor
+            desc = getattr(p, "type_descriptor", None)  # typer's; absent from older ones
+            if desc is None:
+                continue
             if desc.is_choice:
                 p.metavar = "|".join(str(c) for c in desc.choices or ())
             else:

@@ -133,8 +133,10 @@ def check(job: RLJob, base: Path | None = None) -> list[str]:
     try:
         from .reward import get_reward
 
-        if base is not None and str(base) not in sys.path:
-            sys.path.insert(0, str(base))  # a reward module next to the job file
+        import os
+
+        if os.getcwd() not in sys.path:  # the workers (python -m rljob) import from here
+            sys.path.insert(0, os.getcwd())
         get_reward(spec.reward.name)
     except ValueError as exc:
         problems.append(f"reward.name: {exc}")
