@@ -100,7 +100,7 @@ def validate(
                 typer.echo(f"{source}: cannot read: {getattr(exc, 'strerror', None) or exc}", err=True)
                 bad += 1
                 continue
-        problems = [p.text for p in check_text(text, source)]
+        problems = [p.full for p in check_text(text, source)]
         if not cluster:
             problems += check_text_here(text, base)
         for p in problems:

@@ -111,9 +111,14 @@ def worker_pids(job_name: str, run_dir: Path) -> list[int]:
     return pids
 
 
-def expected_digests(job_file: Path, steps: int = STEPS) -> list[str]:
-    """What each step must train: its own prompts, G samples each, in slot order."""
-    spec = RLJob.model_validate(yaml.safe_load(job_file.read_text())).spec
+def expected_digests(job_file: Path, steps: int = STEPS, base: Path | None = None
+                     ) -> list[str]:
+    """What each step must train: its own prompts, G samples each, in slot order. The
+    job's relative paths are read from `base` (default: the job file's directory)."""
+    from rljob.preflight import resolve_paths
+
+    job = RLJob.model_validate(yaml.safe_load(job_file.read_text()))
+    spec = resolve_paths(job, base or job_file.parent).spec
     os.chdir(REPO)
     tok = load_tokenizer(spec.model)
     flow = Workflow(spec, None, None, tok)

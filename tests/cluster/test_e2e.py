@@ -440,7 +440,8 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     ms = read_metrics(host_dir / name)
     assert [m["step"] for m in ms] == list(range(1, steps + 1))
     assert all(m["samples"] == n and m["rows_claimed"] == n for m in ms)
-    assert [m["prompts"] for m in ms] == expected_digests(job_file, steps)
+    # the job's relative paths are the image's /opt/rljob/examples: the repository's examples/
+    assert [m["prompts"] for m in ms] == expected_digests(job_file, steps, REPO / "examples")
     assert max(m["staleness_max"] for m in ms) <= k
     assert staleness_seen and max(staleness_seen) <= k
     # the operator that came back converged on the same children

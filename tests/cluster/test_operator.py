@@ -84,7 +84,18 @@ def test_helm_install_creates_the_operators_objects(installed):
     assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
     roles = get_json(cluster, "get", "clusterroles", "-l",
                      f"app.kubernetes.io/instance={RELEASE}")["items"]
-    assert {r["metadata"]["name"] for r in roles} == {RELEASE, f"{RELEASE}-discovery"}
+    assert {r["metadata"]["name"] for r in roles} == {
+        RELEASE, f"{RELEASE}-discovery", f"{RELEASE}-edit", f"{RELEASE}-view"}
+
+    # the users' roles are aggregated into Kubernetes' own edit and view roles
+    def grants(role: str, verb: str) -> bool:
+        rules = get_json(cluster, "get", "clusterrole", role)["rules"]
+        return any("rljob.dev" in r.get("apiGroups", []) and "rljobs" in r.get("resources", [])
+                   and verb in r.get("verbs", []) for r in rules)
+
+    wait_for(lambda: grants("edit", "create") and grants("view", "list"), 60,
+             what="RLJob rules aggregated into the edit and view ClusterRoles")
+    assert not grants("view", "create")
     # least privilege: the operator cannot read secrets cluster-wide by listing others' data
     can = cluster.kubectl("auth", "can-i", "delete", "nodes",
                           f"--as=system:serviceaccount:{OPERATOR_NS}:{RELEASE}", check=False)

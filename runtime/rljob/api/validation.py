@@ -45,7 +45,12 @@ class Problem:
     """One validation problem: where (document) and what (apiserver wording)."""
 
     document: int  # 1-based position in the file
-    text: str
+    text: str  # word for word what the apiserver says
+    hint: str = ""  # what only the offline check adds: a likely fix, the numbers
+
+    @property
+    def full(self) -> str:
+        return f"{self.text} {self.hint}" if self.hint else self.text
 
 
 class RLJobError(ValueError):
@@ -54,7 +59,7 @@ class RLJobError(ValueError):
     def __init__(self, source: str, problems: list[Problem]):
         self.source = source
         self.problems = problems
-        super().__init__("\n".join(f"{source}: {p.text}" for p in problems))
+        super().__init__("\n".join(f"{source}: {p.full}" for p in problems))
 
 
 _KUBE_TYPES = {
@@ -192,8 +197,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "missing":
         return f"{field}: Required value"
     if kind == "extra_forbidden":
-        hint = did_you_mean(loc)
-        return f'unknown field "{field}"' + (f' (did you mean "{hint}"?)' if hint else "")
+        return f'unknown field "{field}"'
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         supported = ", ".join(json.dumps(a) for a in allowed)
@@ -252,11 +256,17 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
         errors = exc.errors(include_url=False)
         unknown = [e for e in errors if e["type"] == "extra_forbidden"]
         for err in unknown or errors:
-            problems.append(Problem(index, _describe(err)))
+            wire = tuple(p for p in err["loc"]  # without pydantic's union member names
+                         if not (isinstance(p, str) and p[:1].isupper() and p != "RLJob"))
+            meant = did_you_mean(wire) if err["type"] == "extra_forbidden" else None
+            problems.append(Problem(index, _describe(err),
+                                    f'(did you mean "{meant}"?)' if meant else ""))
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
-        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.text}'))
+        detail = failure.rule.detail
+        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}',
+                                f"({detail(failure.obj)})" if detail else ""))
     return problems
 
 
