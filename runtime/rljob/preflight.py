@@ -26,6 +26,12 @@ BUILTIN = "builtin:"
 PROMPTS_CHECKED = 2000
 
 
+def _hub_id(value: str, base: Path | None = None) -> bool:
+    """`org/name` that is no path here (from `base`, else as given): fetched where the
+    job runs."""
+    return bool(HUB_ID.match(value)) and not ((base / value) if base else Path(value)).exists()
+
+
 def _local(value: str, base: Path) -> str:
     """`value` read from `base` when relative (kept when absolute)."""
     p = Path(value).expanduser()
@@ -39,7 +45,7 @@ def _model_like(value: str, base: Path) -> str:
         return RANDOM + _local(value.removeprefix(RANDOM), base)
     if value.startswith(BUILTIN):
         return value
-    if HUB_ID.match(value) and not (base / value).exists():
+    if _hub_id(value, base):
         return value
     return _local(value, base)
 
@@ -70,7 +76,7 @@ def _model_dir(spec) -> Path | None:
         return None
     if path.startswith(RANDOM):
         return Path(path.removeprefix(RANDOM))
-    if HUB_ID.match(path) and not Path(path).exists():
+    if _hub_id(path):
         return None
     return Path(path)
 
@@ -103,7 +109,7 @@ def check(job: RLJob, base: Path | None = None) -> list[str]:
     tok = None
     tok_path = spec.model.tokenizer_path
     tok_dir = Path(tok_path.removeprefix(RANDOM))
-    hub = HUB_ID.match(tok_path) and not tok_dir.exists()
+    hub = _hub_id(tok_path)
     if tok_path.startswith(BUILTIN) or (not spec.model.pvc and tok_dir.is_dir()):
         try:
             from .models import load_tokenizer

@@ -34,9 +34,13 @@ class Rule:
     # the numbers behind a failure, for offline messages (the apiserver's is `message`)
     detail: Callable[[Any], str] | None = None
 
+    def hint(self, obj: Any) -> str:
+        """The numbers of `obj` behind a failure, in parentheses ("" without `detail`)."""
+        return f"({self.detail(obj)})" if self.detail else ""
+
     def text(self, obj: Any) -> str:
         """The message, with the numbers of `obj` when the rule has them."""
-        return self.message + (f" ({self.detail(obj)})" if self.detail else "")
+        return f"{self.message} {self.hint(obj)}".rstrip()
 
     def x_kubernetes_validation(self) -> dict[str, str]:
         out = {"rule": self.cel, "message": self.message}
@@ -76,10 +80,6 @@ class RuleFailure:
     path: str  # dotted wire path of the object, e.g. "spec.rollout"
     rule: Rule
     obj: Any = None  # the object that breaks it
-
-    @property
-    def text(self) -> str:
-        return self.rule.text(self.obj)
 
     @property
     def field(self) -> str:

@@ -185,12 +185,16 @@ def did_you_mean(loc: tuple[Any, ...]) -> str | None:
     return by_norm[close[0]] if close else None
 
 
+def _wire_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A pydantic error's loc as a wire path: pydantic names a failing union member by
+    its type name, the wire path has only field names and list indices."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p[:1].isupper() and p != "RLJob"))
+
+
 def _describe(err: dict[str, Any]) -> str:
     """One pydantic error in the apiserver's words."""
     kind, loc, value, ctx = err["type"], err["loc"], err.get("input"), err.get("ctx", {})
-    # pydantic reports a failing union member's loc with the member type name;
-    # the wire path has only field names and list indices.
-    loc = tuple(p for p in loc if not (isinstance(p, str) and p[:1].isupper() and p != "RLJob"))
+    loc = _wire_loc(loc)
     if loc and loc[-1] in ("[key]",):
         loc = loc[:-1]
     field = _path(loc)
@@ -256,17 +260,15 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
         errors = exc.errors(include_url=False)
         unknown = [e for e in errors if e["type"] == "extra_forbidden"]
         for err in unknown or errors:
-            wire = tuple(p for p in err["loc"]  # without pydantic's union member names
-                         if not (isinstance(p, str) and p[:1].isupper() and p != "RLJob"))
-            meant = did_you_mean(wire) if err["type"] == "extra_forbidden" else None
+            meant = (did_you_mean(_wire_loc(err["loc"])) if err["type"] == "extra_forbidden"
+                     else None)
             problems.append(Problem(index, _describe(err),
                                     f'(did you mean "{meant}"?)' if meant else ""))
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
-        detail = failure.rule.detail
         problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}',
-                                f"({detail(failure.obj)})" if detail else ""))
+                                failure.rule.hint(failure.obj)))
     return problems
 
 

@@ -154,8 +154,9 @@ class VLLMEngine(RolloutEngine):
                                            args=(backend, store, prefix, first_rank, world)))
 
     def load_broadcast(self, sizes: list[int], slots: list, version: int, epoch: int) -> None:
-        plain = [(s.name, s.dtype, list(s.shape), s.bucket, s.offset, s.nbytes) for s in slots]
-        self._call(self._swap(None, version, epoch, (sizes, plain)))
+        from dataclasses import astuple
+
+        self._call(self._swap(None, version, epoch, (sizes, [astuple(s) for s in slots])))
 
     async def _swap(self, data: bytes | None, version: int, epoch: int,
                     broadcast: tuple | None = None) -> None:

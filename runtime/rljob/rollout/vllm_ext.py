@@ -43,7 +43,6 @@ class WeightUpdateExtension:
         t0 = time.monotonic()
         buckets = receive(self._rljob_group, sizes, device_of(self._rljob_backend))
         received = time.monotonic() - t0
-        state = unpack([Slot(n, d, tuple(sh), b, o, nb) for n, d, sh, b, o, nb in slots],
-                       buckets)
+        state = unpack([Slot(*s) for s in slots], buckets)
         self.model_runner.reload_weights(weights_iterator=list(state.items()))
         return received, len(state)

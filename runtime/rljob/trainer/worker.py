@@ -278,11 +278,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     # this life's epoch: samples of weights a dead life published after `start` are
     # not in its history and are made again
     lineage = Lineage.restored(new_epoch(), recorded)
-    # collective: rollouts receive the weights from this device (no host copy)
-    on_host = spec.workflow.transport(spec.accelerator.type) != "collective"
-    sender = (WeightSender(weights_listen, lineage.epoch,
-                           spec.workflow.transport(spec.accelerator.type))
-              if rank == 0 else None)
+    transport = spec.workflow.transport(spec.accelerator.type)
+    on_host = transport != "collective"  # collective: sent from this device, no host copy
+    sender = WeightSender(weights_listen, lineage.epoch, transport) if rank == 0 else None
     if start == 0 and ref_state is None:
         with spans.span("train", -1):
             warm_loss = warm_up(policy, tok, spec)
