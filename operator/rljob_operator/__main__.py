@@ -56,12 +56,13 @@ def main(
     from prometheus_client import start_http_server
 
     from .handlers import Operator, configure, register
-    from .kube import NoCluster, connection_info, load_config
+    from .kube import NoCluster, connection_info, ensure_peering, load_config
 
     if log_format not in ("json", "plain"):
         raise typer.BadParameter("use json or plain", param_hint="--log-format")
     try:  # before anything starts: one line when there is no cluster to talk to
         source = load_config(kubeconfig, context)
+        created = ensure_peering(peering, namespace) if peering else []
     except NoCluster as exc:
         typer.echo(f"rljob-operator: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -70,6 +71,9 @@ def main(
                    log_refkey="rljob" if log_format == "json" else None)
     logging.getLogger().setLevel(log_level.upper())
     logging.getLogger("rljob.operator").info("cluster: %s", source)
+    if created:
+        logging.getLogger("rljob.operator").info("created peering object(s): %s",
+                                                 ", ".join(created))
     registry = kopf.OperatorRegistry()
     operator = Operator()
     register(registry, operator, interval)

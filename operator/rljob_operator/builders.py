@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from rljob import preflight
 from rljob.api import API_VERSION, KIND, RLJob
 
 MANAGED_BY = "rljob-operator"
@@ -50,6 +51,7 @@ JOB_FILE = f"{JOB_DIR}/job.yaml"
 CHECKPOINT_DIR = "/checkpoints"
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
 PASSWORD_KEY = "password"
+WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
 
 # Host paths the Ascend driver stack needs inside a container (what the
 # Ascend device plugin does not mount by itself).
@@ -189,6 +191,15 @@ def _hccl_env(job: RLJob) -> list[dict]:
     if h.if_base_port:
         env.append({"name": "HCCL_IF_BASE_PORT", "value": str(h.if_base_port)})
     return env
+
+
+def _wandb_env(job: RLJob) -> list[dict]:
+    """The W&B API key from `logging.wandb.apiKeySecret` (key `apiKey`)."""
+    cfg = job.spec.logging.wandb
+    if cfg is None or not cfg.api_key_secret:
+        return []
+    return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": cfg.api_key_secret, "key": WANDB_KEY}}}]
 
 
 def _restricted() -> dict:
@@ -517,6 +528,25 @@ def trainer_command(job: RLJob, resume: bool) -> list[str]:
             "--master-port=$(MASTER_PORT)", "--no-python", *worker]
 
 
+def build_preflight_container(job: RLJob, mounts: list[dict]) -> dict:
+    """Rank 0's init container: `rljob worker preflight` checks the job with its
+    volumes mounted (what `rljob validate` cannot see from outside: paths on the
+    PVCs, the tokenizer, dataset keys, the reward, the context length). Its problems
+    are its termination message; the operator ends the job with them
+    (Failed/PreflightFailed) instead of restarting a gang that cannot start."""
+    return {
+        "name": preflight.CONTAINER,
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["rljob", "worker", "preflight", "--job", JOB_FILE],
+        "env": [*_env_common(job), *_wandb_env(job)],
+        "volumeMounts": [m for m in mounts if m["name"] != "dshm"],
+        "resources": _requests(job.spec.transfer_queue.driver_resources, memory_limit="4Gi"),
+        "securityContext": _restricted(),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
                       resume: bool | None = None) -> dict:
     """Trainer node `rank`. After a gang restart (or, with `resume`, a trainer pod
@@ -540,6 +570,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
           if t.npus_per_node == 1 else []),
         {"name": "NPROC_PER_NODE", "value": str(t.npus_per_node)},
         *_hccl_env(job),
+        *_wandb_env(job),
     ]
     container = {
         "name": "trainer",
@@ -562,6 +593,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
         # the operator restarts the gang as a whole; a lone rank restarting
         # in place would hang its peers' collectives
         "restartPolicy": "Never",
+        **({"initContainers": [build_preflight_container(job, mounts)]} if rank == 0 else {}),
         "containers": [container],
         "volumes": vols,
         "securityContext": _accelerated_pod_security(job),

@@ -51,6 +51,38 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> st
     return "kubeconfig (default)"
 
 
+def ensure_peering(name: str, namespaces: list[str]) -> list[str]:
+    """kopf's peering object `name` (cluster-wide, or in each of `namespaces`),
+    created when absent: a standby replica waits on it and would wait forever for
+    one that is not there. Returns what it created. `NoCluster` with the fix when
+    kopf's peering CRDs are not installed."""
+    api = client.CustomObjectsApi()
+    created = []
+    targets = [ns for ns in namespaces if not any(ch in ns for ch in "*?[")] or [None]
+    if namespaces and targets == [None]:
+        return []  # glob patterns only: no namespace to name
+    for ns in targets:
+        body = {"apiVersion": "kopf.dev/v1", "metadata": {"name": name}}
+        try:
+            if ns is None:
+                api.create_cluster_custom_object(
+                    "kopf.dev", "v1", "clusterkopfpeerings",
+                    {**body, "kind": "ClusterKopfPeering"})
+            else:
+                api.create_namespaced_custom_object(
+                    "kopf.dev", "v1", ns, "kopfpeerings", {**body, "kind": "KopfPeering"})
+            created.append(f"{ns}/{name}" if ns else name)
+        except ApiException as exc:
+            if exc.status == 409:
+                continue
+            if exc.status == 404:
+                raise NoCluster(f"--peering {name}: kopf's peering CRDs are not installed "
+                                "(helm upgrade ... --set peering.enabled=true installs them)"
+                                ) from None
+            raise
+    return created
+
+
 def connection_info(trust_env: bool):
     """kopf's credentials from the client configuration `load_config` chose (kopf's
     own `login_via_client` would load the default kubeconfig again, not --kubeconfig)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from rljob import preflight
 from rljob.api import RLJob
 
 from . import builders as b
@@ -50,6 +51,20 @@ def pod_phase(pod: dict) -> str:
 
 def deleting(pod: dict) -> bool:
     return bool(pod.get("metadata", {}).get("deletionTimestamp"))
+
+
+def preflight_problems(pod: dict) -> str | None:
+    """The problems `rljob worker preflight` found in this pod (its termination
+    message), or None when it passed, still runs, or failed for another reason (a
+    crash or an OOM kill is a failure like any other, not a problem of the job)."""
+    for c in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if c.get("name") != preflight.CONTAINER:
+            continue
+        for state in (c.get("state"), c.get("lastState")):
+            done = (state or {}).get("terminated") or {}
+            if done.get("exitCode") == preflight.EXIT_PROBLEMS:
+                return (done.get("message") or "").strip() or "the preflight check failed"
+    return None
 
 
 def role_of(pod: dict) -> str:
@@ -143,7 +158,12 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
         current = [p for p in trainers if p["metadata"].get("annotations", {}).get(
             b.ANNOTATION_GANG_RESTART, "0") == str(restarts)]
         deadline = spec.run_policy.active_deadline_seconds
-        if rank0 is not None and pod_phase(rank0) == "Succeeded" and rank0 in current:
+        problems = preflight_problems(rank0) if rank0 is not None else None
+        if problems is not None:
+            # the job itself is wrong (a path, a key, the reward): a restart would fail
+            # the same way
+            outcome = ("Failed", "PreflightFailed", " · ".join(problems.splitlines()))
+        elif rank0 is not None and pod_phase(rank0) == "Succeeded" and rank0 in current:
             outcome = ("Succeeded", "TrainerSucceeded",
                        f"trained {spec.algorithm.max_steps} steps")
         elif failed_ranks and [p for p in current if pod_phase(p) == "Failed"]:

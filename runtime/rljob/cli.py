@@ -523,6 +523,30 @@ def worker_driver(
                metrics_port=metrics_port)
 
 
+@worker_app.command("preflight")
+def worker_preflight(
+    job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
+    termination_log: Path = typer.Option(None, help="Where to write the problems for "
+                                         "Kubernetes (default /dev/termination-log when it "
+                                         "exists)."),
+) -> None:
+    """Check the job in its pod, volumes mounted (model, tokenizer, dataset keys,
+    reward, context length); exit 3 with the problems as the termination message."""
+    from . import preflight
+
+    problems = preflight.check(_load_job(job), in_pod=True)
+    for p in problems:
+        typer.echo(p, err=True)
+    if not problems:
+        typer.echo("preflight: the job's model, tokenizer, dataset and reward check out")
+        return
+    out = termination_log or (preflight.TERMINATION_LOG
+                              if preflight.TERMINATION_LOG.exists() else None)
+    if out is not None:
+        out.write_text(preflight.termination_message(problems), encoding="utf-8")
+    raise typer.Exit(preflight.EXIT_PROBLEMS)
+
+
 @app.command()
 def run(
     file: Path = typer.Argument(..., help="RLJob YAML."),

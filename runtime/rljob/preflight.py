@@ -7,7 +7,9 @@ field, what is wrong (with the numbers) and the fix.
 Relative paths in a job file are read from the file's directory
 (`resolve_paths`); a model or tokenizer given as a hub id (`org/name`, not a
 directory here) and anything on a PVC (`model.pvc`, `dataset.pvc`: paths inside
-the pods) are left to the pods.
+the pods) are left to the pods. There, `rljob worker preflight` runs the same
+checks with the job's volumes mounted (`in_pod`), before the trainer starts: its
+problems end the job as Failed/PreflightFailed with the lines as the message.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ import sys
 from pathlib import Path
 
 from .api.resource import RLJob
+
+# `rljob worker preflight` (the trainer pod's init container): exit status and
+# container name the operator reads back, and where Kubernetes takes the
+# container's termination message from (at most 4096 bytes are kept)
+EXIT_PROBLEMS = 3
+CONTAINER = "preflight"
+TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LIMIT = 4096
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 RANDOM = "random:"
@@ -69,10 +79,11 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
     return job.model_copy(update={"spec": new_spec})
 
 
-def _model_dir(spec) -> Path | None:
-    """The directory holding the model's config.json here (None: a hub id / PVC)."""
+def _model_dir(spec, in_pod: bool = False) -> Path | None:
+    """The directory holding the model's config.json here (None: a hub id, or a PVC
+    outside the pods)."""
     path = spec.model.path
-    if spec.model.pvc:
+    if spec.model.pvc and not in_pod:
         return None
     if path.startswith(RANDOM):
         return Path(path.removeprefix(RANDOM))
@@ -81,15 +92,18 @@ def _model_dir(spec) -> Path | None:
     return Path(path)
 
 
-def check(job: RLJob, base: Path | None = None) -> list[str]:
-    """Every problem of `job` (paths already resolved) that shows on this machine."""
+def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[str]:
+    """Every problem of `job` (paths already resolved) that shows on this machine;
+    `in_pod`: in one of the job's pods, where the PVCs are mounted."""
     spec = job.spec
     problems: list[str] = []
     where = f" (relative paths are read from {base})" if base else ""
+    model_here = in_pod or not spec.model.pvc
+    dataset_here = in_pod or not spec.dataset.pvc
 
     # the model's config: its context length, and that the directory is one
     context = None
-    model_dir = _model_dir(spec)
+    model_dir = _model_dir(spec, in_pod)
     if model_dir is not None:
         config = model_dir / "config.json"
         if not model_dir.is_dir():
@@ -110,7 +124,7 @@ def check(job: RLJob, base: Path | None = None) -> list[str]:
     tok_path = spec.model.tokenizer_path
     tok_dir = Path(tok_path.removeprefix(RANDOM))
     hub = _hub_id(tok_path)
-    if tok_path.startswith(BUILTIN) or (not spec.model.pvc and tok_dir.is_dir()):
+    if tok_path.startswith(BUILTIN) or (model_here and tok_dir.is_dir()):
         try:
             from .models import load_tokenizer
 
@@ -121,11 +135,11 @@ def check(job: RLJob, base: Path | None = None) -> list[str]:
             problems.append(f"{field}: cannot load a tokenizer from {tok_path}: {first}; set "
                             "model.tokenizer (builtin:char, or a directory with tokenizer "
                             "files)")
-    elif spec.model.tokenizer and not spec.model.pvc and not hub:
+    elif spec.model.tokenizer and model_here and not hub:
         problems.append(f"model.tokenizer: {tok_dir} is not a directory{where}")
 
     examples = None
-    if not spec.dataset.pvc:
+    if dataset_here:
         from .data import load_examples
 
         try:
@@ -146,6 +160,10 @@ def check(job: RLJob, base: Path | None = None) -> list[str]:
         get_reward(spec.reward.name)
     except ValueError as exc:
         problems.append(f"reward.name: {exc}")
+
+    from .trainer.sinks import wandb_problems
+
+    problems += wandb_problems(spec)
 
     if context and tok is not None and examples:
         from .data import render_prompt
@@ -191,3 +209,15 @@ def check_text_here(text: str, base: Path) -> list[str]:
         prefix = f"document {i}: " if len(docs) > 1 else ""
         problems += [prefix + p for p in check(job, base)]
     return problems
+
+
+def termination_message(problems: list[str], limit: int = TERMINATION_LIMIT) -> str:
+    """The problems, one per line, cut to what Kubernetes keeps of a termination
+    message (whole lines, and a count of those left off)."""
+    lines: list[str] = []
+    for i, p in enumerate(problems):
+        tail = f"\n(and {len(problems) - i} more: see the container's log)"
+        if len("\n".join([*lines, p]).encode()) + len(tail.encode()) > limit:
+            return "\n".join(lines) + tail if lines else p.encode()[:limit].decode(errors="ignore")
+        lines.append(p)
+    return "\n".join(lines)

@@ -45,9 +45,10 @@ def helm(cluster: ControlPlane, *args: str, check: bool = True) -> subprocess.Co
     return proc
 
 
-def service_account_kubeconfig(cluster: ControlPlane, path: Path) -> Path:
+def service_account_kubeconfig(cluster: ControlPlane, path: Path, namespace: str = OPERATOR_NS,
+                               account: str = RELEASE) -> Path:
     """A kubeconfig holding a token of the chart's ServiceAccount."""
-    token = cluster.kubectl("-n", OPERATOR_NS, "create", "token", RELEASE,
+    token = cluster.kubectl("-n", namespace, "create", "token", account,
                             "--duration=3h").stdout.strip()
     path.write_text(f"""apiVersion: v1
 kind: Config
@@ -68,8 +69,10 @@ current-context: test
 class OperatorProcess:
     """`rljob-operator` as a subprocess (what the chart's Deployment runs)."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, interval: float = 1.0):
+    def __init__(self, kubeconfig: Path, log_path: Path, interval: float = 1.0,
+                 args: tuple[str, ...] = ()):
         self.kubeconfig = kubeconfig
+        self.args = args
         self.log_path = log_path
         self.interval = interval
         self.proc: subprocess.Popen | None = None
@@ -86,7 +89,7 @@ class OperatorProcess:
             [str(exe), "--kubeconfig", str(self.kubeconfig), "--interval", str(self.interval),
              "--liveness-port",
              str(self.liveness_port), "--metrics-port", str(self.metrics_port),
-             "--log-format", "plain"],
+             "--log-format", "plain", *self.args],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         wait_for(self.healthy, timeout, 0.2, "operator /healthz")
         return self

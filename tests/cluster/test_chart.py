@@ -3,6 +3,8 @@ namespace mode grants a Role per watched namespace and no job ClusterRole."""
 
 from __future__ import annotations
 
+import json
+
 import yaml
 
 from tests.cluster.operator_harness import CHART, helm
@@ -18,7 +20,8 @@ def test_chart_crd_is_the_generated_crd():
 def test_helm_lint_clean_in_every_mode(cluster):
     for args in ([], ["--set", "scope=namespace", "--set", "watchNamespaces={a,b}"],
                  ["--set", "peering.enabled=true", "--set", "replicaCount=2",
-                  "--set", "serviceMonitor.enabled=true"]):
+                  "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true",
+                  "--set", "grafanaDashboard.enabled=true"]):
         out = helm(cluster, "lint", "--strict", str(CHART), *args)
         assert "0 chart(s) failed" in out.stdout, out.stdout
 
@@ -55,9 +58,18 @@ def test_cluster_scope_default_and_peering_replicas(cluster):
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["resources"]["limits"]["memory"]
+    assert not [d for d in docs if "kopf" in str(d)]  # no peering CRDs without peering
     docs = render(cluster, "--set", "peering.enabled=true", "--set", "replicaCount=2",
                   "--set", "serviceMonitor.enabled=true")
-    assert {"ClusterKopfPeering", "ServiceMonitor"} <= {d["kind"] for d in docs}
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert crds == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert "ServiceMonitor" in {d["kind"] for d in docs}
+    # the operator creates its own peering object, so it may create one
+    discovery = next(d for d in docs if d["metadata"]["name"] == "rel-rljob-operator-discovery")
+    assert any("clusterkopfpeerings" in r["resources"] and "create" in r["verbs"]
+               for r in discovery["rules"])
+    other = render(cluster, "--set", "peering.enabled=true", "--set", "peering.installCRDs=false")
+    assert not [d for d in other if d["kind"] == "CustomResourceDefinition"]
     bad = helm(cluster, "template", "rel", str(CHART), "--kube-version", "v1.34.4",
                "--set", "replicaCount=2", check=False)
     assert bad.returncode != 0 and "peering.enabled" in bad.stderr
@@ -80,3 +92,25 @@ def test_users_roles_aggregate_into_edit_and_view_and_runtime_image_reaches_the_
     dep = next(d for d in plain if d["kind"] == "Deployment")
     assert "RLJOB_RUNTIME_IMAGE" not in {e["name"] for e in
                                          dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_monitoring_objects_select_the_jobs_and_ship_the_dashboard(cluster):
+    docs = render(cluster, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true",
+                  "--set", "grafanaDashboard.enabled=true")
+    by_kind = {d["kind"]: d for d in docs}
+    sm = by_kind["ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the operator's namespace label
+    pm = by_kind["PodMonitor"]["spec"]
+    assert pm["namespaceSelector"] == {"any": True}
+    assert pm["selector"]["matchExpressions"] == [{"key": "rljob.dev/name", "operator": "Exists"}]
+    assert [e["port"] for e in pm["podMetricsEndpoints"]] == ["metrics", "driver-metrics"]
+    targets = {r["targetLabel"] for r in pm["podMetricsEndpoints"][0]["relabelings"]}
+    assert targets == {"rljob", "role"}
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["rljob.json"]) == json.loads(
+        (CHART / "dashboards" / "rljob.json").read_text())
+    ns = render(cluster, "--set", "scope=namespace", "--set", "watchNamespaces={a,b}",
+                "--set", "podMonitor.enabled=true")
+    pm = next(d for d in ns if d["kind"] == "PodMonitor")["spec"]
+    assert pm["namespaceSelector"] == {"matchNames": ["a", "b"]}

@@ -53,6 +53,39 @@ def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+def wandb_history(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
+    """(run ids, step → logged figures) of the W&B runs written offline under the run
+    directory, read from W&B's own transaction logs (`run-ID.wandb`: 32 KiB blocks of
+    records framed as a LevelDB log, each a `wandb_internal_pb2.Record`)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    ids, history = set(), {}
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        data, pos, chunk = path.read_bytes(), 7, b""  # after the ":W&B" header
+        while pos + 7 <= len(data):
+            if 32768 - pos % 32768 < 7:  # a block's tail too short for a header
+                pos += 32768 - pos % 32768
+                continue
+            _crc, size, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if size == 0 and kind == 0:
+                break
+            chunk += data[pos + 7:pos + 7 + size]
+            pos += 7 + size
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = pb.Record()
+                record.ParseFromString(chunk)
+                chunk = b""
+                if record.WhichOneof("record_type") == "run":
+                    ids.add(record.run.run_id)
+                elif record.WhichOneof("record_type") == "history":
+                    history[record.history.step.num] = {
+                        i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                        for i in record.history.item}
+    return ids, history
+
+
 def final_weights(run_dir: Path):
     from safetensors.torch import load_file
 
@@ -115,7 +148,8 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
 
 def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     path = job(tmp_path, "ddp", workflow={"mode": "periodic", "maxStaleness": None},
-               trainer={"npusPerNode": 2, "checkpointEvery": 2})
+               trainer={"npusPerNode": 2, "checkpointEvery": 2},
+               logging={"wandb": {"project": "rljob-test", "mode": "offline"}})
     doc = yaml.safe_load(path.read_text())
     del doc["spec"]["workflow"]["maxStaleness"]
     path.write_text(yaml.safe_dump(doc))
@@ -130,6 +164,12 @@ def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     rljob_run(path, run_dir, "--resume", str(run_dir), "--max-steps", "6")
     assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in tensorboard_scalars(run_dir, "train/loss")] == [1, 2, 3, 4, 5, 6]
+    # W&B (offline): both lives of the job log to one run, a point per step
+    ids, history = wandb_history(run_dir)
+    assert ids == {(run_dir / "wandb-run-id").read_text()}
+    assert sorted(history) == [1, 2, 3, 4, 5, 6]
+    assert [history[m["step"]]["reward/mean"] for m in metrics(run_dir)] == pytest.approx(
+        [m["reward_mean"] for m in metrics(run_dir)])
 
 
 def test_plots_summarise_a_run(tmp_path):

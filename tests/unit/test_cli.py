@@ -12,9 +12,9 @@ from tests.cases import INVALID, TEN_LINE_YAML
 REPO = Path(__file__).resolve().parents[2]
 
 
-def rljob(*args, input=None, cwd=REPO):
+def rljob(*args, input=None, cwd=REPO, env=None):
     return subprocess.run([sys.executable, "-m", "rljob", *args], capture_output=True,
-                          text=True, input=input, cwd=cwd, timeout=120)
+                          text=True, input=input, cwd=cwd, timeout=120, env=env)
 
 
 def test_validate_accepts_examples():
@@ -160,3 +160,44 @@ def test_a_cross_field_problem_gives_its_numbers(tmp_path):
     assert ("algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "
             "algorithm.groupSize (the samples trained per step) (3 prompts × 4 = 12 samples "
             "per step, micro-batches of 5)") in out.stderr
+
+
+def test_the_pods_preflight_writes_its_problems_as_the_termination_message(tmp_path):
+    """`rljob worker preflight` (trainer rank 0's init container): paths on PVCs are
+    checked too (they are mounted there); problems exit 3 and go to the termination
+    log, one per line."""
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "2"}\n')
+    model = REPO / "examples/models/tiny-qwen2"
+    job = _job(tmp_path, f"  model: {{path: 'random:{model}', tokenizer: 'builtin:char'}}\n"
+                         f"  dataset: {{path: {data}, pvc: prompts}}\n"
+                         "  rollout: {maxNewTokens: 8}\n")
+    log = tmp_path / "termination-log"
+    out = rljob("worker", "preflight", "--job", str(job), "--termination-log", str(log))
+    assert out.returncode == 3, out.stderr
+    assert "Traceback" not in out.stderr
+    assert log.read_text().splitlines() == [
+        f"dataset.path: '{data}': rows have no key 'prompt' (their keys: answer, question); "
+        "set dataset.promptKey / dataset.answerKey to the prompt's and the answer's keys"]
+    assert rljob("validate", str(job)).returncode == 0  # outside the pod the PVC is not here
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    out = rljob("worker", "preflight", "--job", str(job), "--termination-log", str(log))
+    assert out.returncode == 0, out.stderr
+
+
+def test_wandb_online_without_a_key_is_refused_before_start(tmp_path):
+    import os
+
+    model = REPO / "examples/models/tiny-qwen2"
+    job = _job(tmp_path, f"  model: {{path: 'random:{model}', tokenizer: 'builtin:char'}}\n"
+                         f"  dataset: {{path: {REPO / 'examples/data/arith.jsonl'}}}\n"
+                         "  rollout: {maxNewTokens: 8}\n"
+                         "  logging: {wandb: {project: p}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc from `wandb login`
+    out = rljob("validate", str(job), env=env)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"{job}: logging.wandb: mode online needs a W&B API key: set WANDB_API_KEY (on a "
+        "cluster: logging.wandb.apiKeySecret), run `wandb login`, or use mode: offline"]
+    assert rljob("validate", str(job), env={**env, "WANDB_API_KEY": "x" * 40}).returncode == 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from rljob.api.spec import WandbSpec
 from rljob.api.validation import load_rljob
 from rljob_operator import builders as b
 
@@ -237,3 +238,30 @@ def test_runtime_image_replaces_only_the_default_image():
     assert with_runtime_image(job, None) is job and with_runtime_image(job, "") is job
     own = job.model_copy(update={"spec": job.spec.model_copy(update={"image": "a/b:1"})})
     assert with_runtime_image(own, "registry.example/x:1").spec.image == "a/b:1"
+
+
+def test_rank_0_checks_the_job_in_its_pod_before_the_trainer_starts():
+    """An init container on rank 0 only, with the job's volumes (PVCs included) and
+    its termination message falling back to the log."""
+    job = load("quickstart-cluster.yaml")
+    job.spec.dataset.pvc = "prompts"
+    rank0, rank1 = b.build_trainer_pod(job, 0), b.build_trainer_pod(job, 1)
+    assert "initContainers" not in rank1["spec"]
+    [init] = rank0["spec"]["initContainers"]
+    assert init["name"] == "preflight"
+    assert init["command"] == ["rljob", "worker", "preflight", "--job", b.JOB_FILE]
+    assert init["image"] == rank0["spec"]["containers"][0]["image"]
+    mounts = {m["mountPath"] for m in init["volumeMounts"]}
+    assert {b.JOB_DIR, "/data"} <= mounts and "/dev/shm" not in mounts
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_wandb_api_key_reaches_the_trainer_from_its_secret():
+    job = load("quickstart-cluster.yaml")
+    assert all(e["name"] != "WANDB_API_KEY" for e in b.build_trainer_pod(job, 0)["spec"]
+               ["containers"][0]["env"])
+    job.spec.logging.wandb = WandbSpec(project="p", api_key_secret="wandb")
+    pod = b.build_trainer_pod(job, 0)["spec"]
+    for c in (pod["containers"][0], pod["initContainers"][0]):  # preflight checks it too
+        [key] = [e for e in c["env"] if e["name"] == "WANDB_API_KEY"]
+        assert key["valueFrom"] == {"secretKeyRef": {"name": "wandb", "key": "apiKey"}}

@@ -147,6 +147,31 @@ def test_trainer_failure_restarts_the_whole_gang_then_fails_past_backoff():
     assert "quickstart-rollout-0" in p4.delete and c["Ready"]["status"] == "False"
 
 
+def test_preflight_problems_fail_the_job_at_once_and_a_crash_of_it_does_not():
+    """Rank 0's init container exits 3 with the job's problems as its termination
+    message: the job fails with them (no gang restart: a restart would fail the same
+    way). Any other exit of it is an ordinary trainer failure."""
+    j = job(nodes=2, backoff=3)
+    pods = everything_ready(j)
+    rank0 = pods[0]
+    rank0["status"]["phase"] = "Failed"
+    rank0["status"]["initContainerStatuses"] = [{"name": "preflight", "state": {"terminated": {
+        "exitCode": 3, "reason": "Error",
+        "message": "dataset.promptKey: rows have no key 'q'\nreward.name: cannot import 'x'\n"}}}]
+    p = plan(j, {}, pods, T0, 1)
+    c = conds(p)
+    assert c["Failed"]["status"] == "True" and c["Failed"]["reason"] == "PreflightFailed"
+    assert c["Failed"]["message"] == ("dataset.promptKey: rows have no key 'q' · "
+                                      "reward.name: cannot import 'x'")
+    assert p.finished and p.status["trainer"]["restarts"] == 0
+    [event] = [e for e in p.events if e.reason == "PreflightFailed"]
+    assert event.type == "Warning" and "dataset.promptKey" in event.message
+    # killed for memory (137): a failure of the pod, restarted like any other
+    rank0["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] = 137
+    p = plan(j, {}, pods, T0, 1)
+    assert "Failed" not in conds(p) and p.status["trainer"]["restarts"] == 1
+
+
 def test_success_deadline_suspend_and_ttl():
     j = job(nodes=1)
     pods = everything_ready(j)

@@ -68,6 +68,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, patch, create]
 {{- end }}
 {{- end -}}

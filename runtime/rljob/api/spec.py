@@ -403,8 +403,9 @@ class TransferQueueSpec(ApiModel):
     )
     driver_resources: ComputeResources = Field(
         default_factory=lambda: ComputeResources(cpu="500m", memory="1Gi"),
-        description="Requests of the workflow driver's container, beside the controller "
-        "(its memory limit is 4Gi or the request, if larger).",
+        description="Requests of the workflow driver's container, beside the controller, "
+        "and of trainer rank 0's preflight init container, which reads the same files "
+        "(the memory limit is 4Gi or the request, if larger).",
     )
 
 
@@ -484,6 +485,28 @@ class RunPolicySpec(ApiModel):
     )
 
 
+class WandbSpec(ApiModel):
+    project: str = Field(..., min_length=1, max_length=128,
+                         description="Weights & Biases project of the job's runs.")
+    entity: str | None = Field(None, min_length=1, max_length=128,
+                               description="W&B team or user (default: the API key's).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="online: sent as the job runs (needs WANDB_API_KEY); offline: "
+        "written under the run directory's wandb/ for `wandb sync`.")
+    api_key_secret: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Secret whose key 'apiKey' holds the W&B API key, given to the trainer "
+        "pods as WANDB_API_KEY (local runs read WANDB_API_KEY from the environment).")
+
+
+class LoggingSpec(ApiModel):
+    tensorboard: bool = Field(
+        True, description="TensorBoard event files of every step in the run directory's "
+        "tensorboard/ (in the pods: beside the checkpoints, with trainer.checkpointPvc).")
+    wandb: WandbSpec | None = Field(
+        None, description="Also log every step to Weights & Biases (needs rljob[wandb]).")
+
+
 class RLJobSpec(ApiModel):
     model: ModelSpec
     dataset: DatasetSpec
@@ -496,6 +519,7 @@ class RLJobSpec(ApiModel):
     accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
     image: str = Field(
         DEFAULT_IMAGE,
         min_length=1,

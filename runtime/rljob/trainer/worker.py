@@ -18,7 +18,6 @@ sampling (the behaviour policy itself, no second forward).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -47,6 +46,7 @@ from ..workflow.tasks import TASKS, TRAIN_READS
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
 from .policy import make_policy
+from .sinks import open_sinks
 
 log = logging.getLogger("rljob.trainer")
 
@@ -301,15 +301,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if back:
             log.info("gave back %d rows an earlier trainer held", back)
         keeper = LeaseKeeper(tq)
-    metrics_file = tensorboard = None
-    if run_dir and rank == 0:
-        path = Path(run_dir) / "metrics.jsonl"
-        if path.exists():  # steps after the checkpoint are trained again: their lines go
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start]
-            path.write_text("".join(line + "\n" for line in kept))
-        metrics_file = open(path, "a")
-        tensorboard = _tensorboard(Path(run_dir) / "tensorboard", start)
+    sinks = open_sinks(spec, run_dir, start, prom) if rank == 0 else None
     checkpointed = start
     uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
     algo = spec.algorithm
@@ -380,22 +372,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                                   tokens_per_second=m["tokens_per_second"],
                                   samples_per_second=m["samples_per_second"],
                                   reward_mean=m["reward_mean"], source=name)
-                prom.step.set(version)
-                prom.version.set(version)
-                prom.samples.inc(m["samples"])
-                prom.tokens.inc(m["tokens"])
-                prom.reward.set(m["reward_mean"])
-                prom.staleness.set(m["staleness_mean"])
-                prom.gen_seconds.set(m["gen_seconds"])
-                prom.train_seconds.set(m["train_seconds"])
-                if metrics_file:
-                    metrics_file.write(json.dumps(m) + "\n")
-                    metrics_file.flush()
-                if tensorboard:
-                    for key, tag in TENSORBOARD_SCALARS.items():
-                        if m.get(key) is not None:
-                            tensorboard.add_scalar(tag, m[key], version)
-                    tensorboard.flush()
+                sinks.write(m, version)
             every = spec.trainer.checkpoint_every
             if version % every == 0 or version == steps:
                 _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
@@ -425,33 +402,11 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask
                 log.warning("an ack was refused: %s", exc)
             tq.close()
-        if metrics_file:
-            metrics_file.close()
-        if tensorboard:
-            tensorboard.close()
+        if sinks is not None:
+            sinks.close()
         spans.close()
         if world > 1:
             dist.destroy_process_group()
-
-
-# metrics.jsonl key → TensorBoard tag, one point per step
-TENSORBOARD_SCALARS = {
-    "reward_mean": "reward/mean", "loss": "train/loss", "kl": "train/kl",
-    "clip": "train/clip_fraction", "grad_norm": "train/grad_norm",
-    "staleness_mean": "staleness/mean", "staleness_max": "staleness/max",
-    "tokens_per_second": "throughput/tokens_per_second",
-    "samples_per_second": "throughput/samples_per_second",
-    "gen_seconds": "time/gen_seconds", "train_seconds": "time/train_seconds",
-    "step_seconds": "time/step_seconds", "response_length": "rollout/response_length",
-}
-
-
-def _tensorboard(directory: Path, start: int):
-    """A TensorBoard writer of the run's steps; a resumed run drops the points after
-    its checkpoint (they are trained again)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(directory), purge_step=start + 1 if start else None)
 
 
 def make_optimizer(policy, lr: float) -> torch.optim.Optimizer:
