@@ -237,6 +237,41 @@ def _scrape(pod: dict, metric: str, port: int = 9090) -> float | None:
     return sum(values) if values else None
 
 
+@pytest.mark.timeout(600)
+def test_a_job_its_pods_cannot_run_fails_at_once_with_the_preflight_problems(
+        operator_release, namespace):
+    """The dataset's keys are checked where the dataset is, in the pods: trainer rank
+    0's init container finds them missing and the job ends Failed/PreflightFailed
+    with the line naming the field, without restarting the gang."""
+    plane = operator_release
+    ns, _ = namespace
+    name = "preflight-cluster"
+    doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["dataset"]["promptKey"] = "question"
+    doc["spec"]["trainer"].pop("checkpointPvc")
+    t0 = time.monotonic()
+    _apply(plane, ns, doc)
+    job: dict = {}
+    while time.monotonic() - t0 < 300:
+        job = _rljob(plane, ns, name)
+        if _condition(job, "Failed") == "True":
+            break
+        time.sleep(1)
+    else:
+        pytest.fail(f"not Failed in 300 s: {job.get('status')}\n{_debug(plane, ns)}")
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    print(f"\nFailed/{failed['reason']} {time.monotonic() - t0:.0f}s after apply: "
+          f"{failed['message']}")
+    assert failed["reason"] == "PreflightFailed", failed
+    assert "rows have no key 'question'" in failed["message"]
+    assert "set dataset.promptKey" in failed["message"]
+    assert job["status"]["trainer"]["restarts"] == 0
+    events = json.loads(plane.kubectl("get", "events", "-n", ns, "--field-selector",
+                                      "reason=PreflightFailed", "-o", "json").stdout)["items"]
+    assert events and events[0]["type"] == "Warning"
+
+
 @pytest.mark.timeout(1800)
 def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release, namespace):
     """examples/scaleout-cluster.yaml: one slow rollout replica, a fast trainer. The

@@ -59,8 +59,8 @@ def test_standby_replica_takes_over_through_the_peering_object(crd_installed, tm
             cluster.kubectl("-n", jobs, "apply", "-f", str(REPO / "examples/quickstart.yaml"))
             first = wait_for(lambda: _trainer_uid(cluster, jobs), 60,
                              what="the active replica creating the job's pods")
-            assert "quickstart" in replicas[0].log_tail(400)
-            assert "quickstart" not in replicas[1].log_tail(400)  # on standby
+            assert "Creation is processed" in replicas[0].log_tail(400)
+            assert "is processed" not in replicas[1].log_tail(400)  # on standby
 
             replicas[0].stop()  # the active one goes: the standby reconciles now
             cluster.kubectl("-n", jobs, "delete", "pod", "quickstart-trainer-0", "--wait=false")

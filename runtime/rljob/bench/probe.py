@@ -121,7 +121,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
         gen = time.perf_counter() - t0
         samples = [Sample(slot=i * g + j, group=i, version=0, prompt_ids=ids[i],
                           response_ids=x.response_ids, rollout_logp=x.logprobs, reward=0.0,
-                          released_at=0.0, finished_at=0.0, advantage=float(rng.normal()))
+                          released_at=0.0, started_at=0.0, finished_at=0.0, advantage=float(rng.normal()))
                    for i, group in enumerate(groups) for j, x in enumerate(group)]
         torch.set_num_threads(trainer_threads)
         mb = s.algorithm.micro_samples

@@ -99,7 +99,8 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         return batch, (receiver.latest() if batch.rows and wait_weights else (-1, 0))
 
     def write(batch: Batch, flat: list, scored: list, version: int, epoch: int,
-              done: float, indices: list[int] | None = None, last: bool = True) -> None:
+              span: tuple[float, float], indices: list[int] | None = None,
+              last: bool = True) -> None:
         """Publish generated rows (`indices`, default the whole batch) under their
         lease (fenced), then ack them; `last`: the batch's keep-alive ends. A lease that
         expired meanwhile (this replica was paused or cut off) has given the rows to
@@ -113,7 +114,8 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
                 "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
                 "reward": [s.score for s in scored],
                 "reward_error": [s.error for s in scored],
-                "finished_at": [done] * len(flat),
+                "started_at": [span[0]] * len(flat),
+                "finished_at": [span[1]] * len(flat),
                 "weights_epoch": [epoch] * len(flat),
             }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
             tq.ack(batch, indices)
@@ -179,7 +181,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
             spans.add("generate", t0, done, step)
             if written is not None:
                 written.result()  # one write in flight at most; a refusal surfaces here
-            written = io.submit(write, batch, flat, scored, version, epoch, done)
+            written = io.submit(write, batch, flat, scored, version, epoch, (t0, done))
             metrics.samples.inc(len(flat))
             metrics.tokens.inc(sum(len(x.response_ids) for x in flat))
             errors = [s.error for s in scored if s.error]
@@ -262,7 +264,8 @@ def _stream(engine, spec: RLJobSpec, receiver, keeper, tq, claim, write, score, 
                     w.result()  # a failed write surfaces here
                 written = [w for w in written if not w.done()]
                 written.append(writer.submit(write, batch, group, scored, version, epoch,
-                                             finished, batch.indices[first:first + g], last))
+                                             (t0, finished), batch.indices[first:first + g],
+                                             last))
                 metrics.samples.inc(len(group))
                 metrics.tokens.inc(sum(len(x.response_ids) for x in group))
     finally:

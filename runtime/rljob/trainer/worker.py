@@ -43,6 +43,7 @@ from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import TASKS, TRAIN_READS
+from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
 from .policy import make_policy
@@ -61,6 +62,7 @@ class Sample:
     rollout_logp: list[float]
     reward: float
     released_at: float
+    started_at: float
     finished_at: float
     epoch: int = 0
     advantage: float = 0.0
@@ -132,9 +134,10 @@ class StepSource:
         d = batch.data
         samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
                           d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
-                          float(d["reward"][i]),
-                          float(d["released_at"][i]), float(d["finished_at"][i]),
-                          int(d["weights_epoch"][i]))
+                          float(d["reward"][i]), released_at=float(d["released_at"][i]),
+                          started_at=float(d["started_at"][i]),
+                          finished_at=float(d["finished_at"][i]),
+                          epoch=int(d["weights_epoch"][i]))
                    for i, row in enumerate(batch.rows)]
         batch, samples = self._refuse_foreign(batch, samples)
         if not batch.rows:
@@ -316,7 +319,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 break
             source = StepSource(spec, tq, t, keeper, stop, lineage) if rank == 0 else None
             step_samples: list[Sample] = []
-            train_time = 0.0
+            train_spans: list[tuple[float, float]] = []
             sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
             t_wall = time.time()
             opt.zero_grad()
@@ -337,7 +340,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 for key in sums:
                     sums[key] += parts[key] / micro_batches
                 t1 = time.time()
-                train_time += t1 - t0
+                train_spans.append((t0, t1))
                 spans.add("train", t0, t1, t)
             if len(step_samples) < n:  # stopped mid-step: nothing of it is applied
                 if source is not None:
@@ -347,8 +350,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             t0 = time.time()
             grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
             opt.step()
-            spans.add("optimizer", t0, time.time(), t)
-            train_time += time.time() - t0
+            t1 = time.time()
+            spans.add("optimizer", t0, t1, t)
+            train_spans.append((t0, t1))
             version = t + 1
             if t == start:
                 log.info("optimizer state on this rank: %.2f MB (%s over %d data-parallel "
@@ -361,7 +365,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 uncommitted += source.take_leases()
                 with spans.span("weight-sync", t):
                     sender.publish(version, state)
-                m = _step_metrics(t, step_samples, train_time, time.time() - t_wall, sums)
+                m = _step_metrics(t, step_samples, train_spans, time.time() - t_wall, sums)
                 m["grad_norm"] = grad_norm
                 m["rows_claimed"] = source.rows_claimed
                 m["rows_regenerated"] = source.rows_regenerated
@@ -520,9 +524,11 @@ def prompts_digest(prompt_ids_in_slot_order) -> str:
     return h.hexdigest()[:16]
 
 
-def _step_metrics(t, samples, train_time, wall, sums) -> dict:
+def _step_metrics(t, samples, train_spans, wall, sums) -> dict:
+    """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py)."""
     versions = [t - s.version for s in samples]
-    gen_seconds = max(s.finished_at for s in samples) - min(s.released_at for s in samples)
+    generating = [(s.started_at, s.finished_at) for s in samples]
+    gen_seconds = generation_seconds(generating)
     tokens = sum(len(s.response_ids) for s in samples)
     return {
         "step": t + 1,
@@ -533,7 +539,9 @@ def _step_metrics(t, samples, train_time, wall, sums) -> dict:
         "staleness_mean": float(np.mean(versions)),
         "staleness_max": int(max(versions)),
         "gen_seconds": gen_seconds,
-        "train_seconds": train_time,
+        "gen_queue_seconds": generation_queue_seconds([s.released_at for s in samples],
+                                                      generating),
+        "train_seconds": training_seconds(train_spans),
         "step_seconds": wall,
         "tokens": tokens,
         "tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else 0.0,

@@ -3,7 +3,8 @@
 driver  → prompt, answer (json), prompt_ids (int32), slot (int32: position in the
           step, the order micro-batches are trained in), released_at (float64)
 rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
-          reward (float32), reward_error (json), finished_at (float64),
+          reward (float32), reward_error (json), started_at / finished_at (float64:
+          the group's generation span, what Tgen is made of),
           weights_epoch (int64: the trainer life whose weights made the sample)
 train   : response_ids, reward (+ the row's policy version in its metadata)
 A PPO critic adds a task (values from response_ids) the same way.
@@ -20,6 +21,7 @@ ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            tensor("rollout_logp", "float32"),
                                            scalar("reward", "float32"),
                                            json_column("reward_error"),
+                                           scalar("started_at", "float64"),
                                            scalar("finished_at", "float64"),
                                            scalar("weights_epoch", "int64")])
 TRAIN = Task("train", ["response_ids", "reward"])
@@ -27,7 +29,7 @@ TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
-               "finished_at", "weights_epoch"]
+               "started_at", "finished_at", "weights_epoch"]
 
 
 def version_needed(mode: str, k: int, step: int) -> int:
