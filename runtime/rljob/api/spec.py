@@ -328,6 +328,20 @@ class TrainerSpec(ApiModel):
         description="CPU and memory of each trainer container, as requests and limits (a "
         "CPU limit also caps its compute threads); unset: none.",
     )
+    micro_batch_order: Literal["auto", "slot", "arrival"] = Field(
+        "auto",
+        description="Order a step's samples are cut into micro-batches. slot: the step's "
+        "own order, so a streamed step makes the update a whole-batch (sync) step makes, "
+        "bit for bit; arrival: as groups come in, so a slow group does not hold up the "
+        "micro-batches after it (equal to sync within float rounding: the gradient is "
+        "summed in another order). auto: slot in sync and periodic, arrival in async.",
+    )
+
+    def micro_batch_order_in(self, mode: str) -> str:
+        """The order in force in workflow `mode` (auto resolved)."""
+        if self.micro_batch_order != "auto":
+            return self.micro_batch_order
+        return "arrival" if mode == "async" else "slot"
 
     @property
     def world_size(self) -> int:

@@ -73,14 +73,16 @@ class Stopped(Exception):
 
 
 class StepSource:
-    """Rank 0's view of a step: samples in slot order, micro-batch by micro-batch.
+    """Rank 0's view of a step, micro-batch by micro-batch.
 
     A background thread claims the step's rows while the trainer computes, so no
     claim round trip sits between two micro-steps. sync: it waits for the whole
-    step at once. periodic/async: it claims whole groups as they become ready,
-    and micro-batch j is handed out once slots [j·mb, (j+1)·mb) have all
-    arrived. Groups made by weights outside the trainer's lineage or the
-    staleness bound (after a trainer restart) are sent back to the rollouts."""
+    step at once. periodic/async: it claims whole groups as they become ready.
+    In slot order (`trainer.microBatchOrder`) micro-batch j is handed out once
+    slots [j·mb, (j+1)·mb) have all arrived; in arrival order it is the next mb
+    samples to arrive, so a slow early group holds up nothing but itself. Groups
+    made by weights outside the trainer's lineage or the staleness bound (after a
+    trainer restart) are sent back to the rollouts."""
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None):
@@ -94,8 +96,10 @@ class StepSource:
         self.mb = spec.algorithm.micro_samples
         self.g = spec.algorithm.group_size
         self.buffer: dict[int, Sample] = {}
+        self.arrived: list[int] = []  # slots, in the order they came in
+        self.by_arrival = spec.trainer.micro_batch_order_in(spec.workflow.mode) == "arrival"
         self.leases = []
-        self.next_slot = 0
+        self.next_slot = 0  # slot order: the first slot not handed out; arrival: how many
         self.scored: set[int] = set()  # groups whose advantages are set
         self._arrived = threading.Condition()
         self._error: BaseException | None = None
@@ -148,6 +152,7 @@ class StepSource:
             self.rows_claimed += len(batch.rows)
             for s in samples:
                 self.buffer[s.slot] = s
+                self.arrived.append(s.slot)
             self._arrived.notify_all()
 
     def _refuse_foreign(self, batch, samples: list[Sample]):
@@ -173,15 +178,17 @@ class StepSource:
     def next_micro_batch(self) -> list[Sample] | None:
         if self.next_slot >= self.n:
             return None
-        want = range(self.next_slot, self.next_slot + self.mb)
+        start, end = self.next_slot, self.next_slot + self.mb
         with self._arrived:
-            while not all(s in self.buffer for s in want):
+            while not (len(self.arrived) >= end if self.by_arrival
+                       else all(s in self.buffer for s in range(start, end))):
                 if self._error is not None:
                     raise self._error
                 if self.stopping.is_set():
                     raise Stopped
                 self._arrived.wait(0.2)
-        self.next_slot += self.mb
+            want = self.arrived[start:end] if self.by_arrival else range(start, end)
+        self.next_slot = end
         chunk = [self.buffer[s] for s in want]
         # claims bring whole groups, so each sample's group is complete in the buffer
         for group_start in sorted({s.slot - s.slot % self.g for s in chunk}):

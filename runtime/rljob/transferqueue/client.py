@@ -24,6 +24,7 @@ from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .controller import storage_column
 from .schema import ColumnError, ColumnSpec, decode, encode
+from .policies import get_claim_policy
 from .service import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
 from .session import AsyncSession, SyncSession
 from .storage import StorageUnit, connect
@@ -106,10 +107,10 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
                    partition: int | None = None, min_version: int | None = None,
                    on_stale: str = "discard", stale_producer: str | None = None,
                    ack: Batch | None = None, consumer: str = "") -> pb.ClaimRequest:
-    if policy not in _POLICY_PB:
-        raise ValueError(f"unknown claim policy {policy!r}: use {sorted(_POLICY_PB)}")
+    get_claim_policy(policy)  # a ValueError naming the policies for an unknown one
     return pb.ClaimRequest(
-        task=task, count=count, min_count=min_count or 0, policy=_POLICY_PB[policy],
+        task=task, count=count, min_count=min_count or 0,
+        policy=_POLICY_PB.get(policy, pb.CLAIM_POLICY_UNSPECIFIED), policy_name=policy,
         token_budget=token_budget or 0, dp_size=dp_size, wait_seconds=wait,
         has_partition=partition is not None, partition=partition or 0,
         has_min_version=min_version is not None, min_version=min_version or 0,
@@ -362,7 +363,7 @@ class TransferQueueClient:
         """Lease up to `count` ready rows of `task` (metadata only; see `get`).
 
         Options: min_count (wait for this many, default count), wait (seconds to
-        long-poll), policy (fifo | group | token_balanced), token_budget,
+        long-poll), policy (a claim policy name: policies.py), token_budget,
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
@@ -515,7 +516,7 @@ class AsyncTransferQueueClient:
         """Lease up to `count` ready rows of `task` (metadata only; see `get`).
 
         Options: min_count (wait for this many, default count), wait (seconds to
-        long-poll), policy (fifo | group | token_balanced), token_budget,
+        long-poll), policy (a claim policy name: policies.py), token_budget,
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
         """

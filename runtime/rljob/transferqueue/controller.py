@@ -32,11 +32,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .samplers import balance_over_ranks
+from .policies import CLAIM_POLICIES, ReadyView
 from .schema import ColumnSpec
-
-
-POLICIES = ("fifo", "group", "token_balanced", "longest_first", "shortest_first")
 
 
 class TQError(Exception):
@@ -168,7 +165,7 @@ class ClaimRequest:
     task: str
     count: int
     min_count: int | None = None
-    policy: str = "fifo"  # fifo | group | token_balanced | longest_first | shortest_first
+    policy: str = "fifo"  # a name in policies.CLAIM_POLICIES
     token_budget: int | None = None
     dp_size: int = 1
     partition: int | None = None
@@ -576,8 +573,10 @@ class Controller:
         """Lease up to `count` ready rows, or None if fewer than `min_count` are ready."""
         state = self._task(req.task)
         self._check_count("count", req.count)
-        if req.policy not in POLICIES:
-            raise TQError(f"unknown claim policy {req.policy!r}: use one of {', '.join(POLICIES)}")
+        policy = CLAIM_POLICIES.get(req.policy)
+        if policy is None:
+            raise TQError(f"unknown claim policy {req.policy!r}: use one of "
+                          f"{', '.join(CLAIM_POLICIES)}")
         if not 1 <= req.dp_size <= min(self.limits.max_dp_size, req.count):
             raise TQError(f"dp_size must be between 1 and min(count, "
                           f"{self.limits.max_dp_size}), got {req.dp_size}")
@@ -590,13 +589,13 @@ class Controller:
         self.expire()
         if req.min_version is not None:
             self._filter_stale(state, req)
-        picked = self._pick(state, req)
+        view = ReadyView([state.ready[p] for p in self._candidate_partitions(state, req)],
+                         self.rows, self.groups, state.group_ready)
+        picked = policy.pick(view, req.count, req.token_budget)
         min_count = req.count if req.min_count is None else req.min_count
         if not picked or len(picked) < min(min_count, req.count):
             return None
-        ranks = [0] * len(picked)
-        if req.policy == "token_balanced" and req.dp_size > 1:
-            ranks = balance_over_ranks([self.rows[i].length for i in picked], req.dp_size)
+        ranks = policy.ranks([self.rows[i].length for i in picked], req.dp_size)
         lease_id = f"{req.task}-{self._lease_seq + 1}"
         self._do({"op": "lease", "task": req.task, "lease": lease_id, "rows": picked,
                   "consumer": req.consumer, "deadline": self.clock() + self.lease_seconds,
@@ -629,42 +628,6 @@ class Controller:
         if req.partition is not None:
             return [req.partition] if req.partition in state.ready else []
         return state.ready_parts
-
-    def _pick(self, state: TaskState, req: ClaimRequest) -> list[int]:
-        picked: list[int] = []
-        tokens = 0
-        budget = req.token_budget
-        if req.policy == "group":
-            seen: set[int] = set()
-            for p in self._candidate_partitions(state, req):
-                for idx in state.ready[p]:
-                    row = self.rows[idx]
-                    members = self.groups[row.group]
-                    if row.group in seen or state.group_ready.get(row.group, 0) < len(members):
-                        continue
-                    seen.add(row.group)
-                    if len(picked) + len(members) > req.count:
-                        return picked
-                    group_tokens = sum(self.rows[m].length for m in members)
-                    if budget is not None and picked and tokens + group_tokens > budget:
-                        return picked
-                    picked.extend(members)
-                    tokens += group_tokens
-            return picked
-        if req.policy in ("longest_first", "shortest_first"):
-            ids = [i for p in self._candidate_partitions(state, req) for i in state.ready[p]]
-            ids.sort(key=lambda i: self.rows[i].length, reverse=req.policy == "longest_first")
-        else:
-            ids = (i for p in self._candidate_partitions(state, req) for i in state.ready[p])
-        for idx in ids:
-            length = self.rows[idx].length
-            if budget is not None and picked and tokens + length > budget:
-                return picked
-            picked.append(idx)
-            tokens += length
-            if len(picked) == req.count:
-                return picked
-        return picked
 
     def _filter_stale(self, state: TaskState, req: ClaimRequest) -> list[Cleared]:
         cleared: list[Cleared] = []

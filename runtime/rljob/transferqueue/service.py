@@ -291,7 +291,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def _claim(self, request):
         req = ClaimRequest(
             task=request.task, count=request.count,
-            min_count=request.min_count or None, policy=POLICY.get(request.policy, "?"),
+            min_count=request.min_count or None,
+            policy=request.policy_name or POLICY.get(request.policy, "?"),
             token_budget=request.token_budget or None, dp_size=max(request.dp_size, 1),
             partition=request.partition if request.has_partition else None,
             min_version=request.min_version if request.has_min_version else None,
