@@ -425,6 +425,31 @@ def bench_engines(
         bench.render(results)
 
 
+@bench_app.command("optimisations")
+def bench_optimisations(
+    steps: int = typer.Option(12, min=4, help="Steps per configuration (the first 2 are "
+                              "not measured)."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of every configuration; medians are "
+                               "printed."),
+    config: list[str] = typer.Option([], "--config", metavar="NAME",
+                                     help="Run only these configurations (repeat)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The papers' mechanisms on a long-tailed task, each off and on side by side:
+    skew-aware dispatch (and an oracle ranker), arrival-order micro-batches, StreamRL's
+    ablation (sync, + skew-aware, + streaming, + async)."""
+    import json
+
+    from .bench import optimisations as bench
+
+    results = bench.run(steps, rounds, keep, config or None)
+    if json_out:
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 @bench_app.command("weights")
 def bench_weights(
     rounds: int = typer.Option(3, min=1, help="Versions sent over each transport; medians "

@@ -71,3 +71,17 @@ def test_a_new_policy_is_one_class():
         assert claimed(table([1, 2, 3, 4]), 3, "test_newest") == [3, 2, 1]
     finally:
         del CLAIM_POLICIES["test_newest"]
+
+
+def test_rollout_replicas_claim_by_the_dispatch_mode():
+    from rljob.planner.dispatch import rollout_claim_policy, tail_replicas
+
+    assert rollout_claim_policy("fifo", 0, 3) == "group"
+    # one replica: longest first (the long groups share a batch)
+    assert rollout_claim_policy("skew_aware", 0, 1) == "group_longest_first"
+    # several: one in five serves the predicted long tail, the others the short end
+    assert [tail_replicas(r) for r in (1, 2, 5, 10, 11)] == [0, 1, 1, 2, 2]
+    assert [rollout_claim_policy("skew_aware", i, 6) for i in range(6)] == [
+        "group_longest_first"] + ["group_shortest_first"] * 5
+    with pytest.raises(ValueError):
+        rollout_claim_policy("random", 0, 1)

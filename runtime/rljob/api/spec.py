@@ -262,6 +262,15 @@ class RolloutSpec(ApiModel):
     )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
+    dispatch: Literal["fifo", "skew_aware"] = Field(
+        "fifo",
+        description="Which prompt groups a replica claims next. fifo: in release order. "
+        "skew_aware (StreamRL §5): the driver predicts each prompt's output length with an "
+        "online ranker that learns from the finished samples; one replica claims the "
+        "longest groups first (with several, one in five serves the long tail) and the "
+        "others the shortest first, so long generations run together instead of "
+        "stretching every batch.",
+    )
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     resources: ComputeResources = Field(
         default_factory=ComputeResources,

@@ -182,6 +182,29 @@ def claim_policy_for(replica: int, plan: DispatchPlan) -> str:
     return "shortest_first" if plan.long_tail_instances else "longest_first"
 
 
+def tail_replicas(replicas: int) -> int:
+    """Replicas that serve the predicted long tail in a running job: none with one
+    replica (it runs longest first), else one in five (StreamRL's tail is the top
+    20 % of samples), at least one."""
+    return 0 if replicas <= 1 else max(1, replicas // 5)
+
+
+def rollout_claim_policy(dispatch: str, replica: int, replicas: int) -> str:
+    """The claim policy of rollout replica `replica` of `replicas` under
+    `rollout.dispatch`: whole groups always (GRPO scores a group together); with
+    skew_aware the tail replicas take the longest predicted groups first and the
+    others the shortest first, so that each generation batch holds groups of
+    similar length (a batch lasts as long as its longest sequence)."""
+    if dispatch == "fifo":
+        return "group"
+    if dispatch != "skew_aware":
+        raise ValueError(f"unknown rollout.dispatch {dispatch!r}")
+    k = tail_replicas(replicas)
+    if k == 0 or replica % replicas < k:
+        return "group_longest_first"
+    return "group_shortest_first"
+
+
 # ---- a synthetic long-tail workload --------------------------------------------------------
 TEMPLATES = [
     # (template, base log-length, log-length per unit of difficulty)

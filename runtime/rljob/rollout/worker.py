@@ -31,7 +31,8 @@ from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS
-from ..workflow.tasks import ROLLOUT_READS, TASKS, rollout_batch_rows
+from ..planner.dispatch import rollout_claim_policy
+from ..workflow.tasks import ROLLOUT_READS, rollout_batch_rows, tasks_for
 from .engine import SamplingParams, make_engine
 
 log = logging.getLogger("rljob.rollout")
@@ -70,7 +71,7 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
         receiver.load_latest(engine, 0)  # joining: the newest version first
     receiver.start_background(engine)
     tq = TransferQueueClient(tq_address)
-    tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
+    tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares the job's table
     back = tq.release_consumer()  # rows an earlier life of this replica was generating
     if back:
         log.info("gave back %d rows an earlier %s held", back, name)
@@ -81,12 +82,15 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     params = SamplingParams(n=g, max_new_tokens=spec.rollout.max_new_tokens,
                             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p)
     wait_weights = spec.workflow.weight_sync == "sync"
+    claim_policy = rollout_claim_policy(spec.rollout.dispatch, replica, spec.rollout.replicas)
+    if claim_policy != "group":
+        log.info("rollout.dispatch %s: claiming %s", spec.rollout.dispatch, claim_policy)
 
     def claim(rows: int = claim_rows) -> tuple[Batch, tuple[int, int]]:
         """The next groups, and (weightSync sync) the newest (version, epoch) published
         then."""
         try:
-            batch = tq.claim_get("rollout", rows, ROLLOUT_READS, policy="group",
+            batch = tq.claim_get("rollout", rows, ROLLOUT_READS, policy=claim_policy,
                                  wait=0.5, min_count=g)
         except TransferQueueError as exc:
             if not exc.unavailable:

@@ -42,7 +42,7 @@ from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..weights import WeightSender, new_epoch
-from ..workflow.tasks import TASKS, TRAIN_READS
+from ..workflow.tasks import TRAIN_READS, tasks_for
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
@@ -306,7 +306,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     if rank == 0:
         sender.publish(start, state)
         tq = TransferQueueClient(tq_address)
-        tq.register(*TASKS)  # idempotent: whoever comes first declares the job's table
+        tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares the job's table
         back = tq.release_consumer()  # what an earlier life of this rank held
         if back:
             log.info("gave back %d rows an earlier trainer held", back)

@@ -15,7 +15,7 @@ from ..data import PromptCursor, load_examples, render_prompt
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
-from .tasks import TASKS, release_allowed, version_needed
+from .tasks import release_allowed, tasks_for, version_needed
 
 log = logging.getLogger("rljob.driver")
 
@@ -31,15 +31,16 @@ class Workflow:
     """
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, weights: WeightClient,
-                 tokenizer, sender=None):
+                 tokenizer, sender=None, lengths=None):
         self.spec = spec
         self.tq = tq
         self.weights = weights
         self.tok = tokenizer
         self.sender = sender
+        self.lengths = lengths  # skew-aware dispatch: a LengthModel (workflow/lengths.py)
 
     def init_engines(self, timeout: float = 600.0) -> None:
-        self.tq.register(*TASKS)
+        self.tq.register(*tasks_for(self.spec))
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -66,11 +67,14 @@ class Workflow:
                 "slot": list(range(len(examples) * g))}
 
     def put_prepared(self, step: int, columns: dict[str, list]) -> list[int]:
-        """Release prepared prompts: one put, stamped with the release time."""
+        """Release prepared prompts: one put, stamped with the release time. A row's
+        length is its prompt's, or with skew-aware dispatch its predicted output
+        length (predicted now, from every sample finished so far)."""
         n = len(columns["slot"])
+        lengths = (self.lengths.predict(columns["prompt"], columns["answer"]) if self.lengths
+                   else [len(x) for x in columns["prompt_ids"]])
         return self.tq.put(step, {**columns, "released_at": [time.time()] * n},
-                           group_size=self.spec.algorithm.group_size,
-                           lengths=[len(x) for x in columns["prompt_ids"]])
+                           group_size=self.spec.algorithm.group_size, lengths=lengths)
 
     def put_experience_data(self, batch: Batch, columns: dict[str, list[Any]], **kw) -> int:
         return self.tq.write(batch.indices, columns, **kw)
@@ -131,6 +135,10 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     weights = WeightClient(weights_address)
     flow = Workflow(spec, tq, weights, tokenizer)
     flow.init_engines()
+    if spec.rollout.dispatch == "skew_aware":
+        from .lengths import LengthModel
+
+        flow.lengths = LengthModel(tq, tokenizer).start()
     steps = max_steps or spec.algorithm.max_steps
     start_step = max(start_step, _released(tq))
     if start_step:
@@ -161,5 +169,8 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
                 break
         except grpc.RpcError:
             break  # the trainer has finished and gone (or is restarting: nothing left to release)
+    if flow.lengths is not None:
+        flow.lengths.close()
+        log.info("length ranker: learned from %d samples", flow.lengths.observed)
     tq.close()
     weights.close()

@@ -7,6 +7,7 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           the group's generation span, what Tgen is made of),
           weights_epoch (int64: the trainer life whose weights made the sample)
 train   : response_ids, reward (+ the row's policy version in its metadata)
+lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
 A PPO critic adds a task (values from response_ids) the same way.
 """
 
@@ -25,7 +26,15 @@ ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            scalar("finished_at", "float64"),
                                            scalar("weights_epoch", "int64")])
 TRAIN = Task("train", ["response_ids", "reward"])
+# rollout.dispatch skew_aware: the driver's length ranker learns from each finished
+# sample (its prompt, and its response length from the row's metadata)
+LENGTHS = Task("lengths", ["response_ids"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
+
+
+def tasks_for(spec) -> tuple:
+    """The job's tasks: every worker registers the same ones."""
+    return TASKS + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
 
 ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",

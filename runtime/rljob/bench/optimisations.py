@@ -1,0 +1,190 @@
+"""`rljob bench optimisations`: the papers' mechanisms on a long-tailed task
+(examples/longtail.yaml: a three-digit number repeated once or 10-13 times, output
+lengths an order of magnitude apart), each off and on, side by side in one run.
+
+- **Skew-aware dispatch** (StreamRL §5, `rollout.dispatch`): periodic mode, one
+  replica generating a step in four batches. fifo claims groups in release
+  order, so most batches hold a long group and last as long as it; skew_aware
+  claims the longest predicted groups first (the driver's online ranker), so the
+  long ones share a batch. An oracle that knows each output length (the answer's)
+  bounds what a ranker can give: the Tgen ratio to it is the makespan against the
+  oracle.
+- **Micro-batch order** (`trainer.microBatchOrder`): periodic, skew-aware. In slot
+  order the trainer waits for the step's first slots, which skew-aware dispatch
+  generates last; in arrival order it trains each batch's groups as they come.
+- **StreamRL's ablation**, cumulative: sync, + skew-aware dispatch, + streaming
+  (periodic), + asynchrony (async, staleness 1).
+
+Every run starts from the same warmed-up model (one supervised warm-up, saved
+once), so the runs differ in the mechanism only. The configurations run in rounds
+(each round all of them, one after the other) and the figures are medians over
+the rounds: compare the figures of one run of the benchmark, not of two machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from ..api import RLJob
+from ..local import LocalRun
+from ..workflow.lengths import ORACLE_ENV
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "longtail.yaml"
+
+# name → (workflow, rollout, trainer patches, length oracle)
+CONFIGS = {
+    "sync, fifo": ({"mode": "sync"}, {"dispatch": "fifo"}, {}, False),
+    "sync, skew-aware": ({"mode": "sync"}, {"dispatch": "skew_aware"}, {}, False),
+    "periodic, fifo": ({"mode": "periodic"}, {"dispatch": "fifo"}, {}, False),
+    "periodic, skew-aware": ({"mode": "periodic"}, {"dispatch": "skew_aware"},
+                             {"microBatchOrder": "slot"}, False),
+    "periodic, oracle": ({"mode": "periodic"}, {"dispatch": "skew_aware"},
+                         {"microBatchOrder": "slot"}, True),
+    "periodic, skew-aware, arrival": ({"mode": "periodic"}, {"dispatch": "skew_aware"},
+                                      {"microBatchOrder": "arrival"}, False),
+    "async(1), skew-aware": ({"mode": "async", "maxStaleness": 1, "weightSync": "async"},
+                             {"dispatch": "skew_aware"}, {}, False),
+}
+# (mechanism, off, on): the ratios printed
+COMPARISONS = (
+    ("skew-aware dispatch (periodic)", "periodic, fifo", "periodic, skew-aware"),
+    ("  its ranker vs the oracle", "periodic, oracle", "periodic, skew-aware"),
+    ("arrival-order micro-batches", "periodic, skew-aware", "periodic, skew-aware, arrival"),
+    ("ablation: + skew-aware (sync)", "sync, fifo", "sync, skew-aware"),
+    ("ablation: + streaming (periodic)", "sync, skew-aware", "periodic, skew-aware"),
+    ("ablation: + async", "periodic, skew-aware", "async(1), skew-aware"),
+)
+
+
+def base_doc() -> dict:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    spec = doc["spec"]
+    spec["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    spec["dataset"]["path"] = str(REPO / "examples/data/longtail.jsonl")
+    spec["trainer"] = {"checkpointEvery": 10_000}
+    return doc
+
+
+def warm_model(root: Path) -> Path:
+    """The example's supervised warm-up, once: its model directory."""
+    doc = base_doc()
+    doc["metadata"]["name"] = "warm"
+    doc["spec"]["rollout"]["dispatch"] = "fifo"
+    run = LocalRun(RLJob.model_validate(doc), root / "warm", max_steps=1)
+    _run(run)
+    return root / "warm" / "final"
+
+
+def config_job(name: str, model: Path, steps: int) -> RLJob:
+    workflow, rollout, trainer, _ = CONFIGS[name]
+    doc = base_doc()
+    spec = doc["spec"]
+    doc["metadata"]["name"] = "opt-" + "".join(c if c.isalnum() else "-" for c in name)[:40]
+    spec["model"].update({"path": str(model), "warmupSteps": 0})
+    spec["workflow"] = dict(workflow)
+    spec["rollout"].update(rollout)
+    spec["trainer"].update(trainer)
+    spec["algorithm"]["maxSteps"] = steps
+    return RLJob.model_validate(doc)
+
+
+def _run(run: LocalRun) -> None:
+    run.start()
+    try:
+        while not run.supervise():
+            time.sleep(0.2)
+    finally:
+        run.stop()
+
+
+def run_config(name: str, model: Path, steps: int, root: Path, skip: int = 2) -> dict:
+    oracle = CONFIGS[name][3]
+    run = LocalRun(config_job(name, model, steps), root)
+    if oracle:
+        os.environ[ORACLE_ENV] = "answer"  # the driver inherits it
+    try:
+        _run(run)
+    finally:
+        os.environ.pop(ORACLE_ENV, None)
+    ms = run.metrics()
+    steady = ms[skip:]
+    t0, t1 = ms[skip - 1]["time"], ms[-1]["time"]
+    return {
+        "steps": len(steady),
+        "step_seconds": (t1 - t0) / len(steady),
+        "tokens_per_s": sum(m["tokens"] for m in steady) / (t1 - t0),
+        "gen_seconds": statistics.mean(m["gen_seconds"] for m in steady),
+        "train_seconds": statistics.mean(m["train_seconds"] for m in steady),
+        "response_length": statistics.mean(m["response_length"] for m in steady),
+        "reward": statistics.mean(m["reward_mean"] for m in steady),
+    }
+
+
+def run(steps: int = 12, rounds: int = 2, keep: Path | None = None,
+        configs: list[str] | None = None) -> dict:
+    names = configs or list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configuration(s) {unknown}: use {list(CONFIGS)}")
+    per_round: list[dict[str, dict]] = []
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="rljob-bench-opt-") as tmp:
+        root = keep or Path(tmp)
+        model = warm_model(root)
+        for r in range(rounds):
+            per_round.append({n: run_config(n, model, steps, root / f"round-{r}" / str(i))
+                              for i, n in enumerate(names)})
+    merged = {n: {k: statistics.median(res[n][k] for res in per_round)
+                  for k in per_round[0][n]} for n in names}
+    ratios = []
+    for mechanism, off, on in COMPARISONS:
+        if off in names and on in names:
+            ratios.append({
+                "mechanism": mechanism, "off": off, "on": on,
+                # per round, then the median: runs made next to each other
+                "tokens_per_s": statistics.median(res[on]["tokens_per_s"] / res[off]["tokens_per_s"]
+                                                  for res in per_round),
+                "step_speedup": statistics.median(res[off]["step_seconds"] / res[on]["step_seconds"]
+                                                  for res in per_round),
+                "gen_speedup": statistics.median(res[off]["gen_seconds"] / res[on]["gen_seconds"]
+                                                 for res in per_round),
+            })
+    return {"steps": steps, "rounds": rounds, "seconds": time.time() - t_start,
+            "configs": merged, "ratios": ratios}
+
+
+def render(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 120))
+    table = Table(title=f"examples/longtail.yaml from one warmed-up model, steady state of "
+                        f"{results['steps']} steps; medians of {results['rounds']} rounds")
+    for col in ("configuration", "step s", "tokens/s", "Tgen s", "Ttrain s",
+                "response tokens", "reward"):
+        table.add_column(col, justify="right")
+    for name, r in results["configs"].items():
+        table.add_row(name, f"{r['step_seconds']:.2f}", f"{r['tokens_per_s']:.0f}",
+                      f"{r['gen_seconds']:.2f}", f"{r['train_seconds']:.2f}",
+                      f"{r['response_length']:.1f}", f"{r['reward']:.2f}")
+    console.print(table)
+    ratios = Table(title="each mechanism on over off (per round, median): >1 is a gain")
+    for col in ("mechanism", "off", "on", "steps/s", "tokens/s", "Tgen (makespan)"):
+        ratios.add_column(col, justify="right")
+    for r in results["ratios"]:
+        ratios.add_row(r["mechanism"], r["off"], r["on"], f"{r['step_speedup']:.2f}x",
+                       f"{r['tokens_per_s']:.2f}x", f"{r['gen_speedup']:.2f}x")
+    console.print(ratios)
+    console.print(f"{results['seconds']:.0f} s in all")
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=2))

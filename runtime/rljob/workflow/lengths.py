@@ -1,0 +1,71 @@
+"""The driver's length ranker (rollout.dispatch: skew_aware): predicts each
+prompt's output length when its step is released, written as the rows' length so
+that rollout claims can take the longest (or shortest) groups first, and learns
+online from every finished sample through a TransferQueue task of its own
+(`lengths`: ready as soon as a response is written; it reads the prompt, the
+response length is in the row's metadata).
+
+`RLJOB_LENGTH_ORACLE=answer` (benchmarks only) predicts instead the length of the
+reference answer: what a perfect ranker would know of a task whose output length
+is its answer's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ..planner.dispatch import LengthRanker
+from ..transferqueue.client import TransferQueueError
+
+log = logging.getLogger("rljob.driver")
+ORACLE_ENV = "RLJOB_LENGTH_ORACLE"
+
+
+class LengthModel:
+    def __init__(self, tq, tokenizer):
+        self.tq = tq
+        self.tok = tokenizer
+        self.ranker = LengthRanker()
+        self.oracle = os.environ.get(ORACLE_ENV) == "answer"
+        self.observed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._learn, name="rljob-length-ranker",
+                                        daemon=True)
+
+    def start(self) -> LengthModel:
+        self._thread.start()
+        return self
+
+    def predict(self, prompts: list[str], answers: list[str]) -> list[int]:
+        """Predicted output tokens of each row (its rendered prompt, its answer)."""
+        if self.oracle:
+            return [len(self.tok.encode(a, add_special_tokens=False)) + 1 for a in answers]
+        with self._lock:
+            predicted = self.ranker.predict(prompts)
+        return [max(1, int(round(p))) for p in predicted]
+
+    def _learn(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self.tq.claim_get("lengths", 4096, ["prompt"], wait=1.0, min_count=1)
+            except TransferQueueError as exc:
+                if not exc.unavailable:
+                    log.warning("length ranker: %s", exc)
+                self._stop.wait(0.5)
+                continue
+            if not batch.rows:
+                continue
+            with self._lock:
+                self.ranker.observe(batch.data["prompt"], [r.length for r in batch.rows])
+            self.observed += len(batch.rows)
+            try:
+                self.tq.ack(batch)
+            except TransferQueueError as exc:  # its lease lapses and the rows come back
+                log.warning("length ranker: could not ack %d rows: %s", len(batch.rows), exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
