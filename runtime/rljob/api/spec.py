@@ -343,14 +343,18 @@ class TrainerSpec(ApiModel):
         "own order, so a streamed step makes the update a whole-batch (sync) step makes, "
         "bit for bit; arrival: as groups come in, so a slow group does not hold up the "
         "micro-batches after it (equal to sync within float rounding: the gradient is "
-        "summed in another order). auto: slot in sync and periodic, arrival in async.",
+        "summed in another order). auto: arrival in async mode and with skew-aware "
+        "dispatch (which generates the longest groups first, not the first slots), slot "
+        "otherwise.",
     )
 
-    def micro_batch_order_in(self, mode: str) -> str:
-        """The order in force in workflow `mode` (auto resolved)."""
+    def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
+        """The order in force in workflow `mode` with `rollout.dispatch` (auto resolved:
+        `rljob bench optimisations` measured arrival 1.15x the steps/s of slot order in
+        periodic mode with skew-aware dispatch)."""
         if self.micro_batch_order != "auto":
             return self.micro_batch_order
-        return "arrival" if mode == "async" else "slot"
+        return "arrival" if mode == "async" or dispatch == "skew_aware" else "slot"
 
     @property
     def world_size(self) -> int:

@@ -97,7 +97,8 @@ class StepSource:
         self.g = spec.algorithm.group_size
         self.buffer: dict[int, Sample] = {}
         self.arrived: list[int] = []  # slots, in the order they came in
-        self.by_arrival = spec.trainer.micro_batch_order_in(spec.workflow.mode) == "arrival"
+        self.by_arrival = spec.trainer.micro_batch_order_in(
+            spec.workflow.mode, spec.rollout.dispatch) == "arrival"
         self.leases = []
         self.next_slot = 0  # slot order: the first slot not handed out; arrival: how many
         self.scored: set[int] = set()  # groups whose advantages are set

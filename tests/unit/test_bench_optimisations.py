@@ -1,0 +1,26 @@
+"""`rljob bench optimisations`' configurations are the jobs they say (the benchmark
+itself ran for the figures in the README; it takes minutes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rljob.bench.optimisations import COMPARISONS, CONFIGS, config_job
+
+
+def test_each_configuration_switches_what_its_name_says():
+    model = Path("/models/warm")
+    jobs = {name: config_job(name, model, 12).spec for name in CONFIGS}
+    for name, spec in jobs.items():
+        assert spec.model.path == str(model) and spec.model.warmup_steps == 0
+        assert spec.algorithm.max_steps == 12
+        assert spec.workflow.mode == name.split(",")[0].split("(")[0]
+        assert spec.rollout.dispatch == ("fifo" if "fifo" in name else "skew_aware")
+        order = spec.trainer.micro_batch_order_in(spec.workflow.mode, spec.rollout.dispatch)
+        assert order == ("slot" if "slot order" in name or "fifo" in name and
+                         spec.workflow.mode != "async" else "arrival"), name
+    assert jobs["async(1), skew-aware"].workflow.staleness_bound == 1
+    assert CONFIGS["periodic, oracle"][3] and not CONFIGS["periodic, skew-aware"][3]
+    # each comparison differs in its one mechanism
+    for _, off, on in COMPARISONS:
+        assert off in CONFIGS and on in CONFIGS
