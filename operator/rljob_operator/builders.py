@@ -174,9 +174,9 @@ def _env_common(job: RLJob) -> list[dict]:
     ]
 
 
-def _hccl_env(job: RLJob) -> list[dict]:
+def _hccl_env(job: RLJob, role: str) -> list[dict]:
     """HCCL settings for Ascend collectives (trainer gang, tensor-parallel rollouts)."""
-    acc = job.spec.accelerator
+    acc = job.spec.accelerator_for(role)
     if acc.type != "ascend":
         return []
     h = acc.hccl
@@ -212,17 +212,18 @@ def _non_root_pod(uid: int = 1000) -> dict:
             "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _accelerated_pod_security(job: RLJob) -> dict:
+def _accelerated_pod_security(job: RLJob, role: str) -> dict:
     # The Ascend driver's device files and libraries are usable by root or the
     # HwHiAiUser group only in the common vllm-ascend / MindSpeed images, so
     # accelerator pods keep the image's user; CPU pods run as non-root.
-    if job.spec.accelerator.type == "cpu":
+    if job.spec.accelerator_for(role).type == "cpu":
         return _non_root_pod()
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _volumes(job: RLJob, shm: bool) -> tuple[list[dict], list[dict]]:
-    """(volumes, mounts) every worker container of the job gets."""
+def _volumes(job: RLJob, shm: bool, role: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts) every worker container of the job gets (`role`: a rollout's or
+    trainer's, with its accelerator's host paths)."""
     name = job.metadata.name
     vols: list[dict] = [{"name": "job", "configMap": {"name": config_map_name(name)}}]
     mounts: list[dict] = [{"name": "job", "mountPath": JOB_DIR, "readOnly": True}]
@@ -239,33 +240,34 @@ def _volumes(job: RLJob, shm: bool) -> tuple[list[dict], list[dict]]:
         # the container runtime's 64 MiB default is far too small.
         vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    if shm and job.spec.accelerator.type == "ascend":
+    if role is not None and job.spec.accelerator_for(role).type == "ascend":
         for vname, path, kind in ASCEND_HOST_PATHS:
             vols.append({"name": vname, "hostPath": {"path": path, "type": kind}})
             mounts.append({"name": vname, "mountPath": path, "readOnly": True})
     return vols, mounts
 
 
-def _worker_resources(job: RLJob, count: int, compute) -> dict:
+def _worker_resources(job: RLJob, role: str, count: int, compute) -> dict:
     """A rollout's or trainer's container: `count` accelerators, and the role's CPU and
     memory (`rollout.resources` / `trainer.resources`) as requests and limits. The CPU
     limit is what the worker sizes its compute threads by (`device.cores_given`): CPU
     replicas on one node do not oversubscribe its cores."""
     amounts = {k: v for k, v in compute.model_dump().items() if v is not None}
-    resource = job.spec.accelerator.resource
+    resource = job.spec.accelerator_for(role).resource
     if resource is not None:
         amounts[resource] = str(count)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
-def _scheduling(job: RLJob, pod_spec: dict) -> None:
+def _scheduling(job: RLJob, pod_spec: dict, role: str) -> None:
     s = job.spec.scheduling
     if s.scheduler_name:
         pod_spec["schedulerName"] = s.scheduler_name
     if s.priority_class_name:
         pod_spec["priorityClassName"] = s.priority_class_name
-    if job.spec.accelerator.node_selector:
-        pod_spec["nodeSelector"] = dict(job.spec.accelerator.node_selector)
+    selector = job.spec.accelerator_for(role).node_selector
+    if selector:
+        pod_spec["nodeSelector"] = dict(selector)
 
 
 def _metrics_port(port: int = METRICS_PORT, name: str = "metrics") -> dict:
@@ -501,7 +503,7 @@ def build_pod_group(job: RLJob) -> dict:
         spec["queue"] = job.spec.scheduling.queue
     if job.spec.scheduling.priority_class_name:
         spec["priorityClassName"] = job.spec.scheduling.priority_class_name
-    resource = job.spec.accelerator.resource
+    resource = job.spec.accelerator_for("trainer").resource
     if resource:
         total = job.spec.trainer.num_nodes * job.spec.trainer.npus_per_node
         spec["minResources"] = {resource: str(total)}
@@ -554,8 +556,8 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
     checkpoint (`--resume`)."""
     name = job.metadata.name
     t = job.spec.trainer
-    accelerated = job.spec.accelerator.type != "cpu"
-    vols, mounts = _volumes(job, shm=True)
+    accelerated = job.spec.accelerator_for("trainer").type != "cpu"
+    vols, mounts = _volumes(job, shm=True, role="trainer")
     if t.checkpoint_pvc:
         vols.append({"name": "checkpoints",
                      "persistentVolumeClaim": {"claimName": t.checkpoint_pvc}})
@@ -569,7 +571,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
         *([{"name": "RANK", "value": str(rank)}, {"name": "WORLD_SIZE", "value": str(t.num_nodes)}]
           if t.npus_per_node == 1 else []),
         {"name": "NPROC_PER_NODE", "value": str(t.npus_per_node)},
-        *_hccl_env(job),
+        *_hccl_env(job, "trainer"),
         *_wandb_env(job),
     ]
     container = {
@@ -582,7 +584,7 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
                   {"name": "weights", "containerPort": WEIGHTS_PORT}, _metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),
         "volumeMounts": mounts,
-        "resources": _worker_resources(job, t.npus_per_node, t.resources),
+        "resources": _worker_resources(job, "trainer", t.npus_per_node, t.resources),
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }
@@ -596,10 +598,10 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
         **({"initContainers": [build_preflight_container(job, mounts)]} if rank == 0 else {}),
         "containers": [container],
         "volumes": vols,
-        "securityContext": _accelerated_pod_security(job),
+        "securityContext": _accelerated_pod_security(job, "trainer"),
         "enableServiceLinks": False,
     }
-    _scheduling(job, spec)
+    _scheduling(job, spec, "trainer")
     if volcano(job):
         annotations[VOLCANO_GROUP_ANNOTATION] = trainer_name(name)
     return {"apiVersion": "v1", "kind": "Pod",
@@ -611,8 +613,8 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
 def build_rollout_pod(job: RLJob, index: int) -> dict:
     name = job.metadata.name
     r = job.spec.rollout
-    accelerated = job.spec.accelerator.type != "cpu"
-    vols, mounts = _volumes(job, shm=True)
+    accelerated = job.spec.accelerator_for("rollout").type != "cpu"
+    vols, mounts = _volumes(job, shm=True, role="rollout")
     container = {
         "name": "rollout",
         "image": job.spec.image,
@@ -620,11 +622,11 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
         "command": ["rljob", "worker", "rollout", "--job", JOB_FILE, "--tq", tq_address(job),
                     "--weights", weights_address(job), "--replica", str(index),
                     "--metrics-port", str(METRICS_PORT)],
-        "env": [*_env_common(job), *_hccl_env(job)],
+        "env": [*_env_common(job), *_hccl_env(job, "rollout")],
         "ports": [_metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),
         "volumeMounts": mounts,
-        "resources": _worker_resources(job, r.npus_per_replica, r.resources),
+        "resources": _worker_resources(job, "rollout", r.npus_per_replica, r.resources),
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }
@@ -634,10 +636,10 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
         "restartPolicy": "Always",
         "containers": [container],
         "volumes": vols,
-        "securityContext": _accelerated_pod_security(job),
+        "securityContext": _accelerated_pod_security(job, "rollout"),
         "enableServiceLinks": False,
     }
-    _scheduling(job, spec)
+    _scheduling(job, spec, "rollout")
     annotations = None
     if volcano(job) and job.spec.scheduling.queue:
         annotations = {VOLCANO_QUEUE_ANNOTATION: job.spec.scheduling.queue}

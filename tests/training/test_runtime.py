@@ -101,7 +101,8 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
                             ("periodic-collective", "collective"), ("periodic-arrival", "grpc")):
         path = job(tmp_path, f"bit-{mode}", workflow={
             "mode": mode.split("-")[0], "maxStaleness": None, "weightTransport": transport},
-            trainer={"microBatchOrder": "arrival" if mode.endswith("arrival") else "auto"})
+            trainer={"microBatchOrder": "arrival", "packing": "shared_prompt"}
+            if mode.endswith("arrival") else {})
         doc = yaml.safe_load(path.read_text())
         del doc["spec"]["workflow"]["maxStaleness"]
         path.write_text(yaml.safe_dump(doc))
@@ -116,9 +117,10 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     assert ([x["reward_mean"] for x in ms["sync"]] == [x["reward_mean"] for x in ms["periodic"]]
             == [x["reward_mean"] for x in ms["periodic-collective"]]
             == [x["reward_mean"] for x in ms["periodic-arrival"]])
-    # micro-batches in arrival order: the same samples, the gradient summed in another
-    # order: equal to sync within float rounding, far below one step's update (lr 2e-4;
-    # measured 1.6e-7 after 3 steps)
+    # micro-batches in arrival order, each packed with one prompt copy per group: the
+    # same samples, the gradient summed in another order: equal to sync within float
+    # rounding, far below one step's update (lr 2e-4; arrival alone measured 1.6e-7
+    # after 3 steps)
     b = final_weights(runs["periodic-arrival"])
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     logs = sorted((runs["periodic-collective"] / "logs").glob("rollout-*.log"))
@@ -155,7 +157,8 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
 
 def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     path = job(tmp_path, "ddp", workflow={"mode": "periodic", "maxStaleness": None},
-               trainer={"npusPerNode": 2, "checkpointEvery": 2},
+               trainer={"npusPerNode": 2, "checkpointEvery": 2, "packing": "sequences",
+                        "dataParallelSplit": "token_balanced"},
                logging={"wandb": {"project": "rljob-test", "mode": "offline"}})
     doc = yaml.safe_load(path.read_text())
     del doc["spec"]["workflow"]["maxStaleness"]

@@ -14,13 +14,24 @@ def test_each_configuration_switches_what_its_name_says():
     for name, spec in jobs.items():
         assert spec.model.path == str(model) and spec.model.warmup_steps == 0
         assert spec.algorithm.max_steps == 12
+        if CONFIGS[name]["task"] == "longprompt":
+            assert spec.dataset.path.endswith("longprompt.jsonl")
+            assert spec.trainer.packing == {"padded": "none", "packed": "sequences",
+                                            "shared prompt": "shared_prompt"}[
+                name.split(", ")[1]]
+            continue
+        assert spec.dataset.path.endswith("longtail.jsonl")
+        if name.startswith("2 ranks"):
+            assert spec.trainer.npus_per_node == 2 and spec.trainer.packing == "sequences"
+            assert spec.trainer.data_parallel_split == name.split(", ")[1].replace(" ", "_")
+            continue
         assert spec.workflow.mode == name.split(",")[0].split("(")[0]
         assert spec.rollout.dispatch == ("fifo" if "fifo" in name else "skew_aware")
         order = spec.trainer.micro_batch_order_in(spec.workflow.mode, spec.rollout.dispatch)
         assert order == ("slot" if "slot order" in name or "fifo" in name and
                          spec.workflow.mode != "async" else "arrival"), name
     assert jobs["async(1), skew-aware"].workflow.staleness_bound == 1
-    assert CONFIGS["periodic, oracle"][3] and not CONFIGS["periodic, skew-aware"][3]
+    assert CONFIGS["periodic, oracle"]["oracle"] and not CONFIGS["periodic, skew-aware"]["oracle"]
     # each comparison differs in its one mechanism
     for _, off, on in COMPARISONS:
         assert off in CONFIGS and on in CONFIGS

@@ -265,3 +265,30 @@ def test_wandb_api_key_reaches_the_trainer_from_its_secret():
     for c in (pod["containers"][0], pod["initContainers"][0]):  # preflight checks it too
         [key] = [e for e in c["env"] if e["name"] == "WANDB_API_KEY"]
         assert key["valueFrom"] == {"secretKeyRef": {"name": "wandb", "key": "apiKey"}}
+
+
+def test_rollout_and_trainer_on_their_own_accelerators():
+    """rollout.accelerator / trainer.accelerator override the job's: each role's pods
+    get their own resource name, node selector, devices and HCCL settings; weights go
+    over gRPC between different kinds."""
+    from rljob.api.spec import AcceleratorSpec
+
+    job = load("grpo-qwen2.5-7b-ascend.yaml")
+    job.spec.rollout.accelerator = AcceleratorSpec(
+        type="gpu", node_selector={"pool": "inference"})
+    trainer = b.build_trainer_pod(job, 0)["spec"]
+    rollout = b.build_rollout_pod(job, 0)["spec"]
+    t_res, r_res = (p["containers"][0]["resources"]["limits"] for p in (trainer, rollout))
+    assert "huawei.com/Ascend910" in t_res and "nvidia.com/gpu" not in t_res
+    assert r_res["nvidia.com/gpu"] == str(job.spec.rollout.npus_per_replica)
+    assert "huawei.com/Ascend910" not in r_res
+    assert rollout["nodeSelector"] == {"pool": "inference"}
+    assert trainer.get("nodeSelector") == (job.spec.accelerator.node_selector or None)
+    env = lambda pod: {e["name"] for e in pod["containers"][0]["env"]}  # noqa: E731
+    assert "HCCL_CONNECT_TIMEOUT" in env(trainer) and "HCCL_CONNECT_TIMEOUT" not in env(rollout)
+    mounts = lambda pod: {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}  # noqa: E731
+    assert "/usr/local/Ascend/driver" in mounts(trainer)
+    assert "/usr/local/Ascend/driver" not in mounts(rollout)
+    assert job.spec.weight_transport == "grpc"  # no collective across kinds
+    job.spec.rollout.accelerator = None
+    assert job.spec.weight_transport == "collective"

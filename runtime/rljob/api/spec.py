@@ -190,11 +190,15 @@ class WorkflowSpec(ApiModel):
         "(any network, across clusters). auto: collective on accelerators, grpc on CPU.",
     )
 
-    def transport(self, accelerator: str) -> str:
-        """The weight transport in force on `accelerator` (auto resolved)."""
+    def transport(self, trainer: str, rollout: str | None = None) -> str:
+        """The weight transport in force between a trainer on accelerator type
+        `trainer` and rollouts on `rollout` (default the same; auto resolved:
+        collective when both are the same accelerator kind, grpc on CPU or across
+        kinds, which share no collective library)."""
         if self.weight_transport != "auto":
             return self.weight_transport
-        return "grpc" if accelerator == "cpu" else "collective"
+        rollout = rollout or trainer
+        return "grpc" if trainer == "cpu" or rollout != trainer else "collective"
 
     @property
     def staleness_bound(self) -> int:
@@ -239,6 +243,51 @@ class AutoscalingSpec(ApiModel):
     allow_scale_in: bool = Field(False, description="Also remove replicas when they idle.")
 
 
+class HcclSpec(ApiModel):
+    socket_ifname: str | None = Field(
+        None, max_length=64, description="HCCL_SOCKET_IFNAME, e.g. eth0."
+    )
+    connect_timeout_seconds: int = Field(
+        1200, ge=1, le=7200, description="HCCL_CONNECT_TIMEOUT."
+    )
+    exec_timeout_seconds: int = Field(1800, ge=1, le=17340, description="HCCL_EXEC_TIMEOUT.")
+    if_base_port: int | None = Field(
+        None, ge=1024, le=65000, description="HCCL_IF_BASE_PORT: first of the ports HCCL uses."
+    )
+
+
+class AcceleratorSpec(ApiModel):
+    type: Literal["cpu", "ascend", "gpu"] = Field("cpu", description="Device kind.")
+    resource_name: str | None = Field(
+        None,
+        max_length=253,
+        description=f"Extended resource to request; default {DEFAULT_ASCEND_RESOURCE} "
+        f"for ascend, {DEFAULT_GPU_RESOURCE} for gpu.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the job's pods must match."
+    )
+    hccl: HcclSpec = Field(default_factory=HcclSpec)
+
+    @property
+    def resource(self) -> str | None:
+        """The extended resource the pods request, or None on CPU."""
+        if self.type == "cpu":
+            return None
+        if self.resource_name:
+            return self.resource_name
+        return DEFAULT_ASCEND_RESOURCE if self.type == "ascend" else DEFAULT_GPU_RESOURCE
+
+    rules = (
+        Rule(
+            cel="self.type != 'cpu' || !has(self.resourceName)",
+            message="accelerator.resourceName needs accelerator.type ascend or gpu",
+            check=lambda a: a.type != "cpu" or a.resource_name is None,
+            field_path=".resourceName",
+        ),
+    )
+
+
 class RolloutSpec(ApiModel):
     replicas: int = Field(1, ge=1, le=1024, description="Rollout replicas (scale subresource).")
     min_replicas: int = Field(1, ge=1, le=1024)
@@ -262,6 +311,10 @@ class RolloutSpec(ApiModel):
     )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
+    accelerator: AcceleratorSpec | None = Field(
+        None, description="The rollout replicas' own accelerator (type, resourceName, "
+        "nodeSelector, hccl), in place of spec.accelerator: rollout and training on "
+        "different hardware or node pools (StreamRL's heterogeneous deployment).")
     dispatch: Literal["fifo", "skew_aware"] = Field(
         "fifo",
         description="Which prompt groups a replica claims next. fifo: in release order. "
@@ -337,6 +390,9 @@ class TrainerSpec(ApiModel):
         description="CPU and memory of each trainer container, as requests and limits (a "
         "CPU limit also caps its compute threads); unset: none.",
     )
+    accelerator: AcceleratorSpec | None = Field(
+        None, description="The trainer's own accelerator (type, resourceName, "
+        "nodeSelector, hccl), in place of spec.accelerator.")
     micro_batch_order: Literal["auto", "slot", "arrival"] = Field(
         "auto",
         description="Order a step's samples are cut into micro-batches. slot: the step's "
@@ -346,6 +402,22 @@ class TrainerSpec(ApiModel):
         "summed in another order). auto: arrival in async mode and with skew-aware "
         "dispatch (which generates the longest groups first, not the first slots), slot "
         "otherwise.",
+    )
+
+    packing: Literal["none", "sequences", "shared_prompt"] = Field(
+        "none",
+        description="How a micro-batch goes through the model (torch engine). none: "
+        "right-padded rows; sequences: packed into one sequence with a block-diagonal "
+        "mask, no compute on padding; shared_prompt: packed, the samples of one prompt "
+        "sharing one copy of it (Periodic Asynchrony's shared-prompt attention). The "
+        "log-probs equal the padded ones within float rounding.",
+    )
+    data_parallel_split: Literal["round_robin", "token_balanced"] = Field(
+        "round_robin",
+        description="How a micro-batch's samples are split over data-parallel ranks. "
+        "round_robin: every world-th sample; token_balanced: equal counts with the "
+        "ranks' token sums balanced (Karmarkar-Karp), so no rank waits at the gradient "
+        "all-reduce for one with the long samples.",
     )
 
     def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
@@ -367,6 +439,13 @@ class TrainerSpec(ApiModel):
             "(the torch engine is data-parallel only)",
             check=lambda t: t.engine == "megatron" or t.parallelism.tp == 1,
             field_path=".parallelism",
+        ),
+        Rule(
+            cel="self.engine == 'torch' || self.packing == 'none'",
+            message="trainer.packing needs trainer.engine: torch (the megatron engine "
+            "trains right-padded micro-batches); set packing: none",
+            check=lambda t: t.engine == "torch" or t.packing == "none",
+            field_path=".packing",
         ),
         Rule(
             cel="self.parallelism.pp == 1",
@@ -433,51 +512,6 @@ class TransferQueueSpec(ApiModel):
         description="Requests of the workflow driver's container, beside the controller, "
         "and of trainer rank 0's preflight init container, which reads the same files "
         "(the memory limit is 4Gi or the request, if larger).",
-    )
-
-
-class HcclSpec(ApiModel):
-    socket_ifname: str | None = Field(
-        None, max_length=64, description="HCCL_SOCKET_IFNAME, e.g. eth0."
-    )
-    connect_timeout_seconds: int = Field(
-        1200, ge=1, le=7200, description="HCCL_CONNECT_TIMEOUT."
-    )
-    exec_timeout_seconds: int = Field(1800, ge=1, le=17340, description="HCCL_EXEC_TIMEOUT.")
-    if_base_port: int | None = Field(
-        None, ge=1024, le=65000, description="HCCL_IF_BASE_PORT: first of the ports HCCL uses."
-    )
-
-
-class AcceleratorSpec(ApiModel):
-    type: Literal["cpu", "ascend", "gpu"] = Field("cpu", description="Device kind.")
-    resource_name: str | None = Field(
-        None,
-        max_length=253,
-        description=f"Extended resource to request; default {DEFAULT_ASCEND_RESOURCE} "
-        f"for ascend, {DEFAULT_GPU_RESOURCE} for gpu.",
-    )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the job's pods must match."
-    )
-    hccl: HcclSpec = Field(default_factory=HcclSpec)
-
-    @property
-    def resource(self) -> str | None:
-        """The extended resource the pods request, or None on CPU."""
-        if self.type == "cpu":
-            return None
-        if self.resource_name:
-            return self.resource_name
-        return DEFAULT_ASCEND_RESOURCE if self.type == "ascend" else DEFAULT_GPU_RESOURCE
-
-    rules = (
-        Rule(
-            cel="self.type != 'cpu' || !has(self.resourceName)",
-            message="accelerator.resourceName needs accelerator.type ascend or gpu",
-            check=lambda a: a.type != "cpu" or a.resource_name is None,
-            field_path=".resourceName",
-        ),
     )
 
 
@@ -555,11 +589,25 @@ class RLJobSpec(ApiModel):
     )
     suspend: bool = Field(False, description="Delete the job's pods, keeping its data and status.")
 
+    def accelerator_for(self, role: str) -> AcceleratorSpec:
+        """The accelerator of `role` (rollout, trainer): its own section, else the job's."""
+        own = getattr(self, role).accelerator if role in ("rollout", "trainer") else None
+        return own or self.accelerator
+
+    @property
+    def weight_transport(self) -> str:
+        """The weight transport in force between this job's trainer and rollouts."""
+        return self.workflow.transport(self.accelerator_for("trainer").type,
+                                       self.accelerator_for("rollout").type)
+
     rules = (
         Rule(
-            cel="self.accelerator.type != 'cpu' || self.trainer.engine == 'torch'",
-            message="trainer.engine megatron needs accelerator.type ascend or gpu",
-            check=lambda s: s.accelerator.type != "cpu" or s.trainer.engine == "torch",
+            cel="(has(self.trainer.accelerator) ? self.trainer.accelerator.type : "
+            "self.accelerator.type) != 'cpu' || self.trainer.engine == 'torch'",
+            message="trainer.engine megatron needs accelerator.type ascend or gpu (the "
+            "trainer's: trainer.accelerator, else accelerator)",
+            check=lambda s: s.accelerator_for("trainer").type != "cpu"
+            or s.trainer.engine == "torch",
             field_path=".trainer.engine",
         ),
     )

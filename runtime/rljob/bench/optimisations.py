@@ -1,6 +1,7 @@
-"""`rljob bench optimisations`: the papers' mechanisms on a long-tailed task
+"""`rljob bench optimisations`: the papers' mechanisms on the tasks that show them
 (examples/longtail.yaml: a three-digit number repeated once or 10-13 times, output
-lengths an order of magnitude apart), each off and on, side by side in one run.
+lengths an order of magnitude apart; examples/longprompt.yaml: long prompts, short
+answers), each off and on, side by side in one run.
 
 - **Skew-aware dispatch** (StreamRL §5, `rollout.dispatch`): periodic mode, one
   replica generating a step in four batches. fifo claims groups in release
@@ -15,9 +16,15 @@ lengths an order of magnitude apart), each off and on, side by side in one run.
   trains each batch's groups as they come.
 - **StreamRL's ablation**, cumulative: sync, + skew-aware dispatch, + streaming
   (periodic), + asynchrony (async, staleness 1).
+- **Packing** (`trainer.packing`) on examples/longprompt.yaml (36 characters of
+  context before a short sum, 8 samples a prompt), sync mode so Ttrain stands
+  alone: right-padded rows, packed sequences, shared-prompt attention.
+- **Token-balanced data-parallel split** (`trainer.dataParallelSplit`): two trainer
+  ranks on the long-tailed task, packed, sync: round robin against balanced token
+  sums.
 
-Every run starts from the same warmed-up model (one supervised warm-up, saved
-once), so the runs differ in the mechanism only. The configurations run in rounds
+Every run of a task starts from the same warmed-up model (one supervised warm-up
+per task, saved once), so the runs differ in the mechanism only. The configurations run in rounds
 (each round all of them, one after the other) and the figures are medians over
 the rounds: compare the figures of one run of the benchmark, not of two machines.
 """
@@ -36,22 +43,42 @@ import yaml
 from ..api import RLJob
 from ..local import LocalRun
 from ..workflow.lengths import ORACLE_ENV
-
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = REPO / "examples" / "longtail.yaml"
+TASKS = {"longtail": REPO / "examples" / "longtail.yaml",
+         "longprompt": REPO / "examples" / "longprompt.yaml"}
 
-# name → (workflow, rollout, trainer patches, length oracle)
+
+def config(task: str, workflow: dict, rollout: dict | None = None,
+           trainer: dict | None = None, oracle: bool = False) -> dict:
+    return {"task": task, "workflow": workflow, "rollout": rollout or {},
+            "trainer": trainer or {}, "oracle": oracle}
+
+
+SKEW = {"dispatch": "skew_aware"}
+ASYNC1 = {"mode": "async", "maxStaleness": 1, "weightSync": "async"}
 CONFIGS = {
-    "sync, fifo": ({"mode": "sync"}, {"dispatch": "fifo"}, {}, False),
-    "sync, skew-aware": ({"mode": "sync"}, {"dispatch": "skew_aware"}, {}, False),
-    "periodic, fifo": ({"mode": "periodic"}, {"dispatch": "fifo"}, {}, False),
+    "sync, fifo": config("longtail", {"mode": "sync"}, {"dispatch": "fifo"}),
+    "sync, skew-aware": config("longtail", {"mode": "sync"}, SKEW),
+    "periodic, fifo": config("longtail", {"mode": "periodic"}, {"dispatch": "fifo"}),
     # microBatchOrder auto: arrival with skew-aware dispatch
-    "periodic, skew-aware": ({"mode": "periodic"}, {"dispatch": "skew_aware"}, {}, False),
-    "periodic, oracle": ({"mode": "periodic"}, {"dispatch": "skew_aware"}, {}, True),
-    "periodic, skew-aware, slot order": ({"mode": "periodic"}, {"dispatch": "skew_aware"},
-                                         {"microBatchOrder": "slot"}, False),
-    "async(1), skew-aware": ({"mode": "async", "maxStaleness": 1, "weightSync": "async"},
-                             {"dispatch": "skew_aware"}, {}, False),
+    "periodic, skew-aware": config("longtail", {"mode": "periodic"}, SKEW),
+    "periodic, oracle": config("longtail", {"mode": "periodic"}, SKEW, oracle=True),
+    "periodic, skew-aware, slot order": config("longtail", {"mode": "periodic"}, SKEW,
+                                               {"microBatchOrder": "slot"}),
+    "async(1), skew-aware": config("longtail", ASYNC1, SKEW),
+    # the trainer's layouts on long prompts (sync: Ttrain alone)
+    "long prompts, padded": config("longprompt", {"mode": "sync"}, {}, {"packing": "none"}),
+    "long prompts, packed": config("longprompt", {"mode": "sync"}, {},
+                                   {"packing": "sequences"}),
+    "long prompts, shared prompt": config("longprompt", {"mode": "sync"}, {},
+                                          {"packing": "shared_prompt"}),
+    # two trainer ranks on mixed lengths, packed (a rank's cost is its tokens)
+    "2 ranks, round robin": config("longtail", {"mode": "sync"}, {"dispatch": "fifo"},
+                                   {"npusPerNode": 2, "packing": "sequences",
+                                    "dataParallelSplit": "round_robin"}),
+    "2 ranks, token balanced": config("longtail", {"mode": "sync"}, {"dispatch": "fifo"},
+                                      {"npusPerNode": 2, "packing": "sequences",
+                                       "dataParallelSplit": "token_balanced"}),
 }
 # (mechanism, off, on): the ratios printed
 COMPARISONS = (
@@ -61,37 +88,40 @@ COMPARISONS = (
     ("ablation: + skew-aware (sync)", "sync, fifo", "sync, skew-aware"),
     ("ablation: + streaming (periodic)", "sync, skew-aware", "periodic, skew-aware"),
     ("ablation: + async", "periodic, skew-aware", "async(1), skew-aware"),
+    ("sequence packing", "long prompts, padded", "long prompts, packed"),
+    ("shared-prompt attention", "long prompts, padded", "long prompts, shared prompt"),
+    ("token-balanced DP split", "2 ranks, round robin", "2 ranks, token balanced"),
 )
 
 
-def base_doc() -> dict:
-    doc = yaml.safe_load(EXAMPLE.read_text())
+def base_doc(task: str) -> dict:
+    doc = yaml.safe_load(TASKS[task].read_text())
     spec = doc["spec"]
     spec["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
-    spec["dataset"]["path"] = str(REPO / "examples/data/longtail.jsonl")
+    spec["dataset"]["path"] = str(REPO / "examples/data" / Path(spec["dataset"]["path"]).name)
     spec["trainer"] = {"checkpointEvery": 10_000}
     return doc
 
 
-def warm_model(root: Path) -> Path:
-    """The example's supervised warm-up, once: its model directory."""
-    doc = base_doc()
-    doc["metadata"]["name"] = "warm"
+def warm_model(task: str, root: Path) -> Path:
+    """The task's supervised warm-up, once: its model directory."""
+    doc = base_doc(task)
+    doc["metadata"]["name"] = f"warm-{task}"
     doc["spec"]["rollout"]["dispatch"] = "fifo"
-    run = LocalRun(RLJob.model_validate(doc), root / "warm", max_steps=1)
+    run = LocalRun(RLJob.model_validate(doc), root / f"warm-{task}", max_steps=1)
     _run(run)
-    return root / "warm" / "final"
+    return root / f"warm-{task}" / "final"
 
 
 def config_job(name: str, model: Path, steps: int) -> RLJob:
-    workflow, rollout, trainer, _ = CONFIGS[name]
-    doc = base_doc()
+    c = CONFIGS[name]
+    doc = base_doc(c["task"])
     spec = doc["spec"]
-    doc["metadata"]["name"] = "opt-" + "".join(c if c.isalnum() else "-" for c in name)[:40]
+    doc["metadata"]["name"] = "opt-" + "".join(ch if ch.isalnum() else "-" for ch in name)[:40]
     spec["model"].update({"path": str(model), "warmupSteps": 0})
-    spec["workflow"] = dict(workflow)
-    spec["rollout"].update(rollout)
-    spec["trainer"].update(trainer)
+    spec["workflow"] = dict(c["workflow"])
+    spec["rollout"].update(c["rollout"])
+    spec["trainer"].update(c["trainer"])
     spec["algorithm"]["maxSteps"] = steps
     return RLJob.model_validate(doc)
 
@@ -106,7 +136,7 @@ def _run(run: LocalRun) -> None:
 
 
 def run_config(name: str, model: Path, steps: int, root: Path, skip: int = 2) -> dict:
-    oracle = CONFIGS[name][3]
+    oracle = CONFIGS[name]["oracle"]
     run = LocalRun(config_job(name, model, steps), root)
     if oracle:
         os.environ[ORACLE_ENV] = "answer"  # the driver inherits it
@@ -138,9 +168,11 @@ def run(steps: int = 12, rounds: int = 2, keep: Path | None = None,
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="rljob-bench-opt-") as tmp:
         root = keep or Path(tmp)
-        model = warm_model(root)
+        models = {task: warm_model(task, root)
+                  for task in sorted({CONFIGS[n]["task"] for n in names})}
         for r in range(rounds):
-            per_round.append({n: run_config(n, model, steps, root / f"round-{r}" / str(i))
+            per_round.append({n: run_config(n, models[CONFIGS[n]["task"]], steps,
+                                            root / f"round-{r}" / str(i))
                               for i, n in enumerate(names)})
     merged = {n: {k: statistics.median(res[n][k] for res in per_round)
                   for k in per_round[0][n]} for n in names}
@@ -166,8 +198,9 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 120))
-    table = Table(title=f"examples/longtail.yaml from one warmed-up model, steady state of "
-                        f"{results['steps']} steps; medians of {results['rounds']} rounds")
+    table = Table(title=f"examples/longtail.yaml and longprompt.yaml from one warmed-up model "
+                        f"each, steady state of {results['steps']} steps; medians of "
+                        f"{results['rounds']} rounds")
     for col in ("configuration", "step s", "tokens/s", "Tgen s", "Ttrain s",
                 "response tokens", "reward"):
         table.add_column(col, justify="right")

@@ -61,7 +61,9 @@ class JobModel:
 
 
 def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
-    hw = HARDWARE[spec.accelerator.type]
+    # rollout and trainer on their own hardware (rollout.accelerator / trainer.accelerator)
+    hw = HARDWARE[spec.accelerator_for("trainer").type]
+    gen_hw = HARDWARE[spec.accelerator_for("rollout").type]
     samples = spec.algorithm.samples_per_step
     if profile is not None:
         if profile.output_lengths:
@@ -71,7 +73,7 @@ def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
         return JobModel(spec, hw, profile.gen, profile.train, workload, "measured profile")
     shape = model_shape(spec)
     context = int(PROMPT_TOKENS + spec.rollout.max_new_tokens)
-    gen = GenProfile.analytic(hw, shape, spec.rollout.tensor_parallel, context)
+    gen = GenProfile.analytic(gen_hw, shape, spec.rollout.tensor_parallel, context)
     train = TrainProfile.analytic(hw, shape)
     workload = Workload.assumed(samples, spec.rollout.max_new_tokens, PROMPT_TOKENS)
     return JobModel(spec, hw, gen, train, workload, f"analytic, {hw.name}")

@@ -48,25 +48,26 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     tok = load_tokenizer(spec.model)
-    dtype = torch.float32 if spec.accelerator.type == "cpu" else None
+    accelerator = spec.accelerator_for("rollout").type
+    dtype = torch.float32 if accelerator == "cpu" else None
     model = None
     if spec.rollout.engine == "hf":  # vLLM places itself
-        device = activate(resolve_device(spec.accelerator.type,
+        device = activate(resolve_device(accelerator,
                                          int(os.environ.get("LOCAL_RANK", "0"))))
         model = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=dtype).to(device)
-    if spec.rollout.engine == "vllm" and spec.accelerator.type == "cpu":
+    if spec.rollout.engine == "vllm" and accelerator == "cpu":
         # vLLM's CPU build takes its KV cache from host memory (GiB); it sizes it itself
         # on accelerators
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, tok, model,
-                         spec.accelerator.type, spec.algorithm.seed)
+                         accelerator, spec.algorithm.seed)
     reward_fn = get_reward(spec.reward.name)
     spans = SpanLog(run_dir, name)
     metrics = WorkerMetrics(name, metrics_port)
 
-    transport = spec.workflow.transport(spec.accelerator.type)
+    transport = spec.weight_transport
     receiver = WeightReceiver(weights_address, name, spec.workflow.weight_sync, transport,
-                              BACKENDS[spec.accelerator.type])
+                              BACKENDS[accelerator])
     with spans.span("weight-sync", -1):
         receiver.load_latest(engine, 0)  # joining: the newest version first
     receiver.start_background(engine)

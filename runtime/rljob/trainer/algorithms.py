@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .packing import Packed, pack, packed_logprobs
+
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """(r − mean of its group) / (std of its group + eps): GRPO's group-relative advantage."""
@@ -68,13 +70,25 @@ class Batch:
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
     mask: torch.Tensor  # [B, L-1]: 1 where the next token is a response token
+    # trainer.packing: the same samples as one packed sequence (packing.py); the
+    # log-probs come back in this padded layout
+    packed: Packed | None = None
 
     def to(self, device) -> Batch:
         return Batch(self.input_ids.to(device), self.attention_mask.to(device),
-                     self.mask.to(device))
+                     self.mask.to(device),
+                     self.packed.to(device) if self.packed is not None else None)
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+               packing: str = "none") -> Batch:
+    batch = _padded(prompts, responses, pad_id)
+    if packing != "none":
+        batch.packed = pack(prompts, responses, share=packing == "shared_prompt")
+    return batch
+
+
+def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
     length = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
@@ -94,7 +108,9 @@ def token_logprobs(model, batch: Batch) -> torch.Tensor:
     Sequences are right-padded, so under causal attention no real token ever
     sees a pad: the padding mask changes nothing where `mask` is 1, and leaving
     it out lets attention take its plain causal path (no 4-D mask built per
-    call)."""
+    call). A packed batch runs as its one packed sequence (packing.py)."""
+    if batch.packed is not None:
+        return packed_logprobs(model, batch.packed, tuple(batch.mask.shape))
     logits = model(input_ids=batch.input_ids).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

@@ -41,6 +41,7 @@ from ..worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
+from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import TRAIN_READS, tasks_for
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
@@ -259,7 +260,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     sys.setswitchinterval(0.0005)
     stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    device = resolve_device(spec.accelerator.type, local_rank)
+    device = resolve_device(spec.accelerator_for("trainer").type, local_rank)
     torch_device = activate(device)
     if world > 1 or spec.trainer.engine == "megatron":
         dist.init_process_group(device.backend, init_method=f"tcp://{master}", rank=rank,
@@ -289,7 +290,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     # this life's epoch: samples of weights a dead life published after `start` are
     # not in its history and are made again
     lineage = Lineage.restored(new_epoch(), recorded)
-    transport = spec.workflow.transport(spec.accelerator.type)
+    transport = spec.weight_transport
     on_host = transport != "collective"  # collective: sent from this device, no host copy
     sender = WeightSender(weights_listen, lineage.epoch, transport) if rank == 0 else None
     if start == 0 and ref_state is None:
@@ -342,7 +343,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                     break
                 t0 = time.time()
                 step_samples += chunk
-                shard = chunk[policy.data_rank::policy.data_world]
+                shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
+                                            spec.trainer.data_parallel_split)
                 parts = _micro_step(policy, shard, t, tok, spec,
                                     last=(j == micro_batches - 1))
                 for key in sums:
@@ -502,7 +504,7 @@ def _micro_step(policy, shard, t, tok, spec, last):
             loss.backward()
             return {"loss": 0.0, "kl": 0.0, "clip": 0.0}
         batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
-                           tok.pad_token_id).to(policy.device)
+                           tok.pad_token_id, spec.trainer.packing).to(policy.device)
         logp = policy.logprobs(batch)
         with torch.no_grad():
             # no KL term, no reference forward
@@ -521,6 +523,18 @@ def _micro_step(policy, shard, t, tok, spec, last):
         (parts.loss * policy.data_world).backward()
     return {"loss": float(parts.loss.detach()) * policy.data_world, "kl": parts.kl,
             "clip": parts.clip_frac}
+
+
+def data_parallel_shard(chunk: list[Sample], rank: int, world: int, split: str) -> list[Sample]:
+    """This data-parallel rank's samples of a micro-batch (`trainer.dataParallelSplit`).
+    Every rank computes the same split of the same broadcast chunk."""
+    if world == 1:
+        return chunk
+    if split == "token_balanced":
+        ranks = balance_over_ranks([len(s.prompt_ids) + len(s.response_ids) for s in chunk],
+                                   world)
+        return [s for s, r in zip(chunk, ranks) if r == rank]
+    return chunk[rank::world]
 
 
 def prompts_digest(prompt_ids_in_slot_order) -> str:
