@@ -65,6 +65,9 @@ def test_packed_micro_batches_equal_the_padded_one():
         loss.backward()
         results[layout] = (logp.detach(), [p.grad.clone() for p in model.parameters()],
                            b.packed.tokens if b.packed is not None else None)
+        if b.packed is not None:  # rows as long as the longest segment, fewer than samples
+            assert b.packed.input_ids.numel() <= padded_tokens(prompts, responses), layout
+            assert b.packed.input_ids.shape[0] <= len(prompts), layout
     padded, grads, _ = results["none"]
     for layout in ("sequences", "shared_prompt"):
         logp, g2, tokens = results[layout]
@@ -91,3 +94,10 @@ def test_token_balanced_split_gives_each_rank_its_share_once():
     tokens = lambda sh: sum(len(s.prompt_ids) + len(s.response_ids) for s in sh)  # noqa: E731
     spread = lambda shards: abs(tokens(shards[0]) - tokens(shards[1]))  # noqa: E731
     assert spread(tb) <= spread(rr) and spread(tb) <= 2
+
+
+def test_bins_first_fit_decreasing_never_split_a_segment():
+    from rljob.trainer.packing import bins
+
+    assert bins([14, 3, 5, 9, 2], 14) == [[0], [3, 2], [1, 4]]
+    assert bins([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]

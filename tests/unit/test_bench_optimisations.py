@@ -21,6 +21,9 @@ def test_each_configuration_switches_what_its_name_says():
                 name.split(", ")[1]]
             continue
         assert spec.dataset.path.endswith("longtail.jsonl")
+        if name == "sync, fifo, packed":
+            assert spec.trainer.packing == "sequences" and spec.workflow.mode == "sync"
+            continue
         if name.startswith("2 ranks"):
             assert spec.trainer.npus_per_node == 2 and spec.trainer.packing == "sequences"
             assert spec.trainer.data_parallel_split == name.split(", ")[1].replace(" ", "_")

@@ -66,6 +66,8 @@ CONFIGS = {
     "periodic, skew-aware, slot order": config("longtail", {"mode": "periodic"}, SKEW,
                                                {"microBatchOrder": "slot"}),
     "async(1), skew-aware": config("longtail", ASYNC1, SKEW),
+    "sync, fifo, packed": config("longtail", {"mode": "sync"}, {"dispatch": "fifo"},
+                                 {"packing": "sequences"}),
     # the trainer's layouts on long prompts (sync: Ttrain alone)
     "long prompts, padded": config("longprompt", {"mode": "sync"}, {}, {"packing": "none"}),
     "long prompts, packed": config("longprompt", {"mode": "sync"}, {},
@@ -88,7 +90,8 @@ COMPARISONS = (
     ("ablation: + skew-aware (sync)", "sync, fifo", "sync, skew-aware"),
     ("ablation: + streaming (periodic)", "sync, skew-aware", "periodic, skew-aware"),
     ("ablation: + async", "periodic, skew-aware", "async(1), skew-aware"),
-    ("sequence packing", "long prompts, padded", "long prompts, packed"),
+    ("sequence packing (mixed lengths)", "sync, fifo", "sync, fifo, packed"),
+    ("sequence packing (even lengths)", "long prompts, padded", "long prompts, packed"),
     ("shared-prompt attention", "long prompts, padded", "long prompts, shared prompt"),
     ("token-balanced DP split", "2 ranks, round robin", "2 ranks, token balanced"),
 )

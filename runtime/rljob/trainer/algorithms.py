@@ -84,7 +84,8 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
                packing: str = "none") -> Batch:
     batch = _padded(prompts, responses, pad_id)
     if packing != "none":
-        batch.packed = pack(prompts, responses, share=packing == "shared_prompt")
+        batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
+                            pad_id=pad_id)
     return batch
 
 

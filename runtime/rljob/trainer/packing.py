@@ -14,9 +14,11 @@ row, so the log-probs (and gradients) equal the padded computation's within floa
 rounding. `packed_logprobs` scatters them back to the padded layout ([B, L-1],
 where `Batch.mask` is 1), so the loss and everything after it is unchanged.
 
-The mask is a dense [N, N] additive mask (N: the micro-batch's tokens after
-packing), which every attention implementation takes; fine for micro-batches of
-a few thousand tokens.
+Segments are packed into rows ("bins", first-fit decreasing) as long as the
+longest segment, so no sequence is split, the attention of a row is no wider than
+a padded row's and a micro-batch of mixed lengths takes fewer rows than it has
+samples. Each row carries a dense [C, C] additive mask, which every attention
+implementation takes.
 """
 
 from __future__ import annotations
@@ -30,22 +32,19 @@ LAYOUTS = ("none", "sequences", "shared_prompt")
 
 @dataclass
 class Packed:
-    input_ids: torch.Tensor  # [1, N]
-    position_ids: torch.Tensor  # [1, N]
-    attention_mask: torch.Tensor  # [1, 1, N, N] additive: 0 attend, dtype min masked
-    predictors: torch.Tensor  # [T]: the packed position whose logits predict token t
+    input_ids: torch.Tensor  # [R, C]: R rows (bins) of C positions
+    position_ids: torch.Tensor  # [R, C]
+    attention_mask: torch.Tensor  # [R, 1, C, C] additive: 0 attend, dtype min masked
+    predictors: torch.Tensor  # [T]: the flat position (row·C + column) predicting token t
     targets: torch.Tensor  # [T]: token t
     rows: torch.Tensor  # [T]: its sample (row of the padded layout)
     cols: torch.Tensor  # [T]: its position in the padded [B, L-1] log-probs
-
-    @property
-    def tokens(self) -> int:
-        return int(self.input_ids.shape[1])
+    tokens: int = 0  # real tokens packed (the rest of the bins is padding)
 
     def to(self, device) -> Packed:
         return Packed(*(getattr(self, f).to(device) for f in (
             "input_ids", "position_ids", "attention_mask", "predictors", "targets", "rows",
-            "cols")))
+            "cols")), self.tokens)
 
 
 def segments(prompts: list[list[int]], share: bool) -> list[tuple[list[int], list[int]]]:
@@ -59,51 +58,77 @@ def segments(prompts: list[list[int]], share: bool) -> list[tuple[list[int], lis
     return [(list(p), members) for p, members in by_prompt.items()]
 
 
+def bins(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: segment indices per bin of at most `capacity` tokens.
+    With the capacity at the longest segment no segment is split and a micro-batch
+    of mixed lengths takes far fewer rows than it has samples."""
+    out: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True):
+        for b, left in enumerate(room):
+            if lengths[i] <= left:
+                out[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            out.append([i])
+            room.append(capacity - lengths[i])
+    return out
+
+
 def pack(prompts: list[list[int]], responses: list[list[int]], share: bool,
-         dtype=torch.float32) -> Packed:
-    ids: list[int] = []
-    pos: list[int] = []
-    blocks: list[tuple[int, int, int, list[tuple[int, int]]]] = []  # (start, P, sample...)
+         pad_id: int = 0, dtype=torch.float32) -> Packed:
+    segs = segments(prompts, share)
+    seg_len = [len(p) + sum(len(responses[i]) for i in members) for p, members in segs]
+    capacity = max(seg_len)
+    layout = bins(seg_len, capacity)
+    r_count = len(layout)
+    ids = torch.full((r_count, capacity), pad_id, dtype=torch.long)
+    pos = torch.zeros((r_count, capacity), dtype=torch.long)
+    allowed = torch.zeros((r_count, capacity, capacity), dtype=torch.bool)
     pred, tgt, rows, cols = [], [], [], []
-    for prompt, members in segments(prompts, share):
-        start, p = len(ids), len(prompt)
-        ids += prompt
-        pos += range(p)
-        spans = []
-        for i in members:
-            r = responses[i]
-            r_start = len(ids)
-            ids += r
-            pos += range(p, p + len(r))
-            spans.append((r_start, len(r)))
-            # token j is predicted by the prompt's last token (j = 0) or response token j-1
-            pred += [start + p - 1] + list(range(r_start, r_start + len(r) - 1))
-            tgt += r
-            rows += [i] * len(r)
-            cols += range(p - 1, p - 1 + len(r))  # where make_batch's mask is 1
-        blocks.append((start, p, spans))
-    n = len(ids)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    for start, p, spans in blocks:
-        allowed[start:start + p, start:start + p] = torch.tril(
-            torch.ones(p, p, dtype=torch.bool))
-        for r_start, length in spans:
-            allowed[r_start:r_start + length, start:start + p] = True
-            allowed[r_start:r_start + length, r_start:r_start + length] = torch.tril(
-                torch.ones(length, length, dtype=torch.bool))
-    mask = torch.zeros(n, n, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    for row, members_of_row in enumerate(layout):
+        at = 0
+        for s in members_of_row:
+            prompt, members = segs[s]
+            p = len(prompt)
+            start = at
+            ids[row, at:at + p] = torch.tensor(prompt)
+            pos[row, at:at + p] = torch.arange(p)
+            allowed[row, at:at + p, at:at + p] = torch.tril(torch.ones(p, p, dtype=torch.bool))
+            at += p
+            for i in members:
+                r = responses[i]
+                n = len(r)
+                ids[row, at:at + n] = torch.tensor(r, dtype=torch.long)
+                pos[row, at:at + n] = torch.arange(p, p + n)
+                allowed[row, at:at + n, start:start + p] = True  # the (shared) prompt
+                allowed[row, at:at + n, at:at + n] = torch.tril(
+                    torch.ones(n, n, dtype=torch.bool))
+                # token j is predicted by the prompt's last token (j = 0) or token j-1
+                flat = row * capacity
+                pred += [flat + start + p - 1] + list(range(flat + at, flat + at + n - 1))
+                tgt += r
+                rows += [i] * n
+                cols += range(p - 1, p - 1 + n)  # where make_batch's mask is 1
+                at += n
+    # a padding position attends to itself only (a row of the mask is never empty)
+    idle = ~allowed.any(-1)
+    allowed |= torch.diag_embed(idle)
+    mask = torch.zeros((r_count, 1, capacity, capacity), dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return Packed(as_long([ids]), as_long([pos]), mask[None, None], as_long(pred),
-                  as_long(tgt), as_long(rows), as_long(cols))
+    return Packed(ids, pos, mask, as_long(pred), as_long(tgt), as_long(rows), as_long(cols),
+                  sum(seg_len))
 
 
 def packed_logprobs(model, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:
-    """log π of every response token from one forward of the packed sequence, in the
+    """log π of every response token from one forward of the packed rows, in the
     padded layout `shape` ([B, L-1]; zero where no response token is)."""
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=packed.attention_mask).logits[0]
-    logp = torch.log_softmax(logits[packed.predictors].float(), dim=-1)
+                   attention_mask=packed.attention_mask).logits
+    logits = logits.reshape(-1, logits.shape[-1])[packed.predictors]
+    logp = torch.log_softmax(logits.float(), dim=-1)
     picked = logp.gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
     out = torch.zeros(shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((packed.rows, packed.cols), picked)
