@@ -184,6 +184,15 @@ def plan(
     current = Allocation(spec.rollout.replicas, spec.rollout.replicas * model.npus_per_replica,
                          spec.trainer.world_size, model.tgen(spec.rollout.replicas),
                          model.ttrain(spec.trainer.world_size))
+    # rollout and trainer on different accelerators (rollout.accelerator /
+    # trainer.accelerator): two pools, never one to split (StreamRL §2.3)
+    heterogeneous = spec.accelerator_for("rollout") != spec.accelerator_for("trainer")
+    if heterogeneous and npus and not cross:
+        typer.echo(f"{file}: rollout and trainer run on different accelerators: give their "
+                   "pools with --cross ROLLOUT,TRAINER instead of --npus", err=True)
+        raise typer.Exit(2)
+    if heterogeneous and not cross:
+        cross = f"{current.rollout_npus},{current.trainer_npus}"
     try:
         if cross:
             try:
@@ -210,6 +219,7 @@ def plan(
                     model.gen, model.workload, a.rollout_replicas)}
 
     out = {"job": job.metadata.name, "source": model.source, "plan": row(best),
+           "pools": [int(x) for x in cross.split(",")] if cross else None,
            "current": row(current),
            "workload": {"samples": model.workload.samples,
                         "mean_output_tokens": model.workload.mean_output,
@@ -220,15 +230,18 @@ def plan(
     from rich.console import Console
     from rich.table import Table
 
-    unit = {"cpu": "core", "gpu": "GPU"}.get(spec.accelerator.type, "NPU")
+    units = {"cpu": "core", "gpu": "GPU"}
+    unit = units.get(spec.accelerator_for("trainer").type, "NPU")
+    r_unit = units.get(spec.accelerator_for("rollout").type, "NPU")
+    pools = f"; separate pools {cross.replace(',', ' + ')}" if cross else ""
     table = Table(title=f"{job.metadata.name}: rollout/trainer split ({model.source}; "
                         f"trainer gangs fill one node or whole nodes of "
-                        f"{spec.trainer.npus_per_node} {unit}s)")
+                        f"{spec.trainer.npus_per_node} {unit}s{pools})")
     for col in ("", "rollout", f"trainer {unit}s", "Tgen s", "Ttrain s", "step s", "idle",
                 "δ′ of +1 replica s"):
         table.add_column(col, justify="right")
     for name, r in (("plan", out["plan"]), ("as specified", out["current"])):
-        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {unit}",
+        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {r_unit}",
                       str(r["trainer_npus"]), f"{r['gen_seconds']:.2f}",
                       f"{r['train_seconds']:.2f}", f"{r['step_seconds']:.2f}",
                       f"{r['idle_ratio']:.0%}", f"{r['gain_of_one_more_replica']:.2f}")

@@ -86,3 +86,24 @@ def test_plan_gives_the_trainer_one_node_or_whole_nodes(npus):
 def test_plan_of_a_cpu_job_counts_cores():
     out = rljob("plan", str(REPO / "examples" / "quickstart.yaml"))
     assert out.returncode == 0 and "trainer cores" in out.stdout and "NPU" not in out.stdout
+
+
+def test_plan_of_roles_on_different_accelerators_keeps_two_pools(tmp_path):
+    """rollout.accelerator differs from the trainer's: the plan splits each pool on its
+    own (StreamRL's cross-datacenter allocation), and one --npus pool is refused."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml").read_text())
+    doc["spec"]["rollout"]["accelerator"] = {"type": "gpu"}
+    job = tmp_path / "hetero.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out = rljob("plan", str(job), "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    rpool, tpool = plan["current"]["rollout_npus"], plan["current"]["trainer_npus"]
+    assert plan["pools"] == [rpool, tpool]
+    assert plan["plan"]["rollout_npus"] <= rpool and plan["plan"]["trainer_npus"] <= tpool
+    table = rljob("plan", str(job))
+    assert "GPU" in table.stdout and "separate pools" in table.stdout
+    bad = rljob("plan", str(job), "--npus", "32")
+    assert bad.returncode == 2 and "--cross ROLLOUT,TRAINER" in bad.stderr
