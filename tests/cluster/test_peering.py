@@ -59,14 +59,17 @@ def test_standby_replica_takes_over_through_the_peering_object(crd_installed, tm
             cluster.kubectl("-n", jobs, "apply", "-f", str(REPO / "examples/quickstart.yaml"))
             first = wait_for(lambda: _trainer_uid(cluster, jobs), 60,
                              what="the active replica creating the job's pods")
-            assert "Creation is processed" in replicas[0].log_tail(400)
+            # the handler logs once it has also written the status, after the pods
+            wait_for(lambda: "Creation is processed" in replicas[0].log_tail(400), 60,
+                     what="the active replica's creation handler")
             assert "is processed" not in replicas[1].log_tail(400)  # on standby
 
             replicas[0].stop()  # the active one goes: the standby reconciles now
             cluster.kubectl("-n", jobs, "delete", "pod", "quickstart-trainer-0", "--wait=false")
             wait_for(lambda: (_trainer_uid(cluster, jobs) or first) != first, 120,
                      what="the standby recreating the deleted trainer pod")
-            assert "Resuming operations" in replicas[1].log_tail(400)
+            wait_for(lambda: "Resuming operations" in replicas[1].log_tail(400), 30,
+                     what="the standby saying it took over")
             assert get_json(cluster, "-n", jobs, "get", "rljob", "quickstart")["status"]
         finally:
             for r in replicas:
