@@ -28,6 +28,7 @@ def test_each_configuration_switches_what_its_name_says():
             assert spec.trainer.npus_per_node == 2 and spec.trainer.packing == "sequences"
             assert spec.trainer.data_parallel_split == name.split(", ")[1].replace(" ", "_")
             continue
+        assert spec.rollout.replicas == (2 if "2 replicas" in name else 1)
         assert spec.workflow.mode == name.split(",")[0].split("(")[0]
         assert spec.rollout.dispatch == ("fifo" if "fifo" in name else "skew_aware")
         order = spec.trainer.micro_batch_order_in(spec.workflow.mode, spec.rollout.dispatch)

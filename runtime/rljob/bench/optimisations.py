@@ -66,6 +66,11 @@ CONFIGS = {
     "periodic, skew-aware, slot order": config("longtail", {"mode": "periodic"}, SKEW,
                                                {"microBatchOrder": "slot"}),
     "async(1), skew-aware": config("longtail", ASYNC1, SKEW),
+    # two replicas: one claims the predicted long tail first, the other the short end
+    "periodic, 2 replicas, fifo": config("longtail", {"mode": "periodic"},
+                                         {"dispatch": "fifo", "replicas": 2}),
+    "periodic, 2 replicas, skew-aware": config("longtail", {"mode": "periodic"},
+                                               {**SKEW, "replicas": 2}),
     "sync, fifo, packed": config("longtail", {"mode": "sync"}, {"dispatch": "fifo"},
                                  {"packing": "sequences"}),
     # the trainer's layouts on long prompts (sync: Ttrain alone)
@@ -87,6 +92,8 @@ COMPARISONS = (
     ("skew-aware dispatch (periodic)", "periodic, fifo", "periodic, skew-aware"),
     ("  its ranker vs the oracle", "periodic, oracle", "periodic, skew-aware"),
     ("arrival-order micro-batches", "periodic, skew-aware, slot order", "periodic, skew-aware"),
+    ("skew-aware dispatch, 2 replicas", "periodic, 2 replicas, fifo",
+     "periodic, 2 replicas, skew-aware"),
     ("ablation: + skew-aware (sync)", "sync, fifo", "sync, skew-aware"),
     ("ablation: + streaming (periodic)", "sync, skew-aware", "periodic, skew-aware"),
     ("ablation: + async", "periodic, skew-aware", "async(1), skew-aware"),
