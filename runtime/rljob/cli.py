@@ -350,6 +350,16 @@ bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=T
 app.add_typer(bench_app, name="bench")
 
 
+def _report(bench, results: dict, json_out: bool) -> None:
+    """A benchmark's results: one JSON object, or its own tables."""
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
 @bench_app.command("transferqueue")
 def bench_transferqueue(
     redis: str = typer.Option(None, help="Use this Redis URL instead of starting a redis-server."),
@@ -357,15 +367,9 @@ def bench_transferqueue(
     quick: bool = typer.Option(False, help="A quarter of the data: a faster, noisier run."),
 ) -> None:
     """put+get MB/s and claim latency of TransferQueue next to raw Redis."""
-    import json
-
     from .bench import transferqueue as bench
 
-    results = bench.run(redis, quick=quick)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(redis, quick=quick), json_out)
 
 
 @bench_app.command("dispatch")
@@ -374,15 +378,9 @@ def bench_dispatch(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Makespan of random vs skew-aware vs oracle dispatch on a long-tail workload."""
-    import json
-
     from .bench import dispatch as bench
 
-    results = bench.run(seeds)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(seeds), json_out)
 
 
 @bench_app.command("workflow")
@@ -403,15 +401,9 @@ def bench_workflow(
 ) -> None:
     """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
     speedups, bounds."""
-    import json
-
     from .bench import workflow as bench
 
-    results = bench.run(steps, keep, rounds, prompts, max_num_seqs, peer)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer), json_out)
 
 
 @bench_app.command("engines")
@@ -427,15 +419,9 @@ def bench_engines(
 ) -> None:
     """The same small job with the hf and the vllm rollout engine: generated tokens/s,
     weight-update seconds, steps/s."""
-    import json
-
     from .bench import engines as bench
 
-    results = bench.run(steps, rounds, max_num_seqs, keep)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(steps, rounds, max_num_seqs, keep), json_out)
 
 
 @bench_app.command("optimisations")
@@ -452,15 +438,9 @@ def bench_optimisations(
     """The papers' mechanisms on a long-tailed task, each off and on side by side:
     skew-aware dispatch (and an oracle ranker), arrival-order micro-batches, StreamRL's
     ablation (sync, + skew-aware, + streaming, + async)."""
-    import json
-
     from .bench import optimisations as bench
 
-    results = bench.run(steps, rounds, keep, config or None)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(steps, rounds, keep, config or None), json_out)
 
 
 @bench_app.command("weights")
@@ -473,15 +453,9 @@ def bench_weights(
 ) -> None:
     """One weight version to a replica in another process over grpc and collective
     (gloo): publish, transfer and update seconds side by side."""
-    import json
-
     from .bench import weights as bench
 
-    results = bench.run(rounds, layers, dtype)
-    if json_out:
-        typer.echo(json.dumps(results, indent=2))
-    else:
-        bench.render(results)
+    _report(bench, bench.run(rounds, layers, dtype), json_out)
 
 
 def _job_spec(job_file: Path):

@@ -254,6 +254,15 @@ class LocalRun:
         for n in [n for n in self._pending if which(n)]:
             del self._pending[n]
 
+    def run_to_end(self, poll: float = 0.2) -> None:
+        """Start, supervise until the job is done (or fails), stop: a run without a view."""
+        self.start()
+        try:
+            while not self.supervise():
+                time.sleep(poll)
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         """Stop every worker: the trainer first (it checkpoints what it trained), then
         the others; then the transferqueue."""

@@ -43,12 +43,7 @@ def run_engine(engine: str, steps: int, root: Path, max_num_seqs: int,
     job = bench_job("async", 1, steps, root, PROMPTS, max_num_seqs, engine=engine)
     run = LocalRun(job, root / engine)
     started = time.time()
-    run.start()
-    try:
-        while not run.supervise():
-            time.sleep(0.2)
-    finally:
-        run.stop()
+    run.run_to_end()
     ms = run.metrics()
     steady = ms[warmup_steps:]
     t0, t1 = ms[warmup_steps - 1]["time"], ms[-1]["time"]

@@ -119,7 +119,7 @@ def warm_model(task: str, root: Path) -> Path:
     doc["metadata"]["name"] = f"warm-{task}"
     doc["spec"]["rollout"]["dispatch"] = "fifo"
     run = LocalRun(RLJob.model_validate(doc), root / f"warm-{task}", max_steps=1)
-    _run(run)
+    run.run_to_end()
     return root / f"warm-{task}" / "final"
 
 
@@ -136,22 +136,13 @@ def config_job(name: str, model: Path, steps: int) -> RLJob:
     return RLJob.model_validate(doc)
 
 
-def _run(run: LocalRun) -> None:
-    run.start()
-    try:
-        while not run.supervise():
-            time.sleep(0.2)
-    finally:
-        run.stop()
-
-
 def run_config(name: str, model: Path, steps: int, root: Path, skip: int = 2) -> dict:
     oracle = CONFIGS[name]["oracle"]
     run = LocalRun(config_job(name, model, steps), root)
     if oracle:
         os.environ[ORACLE_ENV] = "answer"  # the driver inherits it
     try:
-        _run(run)
+        run.run_to_end()
     finally:
         os.environ.pop(ORACLE_ENV, None)
     ms = run.metrics()

@@ -43,9 +43,10 @@ class LengthModel:
         """Predicted output tokens of each row (its rendered prompt, its answer)."""
         if self.oracle:
             return [len(self.tok.encode(a, add_special_tokens=False)) + 1 for a in answers]
+        distinct = list(dict.fromkeys(prompts))  # a group's G rows share their prompt
         with self._lock:
-            predicted = self.ranker.predict(prompts)
-        return [max(1, int(round(p))) for p in predicted]
+            predicted = dict(zip(distinct, self.ranker.predict(distinct)))
+        return [max(1, int(round(predicted[p]))) for p in prompts]
 
     def _learn(self) -> None:
         while not self._stop.is_set():
