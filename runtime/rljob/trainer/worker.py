@@ -90,7 +90,8 @@ class StepSource:
         self.spec, self.tq, self.step = spec, tq, step
         self.lineage = lineage
         self.stopping = stop or threading.Event()
-        self.rows_claimed = 0
+        self.rows_claimed = 0  # distinct rows of the step
+        self.rows_reclaimed = 0  # rows claimed again after their lease expired
         self.rows_regenerated = 0
         self.keeper = keeper  # keeps the step's leases alive until it is trained
         self.n = spec.algorithm.samples_per_step
@@ -150,12 +151,33 @@ class StepSource:
             return
         self.keeper.hold(batch)
         with self._arrived:
+            self._supersede(set(batch.indices))
             self.leases.append(batch)
-            self.rows_claimed += len(batch.rows)
             for s in samples:
+                if s.slot in self.buffer:  # its lease expired and this claim brought it back
+                    self.rows_reclaimed += 1
+                    continue
+                self.rows_claimed += 1
                 self.buffer[s.slot] = s
                 self.arrived.append(s.slot)
             self._arrived.notify_all()
+
+    def _supersede(self, indices: set[int]) -> None:
+        """Take rows claimed again out of the older leases that held them. Those leases
+        expired (the controller or its storage was away longer than a lease term), so
+        the rows came back to `train`; the new lease is the one that acks them."""
+        kept = []
+        for old in self.leases:
+            rows = [r for r in old.rows if r.index not in indices]
+            if len(rows) == len(old.rows):
+                kept.append(old)
+                continue
+            self.keeper.drop(old)
+            if rows:
+                old = Batch(old.task, old.lease, rows, {}, old.lease_seconds)
+                self.keeper.hold(old)
+                kept.append(old)
+        self.leases = kept
 
     def _refuse_foreign(self, batch, samples: list[Sample]):
         """Send back the groups this trainer may not train at this step; keep the rest."""
@@ -379,6 +401,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 m["grad_norm"] = grad_norm
                 m["rows_claimed"] = source.rows_claimed
                 m["rows_regenerated"] = source.rows_regenerated
+                m["rows_reclaimed"] = source.rows_reclaimed
                 tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
                                   train_seconds=m["train_seconds"],
                                   staleness_mean=m["staleness_mean"],

@@ -1,0 +1,108 @@
+"""The trainer's step claims against a real TransferQueue controller: rows whose
+lease expired while the trainer held them (its controller or storage was away
+longer than a lease term) come back, are claimed again, and are still trained
+exactly once and acked under the new lease."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rljob.api.validation import load_rljob
+from rljob.data import load_examples
+from rljob.models import load_tokenizer
+from rljob.preflight import resolve_paths
+from rljob.trainer.worker import StepSource
+from rljob.transferqueue import TransferQueueClient
+from rljob.transferqueue.loader import LeaseKeeper
+from rljob.workflow.driver import Workflow
+from rljob.workflow.tasks import ROLLOUT_READS, tasks_for
+
+from .conftest import TQServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SwitchedKeeper:
+    """A LeaseKeeper that keeps nothing alive until switched on."""
+
+    def __init__(self, client):
+        self.keeper, self.on = LeaseKeeper(client), threading.Event()
+
+    def hold(self, batch):
+        if self.on.is_set():
+            self.keeper.hold(batch)
+
+    def drop(self, batch):
+        self.keeper.drop(batch)
+
+    def close(self):
+        self.keeper.close()
+
+
+def _roll_out(client: TransferQueueClient, rows: int) -> None:
+    """What a rollout replica writes for `rows` rows: constant samples, acked."""
+    batch = client.claim_get("rollout", rows, ROLLOUT_READS, wait=5.0, min_count=rows)
+    assert len(batch) == rows, len(batch)
+    k = len(batch)
+    client.write(batch.indices, {
+        "response_ids": [np.array([5, 6, 7], np.int32)] * k,
+        "rollout_logp": [np.array([-1.0, -1.0, -1.0], np.float32)] * k,
+        "reward": [1.0] * k, "reward_error": [""] * k,
+        "started_at": [time.time()] * k, "finished_at": [time.time()] * k,
+        "weights_epoch": [0] * k,
+    }, versions=[0] * k, length_column="response_ids", lease=batch)
+    client.ack(batch)
+
+
+def test_rows_claimed_again_after_their_lease_expired_are_trained_once():
+    job = resolve_paths(load_rljob(str(REPO / "examples/quickstart.yaml")), REPO / "examples")
+    spec = job.spec
+    assert spec.workflow.mode == "async"  # arrival order: a slot listed twice would be trained twice
+    n, g = spec.algorithm.samples_per_step, spec.algorithm.group_size
+    half = n // 2 - (n // 2) % g
+    server = TQServer(None, lease_seconds=2.0)
+    client = TransferQueueClient(server.address)
+    source = keeper = None
+    try:
+        client.register(*tasks_for(spec))
+        flow = Workflow(spec, client, None, load_tokenizer(spec.model))
+        flow.put_prepared(0, flow.prepare_prompts(load_examples(spec.dataset)
+                                                  [:spec.algorithm.step_prompts]))
+        keeper = SwitchedKeeper(client)
+        source = StepSource(spec, client, 0, keeper)
+        _roll_out(client, half)
+        deadline = time.monotonic() + 20
+        while source.rows_claimed < half:
+            assert time.monotonic() < deadline, source.rows_claimed
+            time.sleep(0.05)
+        keeper.on.set()  # from now on leases are kept alive: the first one is not
+        while True:  # the first lease expired and the claimer took its rows again
+            train = {t.name: t for t in client.stats().tasks}["train"]
+            if (train.expired, train.claimed, train.ready) == (half, half, 0):
+                break
+            assert time.monotonic() < deadline, train
+            time.sleep(0.05)
+        _roll_out(client, n - half)
+
+        trained = []
+        while (chunk := source.next_micro_batch()) is not None:
+            trained += [s.slot for s in chunk]
+        assert sorted(trained) == list(range(n)), trained
+        assert (source.rows_claimed, source.rows_reclaimed) == (n, half)
+        leases = source.take_leases()
+        assert sum(len(b) for b in leases) == n  # the expired lease holds none of them
+        for batch in leases:
+            client.ack(batch)  # each lease is held: none of them is the expired one
+        train = {t.name: t for t in client.stats().tasks}["train"]
+        assert (train.acked, train.expired) == (n, half)
+    finally:
+        if source is not None:
+            source.close()
+        if keeper is not None:
+            keeper.close()
+        client.close()
+        server.stop()
