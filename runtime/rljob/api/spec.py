@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import ApiModel, Rule
 
@@ -81,10 +81,25 @@ class DatasetSpec(ApiModel):
 
 class AlgorithmSpec(ApiModel):
     name: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm.")
-    group_size: int = Field(
-        8, ge=1, le=1024, description="Responses sampled per prompt (G in GRPO)."
+    group_size: int | None = Field(
+        None, ge=1, le=1024,
+        description="Responses sampled per prompt (G in GRPO; default 8 for grpo, 1 for ppo).",
     )
     lr: float = Field(1e-6, gt=0, le=1, description="Actor learning rate.")
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="ppo: discount of GAE (per response token)."
+    )
+    lam: float = Field(
+        0.95, ge=0, le=1, alias="lambda",
+        description="ppo: λ of GAE (1: Monte-Carlo returns, 0: one-step TD).",
+    )
+    value_clip: float = Field(
+        0.2, gt=0, description="ppo: the critic's values move at most this far from the "
+        "values that scored the sample (clipped value loss).",
+    )
+    critic_lr: float = Field(
+        1e-5, gt=0, le=1, description="ppo: the critic's learning rate.",
+    )
     kl_coef: float = Field(
         0.001, ge=0, description="Weight of the k3 KL estimate to the reference policy."
     )
@@ -113,6 +128,15 @@ class AlgorithmSpec(ApiModel):
     max_steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps to run.")
     seed: int = Field(0, ge=0, description="Seed for sampling and initialisation.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_group_size(cls, data):
+        """GRPO needs a group (8); PPO's baseline is the critic (1)."""
+        if isinstance(data, dict) and data.get("groupSize", data.get("group_size")) is None:
+            data = {k: v for k, v in data.items() if k != "group_size"}
+            data["groupSize"] = 1 if data.get("name") == "ppo" else 8
+        return data
+
     @property
     def step_prompts(self) -> int:
         """Prompts per step (promptsPerStep, or its old name globalBatchSize; 32)."""
@@ -129,7 +153,7 @@ class AlgorithmSpec(ApiModel):
 
     rules = (
         Rule(
-            cel="self.name != 'grpo' || self.groupSize >= 2",
+            cel="self.name != 'grpo' || !has(self.groupSize) || self.groupSize >= 2",
             message="algorithm.groupSize must be at least 2 when algorithm.name is grpo "
             "(group-relative advantages need two or more responses per prompt)",
             check=lambda a: a.name != "grpo" or a.group_size >= 2,
@@ -151,7 +175,8 @@ class AlgorithmSpec(ApiModel):
         ),
         Rule(
             cel="((has(self.promptsPerStep) ? self.promptsPerStep : "
-            "(has(self.globalBatchSize) ? self.globalBatchSize : 32)) * self.groupSize) % "
+            "(has(self.globalBatchSize) ? self.globalBatchSize : 32)) * "
+            "(has(self.groupSize) ? self.groupSize : (self.name == 'ppo' ? 1 : 8))) % "
             "(has(self.samplesPerMicroBatch) ? self.samplesPerMicroBatch : "
             "(has(self.microBatchSize) ? self.microBatchSize : 8)) == 0",
             message="algorithm.samplesPerMicroBatch must divide algorithm.promptsPerStep × "

@@ -39,7 +39,8 @@ MAX_NEW_TOKENS = 22
 
 
 def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS,
-              max_num_seqs: int | None = None, engine: str = "hf") -> RLJob:
+              max_num_seqs: int | None = None, engine: str = "hf",
+              algorithm: str = "grpo") -> RLJob:
     workflow = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
@@ -51,8 +52,9 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
             "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
                       "tokenizer": "builtin:char", "dtype": "float32"},
             "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
-            "algorithm": {"groupSize": 16, "promptsPerStep": prompts, "samplesPerMicroBatch": 16,
-                          "lr": 1e-4, "maxSteps": steps},
+            # ppo: the same samples, with the critic's advantages (critic.py)
+            "algorithm": {"name": algorithm, "groupSize": 16, "promptsPerStep": prompts,
+                          "samplesPerMicroBatch": 16, "lr": 1e-4, "maxSteps": steps},
             "workflow": workflow,
             "rollout": {"replicas": 1, "engine": engine, "maxNewTokens": MAX_NEW_TOKENS,
                         **({"maxNumSeqs": max_num_seqs} if max_num_seqs else {})},
@@ -62,8 +64,9 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
 
 
 def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3,
-             prompts: int = PROMPTS, max_num_seqs: int | None = None) -> dict:
-    job = bench_job(mode, k, steps, root, prompts, max_num_seqs)
+             prompts: int = PROMPTS, max_num_seqs: int | None = None,
+             algorithm: str = "grpo") -> dict:
+    job = bench_job(mode, k, steps, root, prompts, max_num_seqs, algorithm=algorithm)
     run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"))  # a directory each
     run.start()
     cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
@@ -130,22 +133,22 @@ def _cpu_seconds(pid: int) -> float | None:
 
 def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         prompts: int | None = None, max_num_seqs: int | None = None,
-        peer: str | None = None) -> dict:
+        peer: str | None = None, algorithm: str = "grpo") -> dict:
     """`prompts` None: a short probe of this machine picks the prompts per step
-    (`bench.probe.choose_prompts`)."""
+    (`bench.probe.choose_prompts`). `algorithm` ppo: the job trains with a critic."""
     if peer not in (None, "trl"):
         raise SystemExit(f"--peer {peer}: the peer the benchmark knows is trl")
     per_round: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rljob-bench-") as tmp:
         root = keep or Path(tmp)
-        shape = _probe(root, prompts, max_num_seqs)
+        shape = _probe(root, prompts, max_num_seqs, algorithm)
         prompts = shape["prompts"]
         for r in range(rounds):
             results = {}
             for mode, k in MODES:
                 name = mode if k is None else f"async({k})"
                 results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
-                                         max_num_seqs=max_num_seqs)
+                                         max_num_seqs=max_num_seqs, algorithm=algorithm)
             if peer == "trl":  # the colocated peer, in the same round
                 from .peer_trl import run_trl
 
@@ -180,7 +183,7 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
     for m in modes.values():  # each side's compute a step next to the other, over alone
         m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
         m["train_contention"] = m["train_busy_seconds"] / sync["train_busy_seconds"]
-    return {**out_peer, "shape": shape,
+    return {**out_peer, "shape": shape, "algorithm": algorithm,
             "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
             "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
             "bound": {m: modes[m]["bound"] for m in names},
@@ -191,14 +194,15 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
             "modes": modes}
 
 
-def _probe(root: Path, prompts: int | None, max_num_seqs: int | None) -> dict:
+def _probe(root: Path, prompts: int | None, max_num_seqs: int | None,
+           algorithm: str = "grpo") -> dict:
     """Each side alone on this machine (`bench.probe`): generation's fixed part a
     batch (periodic's bound pays it once per batch) and, unless `prompts` is
     given, the prompts per step where overlap has the most to gain."""
     from . import probe
 
     def job_for(p: int) -> RLJob:
-        return bench_job("sync", None, 1, root, p, max_num_seqs)
+        return bench_job("sync", None, 1, root, p, max_num_seqs, algorithm=algorithm)
 
     def pieces_for(p: int) -> int:
         return _pieces(bench_job("periodic", None, 1, root, p, max_num_seqs).spec)
@@ -230,7 +234,8 @@ def render(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="the same job in four workflow modes (1 rollout replica generating "
+    table = Table(title=f"the same {results.get('algorithm', 'grpo')} job in four workflow "
+                        "modes (1 rollout replica generating "
                         f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "bound", "of bound", "step s", "Tgen s",

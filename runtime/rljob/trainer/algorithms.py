@@ -1,10 +1,12 @@
-"""GRPO, written so PPO's critic terms plug in the same way (pure torch).
+"""GRPO and PPO losses and advantages (pure torch).
 
 Per token t of response i: ratio = exp(logp − old_logp); the clipped surrogate
-−min(ratio·A_i, clip(ratio, 1 ± ε)·A_i); plus β times the k3 estimate of
+−min(ratio·A, clip(ratio, 1 ± ε)·A); plus β times the k3 estimate of
 KL(π‖π_ref) = exp(ref − logp) − (ref − logp) − 1 (Periodic Asynchrony eq. 3).
-A response's loss is its token mean; the step's loss is the sum over responses
-divided by the number of responses in the step, so summing micro-batch
+GRPO's A is the response's group-relative reward (one per response); PPO's is
+GAE over the critic's values (one per token). The critic's loss is PPO's clipped
+value loss. A response's loss is its token mean; the step's loss is the sum over
+responses divided by the number of responses in the step, so summing micro-batch
 gradients gives exactly the full-batch gradient however the step is split.
 """
 
@@ -28,6 +30,46 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
     return adv
 
 
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over one response's tokens: rewards and
+    values [T] (V(s_t), the state before token t; the state after the last token is
+    terminal, V = 0). δ_t = r_t + γ·V_{t+1} − V_t, A_t = Σ_k (γλ)^k δ_{t+k};
+    returns R_t = A_t + V_t (the critic's targets)."""
+    rewards, values = rewards.float(), values.float()
+    adv = torch.zeros_like(values)
+    running = torch.zeros((), dtype=values.dtype)
+    for t in range(values.numel() - 1, -1, -1):
+        following = values[t + 1] if t + 1 < values.numel() else 0.0
+        running = rewards[t] + gamma * following - values[t] + gamma * lam * running
+        adv[t] = running
+    return adv, adv + values
+
+
+def outcome_rewards(reward: float, length: int) -> torch.Tensor:
+    """A response scored as a whole: its reward on the last token, 0 before."""
+    r = torch.zeros(max(length, 1))
+    r[-1] = reward
+    return r
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor, clip: float, responses_in_step: int) -> tuple[torch.Tensor, float]:
+    """PPO's clipped value loss, ½·max((V − R)², (clip(V, V_old ± c) − R)²) per token,
+    averaged per response and summed over the step's responses / their number
+    (micro-batch sums equal the full batch's); [B, T] each. Returns the loss and
+    the share of tokens where the clipped term was the larger."""
+    mask = mask.float()
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    plain_sq, clipped_sq = (values - returns) ** 2, (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(plain_sq, clipped_sq)
+    tokens = mask.sum(1).clamp(min=1)
+    loss = ((per_token * mask).sum(1) / tokens).sum() / responses_in_step
+    with torch.no_grad():
+        frac = float(((clipped_sq > plain_sq).float() * mask).sum() / mask.sum().clamp(min=1))
+    return loss, frac
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Unbiased, non-negative per-token estimate of KL(π‖π_ref)."""
     d = ref_logp - logp
@@ -45,10 +87,11 @@ class LossParts:
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
               advantages: torch.Tensor, mask: torch.Tensor, clip_ratio: float, kl_coef: float,
               responses_in_step: int) -> LossParts:
-    """logp, old_logp, ref_logp, mask: [B, T] over response tokens; advantages: [B]."""
+    """logp, old_logp, ref_logp, mask: [B, T] over response tokens; advantages: [B]
+    (one per response: GRPO) or [B, T] (one per token: PPO)."""
     mask = mask.float()
     ratio = torch.exp(logp - old_logp)
-    a = advantages.unsqueeze(1)
+    a = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     surrogate = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_ratio, 1 + clip_ratio) * a)
     kl = k3_kl(logp, ref_logp)
     per_token = surrogate + kl_coef * kl

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..api.spec import RLJobSpec
 from ..data import load_examples, render_prompt
 from ..device import activate, cores_given, resolve as resolve_device
-from ..models import load_tokenizer
+from ..models import build_model, load_tokenizer
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
@@ -43,7 +43,7 @@ from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
-from ..workflow.tasks import TRAIN_READS, tasks_for
+from ..workflow.tasks import tasks_for, train_reads
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
@@ -66,7 +66,9 @@ class Sample:
     started_at: float
     finished_at: float
     epoch: int = 0
-    advantage: float = 0.0
+    advantage: float = 0.0  # grpo: the response's group-relative advantage
+    token_advantages: list[float] | None = None  # ppo: the critic's GAE, per token
+    critic_version: int = -1
 
 
 class Stopped(Exception):
@@ -86,9 +88,12 @@ class StepSource:
     trainer restart) are sent back to the rollouts."""
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
-                 stop: threading.Event | None = None, lineage: Lineage | None = None):
+                 stop: threading.Event | None = None, lineage: Lineage | None = None,
+                 health=None):
         self.spec, self.tq, self.step = spec, tq, step
         self.lineage = lineage
+        self.health = health  # raises if a producer in this process (the critic) failed
+        self.reads = train_reads(spec)
         self.stopping = stop or threading.Event()
         self.rows_claimed = 0  # distinct rows of the step
         self.rows_reclaimed = 0  # rows claimed again after their lease expired
@@ -128,7 +133,7 @@ class StepSource:
 
     def _claim(self, count: int, min_count: int) -> None:
         try:
-            batch = self.tq.claim_get("train", count, TRAIN_READS, policy="group",
+            batch = self.tq.claim_get("train", count, self.reads, policy="group",
                                       partition=self.step, wait=1.0, min_count=min_count)
         except TransferQueueError as exc:
             if not exc.unavailable:
@@ -146,6 +151,10 @@ class StepSource:
                           finished_at=float(d["finished_at"][i]),
                           epoch=int(d["weights_epoch"][i]))
                    for i, row in enumerate(batch.rows)]
+        if "advantages" in d:  # ppo
+            for i, s in enumerate(samples):
+                s.token_advantages = d["advantages"][i].tolist()
+                s.critic_version = int(d["critic_version"][i])
         batch, samples = self._refuse_foreign(batch, samples)
         if not batch.rows:
             return
@@ -210,12 +219,16 @@ class StepSource:
                     raise self._error
                 if self.stopping.is_set():
                     raise Stopped
+                if self.health is not None:
+                    self.health()
                 self._arrived.wait(0.2)
             want = self.arrived[start:end] if self.by_arrival else range(start, end)
         self.next_slot = end
         chunk = [self.buffer[s] for s in want]
         # claims bring whole groups, so each sample's group is complete in the buffer
         for group_start in sorted({s.slot - s.slot % self.g for s in chunk}):
+            if chunk[0].token_advantages is not None:
+                break  # ppo: the critic's advantages came with the samples
             if group_start in self.scored:
                 continue
             self.scored.add(group_start)
@@ -325,7 +338,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     if opt_state is not None:
         opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard of the whole
 
-    tq = keeper = None
+    tq = keeper = critic = None
     state = policy.hf_state(on_host)  # collective (megatron gathers tensor-parallel shards)
     if rank == 0:
         sender.publish(start, state)
@@ -335,6 +348,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         if back:
             log.info("gave back %d rows an earlier trainer held", back)
         keeper = LeaseKeeper(tq)
+        if spec.algorithm.name == "ppo":
+            critic = _start_critic(spec, tok, state, torch_device, tq_address, ckpt_dir,
+                                   start, steps)
     sinks = open_sinks(spec, run_dir, start, prom) if rank == 0 else None
     checkpointed = start
     uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
@@ -348,7 +364,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         for t in range(start, steps):
             if stop.is_set():
                 break
-            source = StepSource(spec, tq, t, keeper, stop, lineage) if rank == 0 else None
+            source = (StepSource(spec, tq, t, keeper, stop, lineage,
+                                 health=critic.check if critic else None)
+                      if rank == 0 else None)
             step_samples: list[Sample] = []
             train_spans: list[tuple[float, float]] = []
             sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
@@ -402,6 +420,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 m["rows_claimed"] = source.rows_claimed
                 m["rows_regenerated"] = source.rows_regenerated
                 m["rows_reclaimed"] = source.rows_reclaimed
+                if critic is not None:
+                    m |= _critic_metrics(step_samples, critic)
                 tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
                                   train_seconds=m["train_seconds"],
                                   staleness_mean=m["staleness_mean"],
@@ -427,6 +447,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     finally:
         if source is not None:
             source.close()
+        if critic is not None:
+            critic.close()
         if sender is not None:
             # let the replicas pick up the last version before the sender goes away
             sender.wait_replicas(sender.version, timeout=5.0)
@@ -444,6 +466,29 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         spans.close()
         if world > 1:
             dist.destroy_process_group()
+
+
+def _start_critic(spec, tok, state, torch_device, tq_address, ckpt_dir, start, steps):
+    """ppo: the critic (critic.py) on this rank's device, from the policy's weights
+    (`state`: Hugging Face names, after warm-up) or its own checkpoint."""
+    from .critic import Critic
+
+    lm = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=torch.float32)
+    lm.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    critic = Critic.restore(spec, lm, torch_device, TransferQueueClient(tq_address),
+                            tok.pad_token_id, ckpt_dir, at_least=start)
+    log.info("critic: scoring from step %d on %s", critic.version + 1, torch_device)
+    return critic.start(steps)
+
+
+def _critic_metrics(samples: list[Sample], critic) -> dict:
+    """A step's critic figures: the critic versions that scored its samples, and the
+    critic's latest update (its version, value loss, clipped share, mean value)."""
+    versions = [s.critic_version for s in samples]
+    last = critic.history[max(critic.history)] if critic.history else {}
+    return {"scored_by_critic": [min(versions), max(versions)],
+            "critic_version": last.get("step", 0), "value_loss": last.get("value_loss"),
+            "value_clip": last.get("value_clip"), "values_mean": last.get("values_mean")}
 
 
 def make_optimizer(policy, lr: float) -> torch.optim.Optimizer:
@@ -538,7 +583,13 @@ def _micro_step(policy, shard, t, tok, spec, last):
                     pos = batch.mask[i].nonzero().squeeze(1)
                     old_logp[i, pos] = torch.tensor(s.rollout_logp[:len(pos)],
                                                     device=old_logp.device)
-        adv = torch.tensor([s.advantage for s in shard], device=logp.device)
+        if shard[0].token_advantages is None:  # grpo: one per response
+            adv = torch.tensor([s.advantage for s in shard], device=logp.device)
+        else:  # ppo: the critic's, one per response token
+            adv = torch.zeros_like(logp)
+            for i, s in enumerate(shard):
+                pos = batch.mask[i].nonzero().squeeze(1)
+                adv[i, pos] = torch.tensor(s.token_advantages[:len(pos)], device=adv.device)
         parts = grpo_loss(logp, old_logp, ref_logp, adv, batch.mask, algo.clip_ratio,
                           algo.kl_coef, algo.samples_per_step)
         # DDP averages gradients over the data-parallel ranks; the objective sums

@@ -8,7 +8,10 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           weights_epoch (int64: the trainer life whose weights made the sample)
 train   : response_ids, reward (+ the row's policy version in its metadata)
 lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
-A PPO critic adds a task (values from response_ids) the same way.
+critic  : response_ids, reward → values, advantages, returns (float32, one per
+          response token: the critic's values and GAE over them), critic_version
+          (int64: the critic that scored the row); algorithm ppo only, and then
+          train also reads advantages
 """
 
 from __future__ import annotations
@@ -29,16 +32,32 @@ TRAIN = Task("train", ["response_ids", "reward"])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
 # sample (its prompt, and its response length from the row's metadata)
 LENGTHS = Task("lengths", ["response_ids"])
+# algorithm ppo: the critic scores each finished sample (values, GAE) as it arrives,
+# and the actor update waits for its advantages
+CRITIC = Task("critic", ["response_ids", "reward"], [tensor("values", "float32"),
+                                                    tensor("advantages", "float32"),
+                                                    tensor("returns", "float32"),
+                                                    scalar("critic_version", "int64")])
+TRAIN_PPO = Task("train", ["response_ids", "reward", "advantages"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 
 def tasks_for(spec) -> tuple:
     """The job's tasks: every worker registers the same ones."""
-    return TASKS + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
+    tasks = (DRIVER, ROLLOUT) + ((TRAIN_PPO, CRITIC) if spec.algorithm.name == "ppo"
+                                 else (TRAIN,))
+    return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
+
+
+def train_reads(spec) -> list[str]:
+    """The columns the trainer reads (ppo: the critic's advantages too)."""
+    return TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.name == "ppo"
+                          else [])
 
 ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
                "started_at", "finished_at", "weights_epoch"]
+CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
 
 
 def version_needed(mode: str, k: int, step: int) -> int:

@@ -1,0 +1,111 @@
+"""PPO's pieces against hand and direct computations: GAE, the token-level
+surrogate, the clipped value loss, and the spec's PPO defaults and rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec
+from rljob.trainer.algorithms import gae, grpo_loss, outcome_rewards, value_loss
+from rljob.workflow.tasks import tasks_for, train_reads
+
+
+def test_gae_equals_a_hand_computed_example():
+    # δ2 = 1 − 0.4 = 0.6; δ1 = 0.9·0.4 − 0.2 = 0.16; δ0 = 0.9·0.2 − 0.5 = −0.32
+    # A2 = 0.6; A1 = 0.16 + 0.72·0.6 = 0.592; A0 = −0.32 + 0.72·0.592 = 0.10624
+    adv, ret = gae(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.5, 0.2, 0.4]), 0.9, 0.8)
+    assert torch.allclose(adv, torch.tensor([0.10624, 0.592, 0.6]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([0.60624, 0.792, 1.0]), atol=1e-6)
+
+
+def test_gae_with_gamma_and_lambda_one_is_the_return_minus_the_value():
+    values = torch.tensor([0.3, -0.1, 0.7, 0.2])
+    adv, ret = gae(outcome_rewards(2.0, 4), values, 1.0, 1.0)
+    assert torch.allclose(ret, torch.full((4,), 2.0))
+    assert torch.allclose(adv, 2.0 - values)
+    # λ = 0: one-step TD errors
+    adv0, _ = gae(outcome_rewards(2.0, 4), values, 1.0, 0.0)
+    assert torch.allclose(adv0, torch.tensor([-0.1 - 0.3, 0.7 + 0.1, 0.2 - 0.7, 2.0 - 0.2]))
+
+
+def _direct_surrogate(logp, old, ref, adv, mask, eps, beta, n):
+    total = 0.0
+    for i in range(logp.shape[0]):
+        terms = []
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                ratio = torch.exp(logp[i, t] - old[i, t])
+                a = adv[i, t]
+                s = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+                d = ref[i, t] - logp[i, t]
+                terms.append(s + beta * (torch.exp(d) - d - 1))
+        total = total + torch.stack(terms).mean()
+    return total / n
+
+
+def test_the_token_level_surrogate_and_its_gradient_equal_a_direct_computation():
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(3, 5, generator=g).requires_grad_()
+    old = (logp.detach() + 0.3 * torch.randn(3, 5, generator=g))
+    ref = logp.detach() + 0.1 * torch.randn(3, 5, generator=g)
+    adv = torch.randn(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    parts = grpo_loss(logp, old, ref, adv, mask, 0.2, 0.05, responses_in_step=6)
+    (grad,) = torch.autograd.grad(parts.loss, logp)
+    direct = _direct_surrogate(logp, old, ref, adv, mask, 0.2, 0.05, 6)
+    (direct_grad,) = torch.autograd.grad(direct, logp)
+    assert torch.allclose(parts.loss, direct, atol=1e-6)
+    assert torch.allclose(grad, direct_grad, atol=1e-6)
+    # one advantage per response is the same as that advantage on each of its tokens
+    per_response = torch.tensor([0.5, -1.0, 2.0])
+    a = grpo_loss(logp, old, ref, per_response, mask, 0.2, 0.05, 6).loss
+    b = grpo_loss(logp, old, ref, per_response[:, None].expand(3, 5), mask, 0.2, 0.05, 6).loss
+    assert torch.equal(a, b)
+
+
+def test_the_clipped_value_loss_equals_a_direct_computation_and_splits_exactly():
+    g = torch.Generator().manual_seed(1)
+    values = torch.randn(4, 6, generator=g).requires_grad_()
+    old = values.detach() + 0.5 * torch.randn(4, 6, generator=g)
+    returns = torch.randn(4, 6, generator=g)
+    mask = (torch.rand(4, 6, generator=g) > 0.3).float()
+    mask[:, 0] = 1
+    loss, frac = value_loss(values, old, returns, mask, 0.2, responses_in_step=4)
+    direct = 0.0
+    for i in range(4):
+        terms = []
+        for t in range(6):
+            if mask[i, t]:
+                v = values[i, t]
+                clipped = old[i, t] + torch.clamp(v - old[i, t], -0.2, 0.2)
+                terms.append(0.5 * torch.maximum((v - returns[i, t]) ** 2,
+                                                 (clipped - returns[i, t]) ** 2))
+        direct = direct + torch.stack(terms).mean()
+    direct = direct / 4
+    assert torch.allclose(loss, direct, atol=1e-6)
+    (g1,) = torch.autograd.grad(loss, values)
+    (g2,) = torch.autograd.grad(direct, values)
+    assert torch.allclose(g1, g2, atol=1e-6)
+    assert 0.0 < frac < 1.0  # some tokens clipped, some not, with these draws
+    halves = sum(value_loss(values[k:k + 2], old[k:k + 2], returns[k:k + 2], mask[k:k + 2],
+                            0.2, 4)[0] for k in (0, 2))
+    assert torch.allclose(halves, loss, atol=1e-6)
+
+
+def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
+    ppo, grpo = AlgorithmSpec(name="ppo"), AlgorithmSpec()
+    assert (ppo.group_size, grpo.group_size) == (1, 8)
+    assert AlgorithmSpec.model_validate({"name": "ppo", "groupSize": 4, "lambda": 0.9}).lam == 0.9
+
+    class Spec:  # what tasks_for and train_reads look at
+        def __init__(self, algorithm):
+            self.algorithm = algorithm
+            self.rollout = type("R", (), {"dispatch": "fifo"})()
+
+    names = {t.name: t for t in tasks_for(Spec(ppo))}
+    assert "critic" in names and "advantages" in names["train"].consumes
+    assert "critic" not in {t.name for t in tasks_for(Spec(grpo))}
+    assert "advantages" in train_reads(Spec(ppo)) and "advantages" not in train_reads(Spec(grpo))
+    with pytest.raises(ValueError, match="groupSize"):
+        AlgorithmSpec(name="grpo", group_size=1)
