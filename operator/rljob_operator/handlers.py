@@ -252,7 +252,3 @@ def configure(settings: kopf.OperatorSettings, workers: int) -> None:
     settings.execution.max_workers = workers
     settings.networking.request_timeout = 60
     settings.watching.server_timeout = 300
-
-
-def interval_from_env(default: float = 5.0) -> float:
-    return float(os.environ.get("RLJOB_OPERATOR_INTERVAL", default))

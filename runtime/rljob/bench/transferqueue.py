@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,13 +30,6 @@ ROWS_PER_BATCH = 64
 ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
 BYTES_PER_CASE = 512 << 20
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
-
-
-@dataclass
-class Servers:
-    redis_url: str
-    tq_address: str
-    password: str
 
 
 def _start_redis(stack: ExitStack, password: str) -> str:

@@ -796,10 +796,6 @@ class Controller:
                 self._do({"op": "return", "task": name, "lease": lease.id, "expired": True})
         return n
 
-    def next_deadline(self) -> float | None:
-        deadlines = [le.deadline for s in self.tasks.values() for le in s.leases.values()]
-        return min(deadlines, default=None)
-
     # ---- partition lifecycle ----------------------------------------------
     def _maybe_done(self, row: Row) -> Cleared | None:
         if row.relevant is None or not row.relevant <= row.acked:

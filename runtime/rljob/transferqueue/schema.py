@@ -116,13 +116,3 @@ def decode(col: ColumnSpec, data: bytes | memoryview) -> Any:
     if col.kind == "scalar":
         return arr[0].item()
     return arr.reshape(-1, *col.trailing_shape)
-
-
-def to_torch(col: ColumnSpec, arr: np.ndarray):
-    """A numpy cell as a torch tensor sharing its memory where possible."""
-    import torch
-
-    if not arr.flags.writeable:
-        arr = arr.copy()  # torch tensors must be writable; one copy per cell
-    t = torch.from_numpy(arr)
-    return t.view(torch.bfloat16) if col.dtype == "bfloat16" else t

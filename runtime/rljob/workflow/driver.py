@@ -1,18 +1,17 @@
 """The driver: puts each step's prompts into TransferQueue when the workflow mode
-allows, and the researcher-facing API of AsyncFlow §5.1 on one class."""
+allows."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import grpc
 import numpy as np
 
 from ..api.spec import RLJobSpec
 from ..data import PromptCursor, load_examples, render_prompt
-from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue import TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
 from .tasks import release_allowed, tasks_for, version_needed
@@ -21,22 +20,20 @@ log = logging.getLogger("rljob.driver")
 
 
 class Workflow:
-    """AsyncFlow's API over TransferQueue and the weight service.
+    """The driver's side of the job over TransferQueue and the weight service.
 
-    init_engines()            register the job's tasks, wait for weights v0 and replicas
-    put_prompts_data(s, ex)   release step s's prompts (G rows per prompt, one group)
-    put_experience_data(...)  write columns a task produced
-    get_experience_data(...)  claim + read a batch for a task
-    weight_sync_notify(v, sd) publish weights v (trainer side, with a WeightSender)
+    init_engines()         register the job's tasks, wait for weights v0 and replicas
+    prepare_prompts(ex)    a step's prompts rendered and tokenized, G rows per prompt
+    put_prepared(s, cols)  release step s's prepared prompts
+    may_release(s)         whether the workflow mode lets step s out now
     """
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, weights: WeightClient,
-                 tokenizer, sender=None, lengths=None):
+                 tokenizer, lengths=None):
         self.spec = spec
         self.tq = tq
         self.weights = weights
         self.tok = tokenizer
-        self.sender = sender
         self.lengths = lengths  # skew-aware dispatch: a LengthModel (workflow/lengths.py)
 
     def init_engines(self, timeout: float = 600.0) -> None:
@@ -52,9 +49,6 @@ class Workflow:
             if time.monotonic() > deadline:
                 raise TimeoutError("no rollout replica reported loaded weights in time")
             time.sleep(0.2)
-
-    def put_prompts_data(self, step: int, examples) -> list[int]:
-        return self.put_prepared(step, self.prepare_prompts(examples))
 
     def prepare_prompts(self, examples) -> dict[str, list]:
         """Step prompts rendered and tokenized, G rows per prompt (before release)."""
@@ -75,17 +69,6 @@ class Workflow:
                    else [len(x) for x in columns["prompt_ids"]])
         return self.tq.put(step, {**columns, "released_at": [time.time()] * n},
                            group_size=self.spec.algorithm.group_size, lengths=lengths)
-
-    def put_experience_data(self, batch: Batch, columns: dict[str, list[Any]], **kw) -> int:
-        return self.tq.write(batch.indices, columns, **kw)
-
-    def get_experience_data(self, task: str, columns: list[str], count: int, **kw) -> Batch:
-        return self.tq.claim_get(task, count, columns, **kw)
-
-    def weight_sync_notify(self, version: int, state_dict) -> None:
-        if self.sender is None:
-            raise RuntimeError("weight_sync_notify needs the trainer's WeightSender")
-        self.sender.publish(version, state_dict)
 
     def may_release(self, step: int, wait: float = 0.0) -> bool:
         """Whether `step`'s prompts may go out; with `wait`, long-poll the weight
