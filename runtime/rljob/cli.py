@@ -397,13 +397,18 @@ def bench_workflow(
     peer: str = typer.Option(None, "--peer", help="trl: also run TRL's GRPOTrainer on the "
                              "same job in each round and print our ratio to it (needs "
                              "`pip install trl`)."),
+    algorithm: str = typer.Option("grpo", help="grpo, or ppo (the same job trained with a "
+                                  "critic streaming through its own task)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
     speedups, bounds."""
     from .bench import workflow as bench
 
-    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer), json_out)
+    if algorithm not in ("grpo", "ppo"):
+        raise typer.BadParameter("use grpo or ppo", param_hint="--algorithm")
+    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer, algorithm),
+            json_out)
 
 
 @bench_app.command("engines")
@@ -456,6 +461,39 @@ def bench_weights(
     from .bench import weights as bench
 
     _report(bench, bench.run(rounds, layers, dtype), json_out)
+
+
+@bench_app.command("trainer")
+def bench_trainer(
+    engines: str = typer.Option("torch,megatron", help="Trainer engines, comma-separated "
+                                "(torch, megatron)."),
+    accelerator: str = typer.Option("cpu", help="cpu, or gpu (the first CUDA device)."),
+    model: str = typer.Option("tiny", help="tiny (examples/models/tiny-qwen2) or qwen2-0.5b "
+                              "(Qwen2-0.5B's shapes); random init either way."),
+    steps: int = typer.Option(5, min=1, help="Timed optimizer steps; medians are printed."),
+    warmup: int = typer.Option(2, min=0, help="Optimizer steps before the timed ones."),
+    prompt_len: int = typer.Option(16, "--prompt-len", min=1, help="Prompt tokens per sample."),
+    response_len: int = typer.Option(32, "--response-len", min=1,
+                                     help="Response tokens per sample."),
+    group: int = typer.Option(8, min=2, help="Samples per prompt (GRPO's group)."),
+    micro_batch: int = typer.Option(8, "--micro-batch", min=1,
+                                    help="Samples per micro-batch."),
+    micro_batches: int = typer.Option(2, "--micro-batches", min=1,
+                                      help="Micro-batches per optimizer step."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The trainer's GRPO step with each trainer engine (torch, megatron) side by side:
+    step seconds, trained tokens/s, peak device memory, optimizer state."""
+    from .bench import trainer as bench
+
+    names = tuple(e.strip() for e in engines.split(",") if e.strip())
+    try:
+        results = bench.run(names, accelerator, model, steps, warmup, prompt_len, response_len,
+                            group, micro_batch, micro_batches)
+    except ValueError as exc:
+        typer.echo(f"bench trainer: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _report(bench, results, json_out)
 
 
 def _job_spec(job_file: Path):

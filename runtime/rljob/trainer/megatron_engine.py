@@ -186,6 +186,9 @@ class MegatronEngine:
             layernorm_epsilon=c.get("rms_norm_eps", 1e-6), gated_linear_unit=True,
             activation_func=F.silu, add_bias_linear=False,
             add_qkv_bias=c.get("model_type") == "qwen2",
+            # mcore's defaults are 0.1 for both; the Hugging Face model (and so the
+            # rollout's log-probs) has no hidden dropout and the config's attention one
+            hidden_dropout=0.0, attention_dropout=float(c.get("attention_dropout", 0.0)),
             tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
             params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16,
             use_cpu_initialization=self.cpu_init)
