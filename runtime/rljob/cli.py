@@ -618,10 +618,10 @@ def run(
     from rich.text import Text
 
     from .local import JobFailed, LocalRun, write_plots
-
     from .preflight import check as preflight
+    from .rundir import RunDir
 
-    source = resume / "job.yaml" if resume else file
+    source = RunDir(resume).job_file if resume else file
     job = _local_job(source)
     problems = preflight(job, source.resolve().parent)
     if problems:  # before anything starts
@@ -733,8 +733,7 @@ def run(
     if runner.restarts:
         console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
                                                sorted(runner.restarts.items())))
-    wrote = [n for n in ("metrics.jsonl", "reward.png", "timeline.png", "final/")
-             if (directory / n.rstrip("/")).exists()]
+    wrote = RunDir(directory).outputs()
     console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing")
     if status:
         step = runner.resume_step()

@@ -30,6 +30,7 @@ import yaml
 
 from .api import RLJob
 from .netutil import free_port
+from .rundir import RunDir
 
 
 _PR_SET_PDEATHSIG = 1
@@ -97,9 +98,8 @@ class LocalRun:
         threads = str(len(cpus) if cpus else 1)
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")
+        self.layout.logs.mkdir(parents=True, exist_ok=True)
+        out = open(self.layout.log(name), "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,
@@ -111,13 +111,17 @@ class LocalRun:
         return proc
 
     @property
+    def layout(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    @property
     def job_name(self) -> str:
         return self.job.metadata.name or "rljob"
 
     def start(self) -> None:
         spec = self.job.spec
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        job_file = self.run_dir / "job.yaml"
+        job_file = self.layout.job_file
         if not (self.resume and job_file.exists()):
             job_file.write_text(yaml.safe_dump(self.job.to_wire(), sort_keys=False))
         self.tq_address = f"127.0.0.1:{free_port()}"
@@ -159,13 +163,11 @@ class LocalRun:
                         + (["--resume"] if resume else []))
 
     def resume_step(self) -> int:
-        ckpts = [p for p in (self.run_dir / "checkpoints").glob("step-*")
-                 if any(p.glob("*.pt"))]
-        return max((int(p.name.split("-")[1]) for p in ckpts), default=0)
+        return max(self.layout.checkpoint_steps(), default=0)
 
     def _wait_listening(self, proc: subprocess.Popen, name: str, timeout: float = 60) -> str:
         """Wait for a server's 'listening' line (the last one: earlier lives wrote theirs)."""
-        log = self.run_dir / "logs" / f"{name}.log"
+        log = self.layout.log(name)
         before = log.read_text(errors="replace").count("listening on") if log.exists() else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -181,11 +183,11 @@ class LocalRun:
     def event(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
         self.events.append(line)
-        with open(self.run_dir / "logs" / "events.log", "a") as f:
+        with open(self.layout.events_log, "a") as f:
             f.write(line + "\n")
 
     def _tail(self, name: str) -> str:
-        path = self.run_dir / "logs" / f"{name}.log"
+        path = self.layout.log(name)
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def supervise(self) -> bool:
@@ -300,7 +302,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
     A trainer gang that restarted from a checkpoint trains the steps after it
     again: the last line of a step is the one its weights came from."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not path.exists():
         return []
     by_step: dict[int, dict] = {}
@@ -316,7 +318,7 @@ def _job_name(run_dir: Path) -> str:
     import yaml
 
     try:
-        return yaml.safe_load((run_dir / "job.yaml").read_text())["metadata"]["name"]
+        return yaml.safe_load(RunDir(run_dir).job_file.read_text())["metadata"]["name"]
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return run_dir.name
 
@@ -351,7 +353,7 @@ def write_plots(run_dir: Path) -> dict:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
         fig.tight_layout()
-        fig.savefig(run_dir / "reward.png", dpi=110)
+        fig.savefig(RunDir(run_dir).reward_plot, dpi=110)
         plt.close(fig)
         summary["reward_first"] = metrics[0]["reward_mean"]
         summary["reward_last"] = metrics[-1]["reward_mean"]
@@ -361,5 +363,5 @@ def write_plots(run_dir: Path) -> dict:
         summary["bubble_ratio"] = ratio
         panels = run_panels(spans, name, ratio)
         summary["timeline_panels"] = [t for t, _ in panels]
-        plot_gantt(panels, run_dir / "timeline.png")
+        plot_gantt(panels, RunDir(run_dir).timeline_plot)
     return summary

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .rundir import RunDir
+
 COLORS = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
           "weight-sync": "#8172B2"}
 WORK = ("generate", "train", "optimizer")
@@ -32,9 +34,9 @@ class SpanLog:
         self.worker = worker
         self._f = None
         if run_dir is not None:
-            path = Path(run_dir) / "spans"
-            path.mkdir(parents=True, exist_ok=True)
-            self._f = open(path / f"{worker}.jsonl", "a", encoding="utf-8")
+            path = RunDir.of(run_dir).span_file(worker)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(path, "a", encoding="utf-8")
 
     @contextmanager
     def span(self, kind: str, step: int) -> Iterator[None]:
@@ -56,7 +58,7 @@ class SpanLog:
 
 def load_spans(run_dir: str | Path) -> list[Span]:
     spans = []
-    for f in sorted((Path(run_dir) / "spans").glob("*.jsonl")):
+    for f in sorted(RunDir.of(run_dir).spans.glob("*.jsonl")):
         for line in f.read_text().splitlines():
             if line.strip():
                 spans.append(Span(**json.loads(line)))

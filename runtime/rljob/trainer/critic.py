@@ -30,12 +30,12 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..api.spec import RLJobSpec
+from ..rundir import PARTIAL, RunDir
 from ..transferqueue import TransferQueueClient, TransferQueueError
 from ..transferqueue.client import Batch
 from ..transferqueue.loader import LeaseKeeper
@@ -72,10 +72,10 @@ class Critic:
     in a thread, `check()` re-raises its failure in the caller."""
 
     def __init__(self, spec: RLJobSpec, model: ValueModel, device, tq: TransferQueueClient,
-                 pad_id: int, ckpt_dir: Path | None, version: int = 0,
+                 pad_id: int, run: RunDir | None, version: int = 0,
                  opt_state: dict | None = None):
         self.spec, self.model, self.device, self.tq = spec, model.to(device), device, tq
-        self.pad_id, self.ckpt_dir, self.version = pad_id, ckpt_dir, version
+        self.pad_id, self.run, self.version = pad_id, run, version
         algo = spec.algorithm
         self.n, self.mb, self.g = algo.samples_per_step, algo.micro_samples, algo.group_size
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr)
@@ -92,20 +92,19 @@ class Critic:
     # ---- life ------------------------------------------------------------------
     @classmethod
     def restore(cls, spec: RLJobSpec, lm: torch.nn.Module, device, tq: TransferQueueClient,
-                pad_id: int, ckpt_dir: Path | None, at_least: int) -> Critic:
+                pad_id: int, run: RunDir | None, at_least: int) -> Critic:
         """From the newest critic checkpoint, else a fresh head on `lm` (the policy's
         weights); it starts at the trainer's step if that is further on (a table that
         was lost starts again there)."""
         model = ValueModel(lm)
         version, opt_state = 0, None
-        found = sorted(ckpt_dir.glob("critic/step-*.pt"),
-                       key=lambda p: int(p.stem.split("-")[1])) if ckpt_dir else []
+        found = run.critic_checkpoint_files() if run else []
         if found:
             ck = torch.load(found[-1], weights_only=True, map_location="cpu")
             model.load_state_dict(ck["model"])
             version, opt_state = ck["version"], ck["optimizer"]
             log.info("critic: resumed at version %d from %s", version, found[-1])
-        return cls(spec, model, device, tq, pad_id, ckpt_dir, max(version, at_least), opt_state)
+        return cls(spec, model, device, tq, pad_id, run, max(version, at_least), opt_state)
 
     def start(self, steps: int) -> Critic:
         self._thread = threading.Thread(target=self._run, args=(steps,), name="rljob-critic",
@@ -254,16 +253,15 @@ class Critic:
             self.keeper.drop(batch)
 
     def _checkpoint(self) -> None:
-        if self.ckpt_dir is None:
+        if self.run is None:
             return
-        where = self.ckpt_dir / "critic"
-        where.mkdir(parents=True, exist_ok=True)
-        tmp = where / f"step-{self.version}.pt.partial"
+        path = self.run.critic_checkpoint(self.version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + PARTIAL)
         torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                     "version": self.version}, tmp)
-        tmp.rename(where / f"step-{self.version}.pt")
-        for old in sorted(where.glob("step-*.pt"),
-                          key=lambda p: int(p.stem.split("-")[1]))[:-KEEP_CHECKPOINTS]:
+        tmp.rename(path)
+        for old in self.run.critic_checkpoint_files()[:-KEEP_CHECKPOINTS]:
             old.unlink(missing_ok=True)
 
 

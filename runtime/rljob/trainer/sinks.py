@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..api.spec import RLJobSpec
+from ..rundir import RunDir
 
 log = logging.getLogger("rljob.trainer")
 
@@ -39,9 +40,6 @@ SCALARS = {
     "gen_seconds": "time/gen_seconds", "train_seconds": "time/train_seconds",
     "step_seconds": "time/step_seconds", "response_length": "rollout/response_length",
 }
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-WANDB_ID_FILE = "wandb-run-id"
 
 
 def scalars(m: dict) -> dict[str, float]:
@@ -95,8 +93,9 @@ class Sinks(StepSink):
                 log.warning("closing %s: %s", type(s).__name__, exc)
 
 
-def open_sinks(spec: RLJobSpec, run_dir: Path | None, start: int, prom=None) -> Sinks:
-    made = (factory(spec, Path(run_dir) if run_dir else None, start, prom)
+def open_sinks(spec: RLJobSpec, run_dir: str | Path | RunDir | None, start: int,
+               prom=None) -> Sinks:
+    made = (factory(spec, RunDir.of(run_dir), start, prom)
             for factory in SINKS.values())
     return Sinks([s for s in made if s is not None])
 
@@ -160,19 +159,19 @@ class WandbSink(StepSink):
     is kept in the run directory, so `--resume` (or a restarted trainer gang)
     continues the same W&B run."""
 
-    def __init__(self, spec: RLJobSpec, run_dir: Path | None):
+    def __init__(self, spec: RLJobSpec, run_dir: RunDir | None):
         import wandb
 
         cfg = spec.logging.wandb
         run_id = None
-        id_file = run_dir / WANDB_ID_FILE if run_dir else None
+        id_file = run_dir.wandb_id if run_dir else None
         if id_file is not None and id_file.exists():
             run_id = id_file.read_text().strip()
         self.run = wandb.init(
             project=cfg.project, entity=cfg.entity, mode=cfg.mode,
             # no run directory (a pod without trainer.checkpointPvc): a scratch one
-            dir=str(run_dir) if run_dir else tempfile.mkdtemp(prefix="rljob-wandb-"),
-            name=run_dir.name if run_dir else None, id=run_id, resume="allow",
+            dir=str(run_dir.root) if run_dir else tempfile.mkdtemp(prefix="rljob-wandb-"),
+            name=run_dir.root.name if run_dir else None, id=run_id, resume="allow",
             config=spec.model_dump(mode="json", by_alias=True, exclude_none=True))
         if id_file is not None and run_id is None:
             id_file.write_text(self.run.id)
@@ -186,7 +185,7 @@ class WandbSink(StepSink):
 
 @sink("metrics.jsonl")
 def _jsonl(spec, run_dir, start, prom):
-    return JsonlSink(run_dir / METRICS_FILE, start) if run_dir else None
+    return JsonlSink(run_dir.metrics, start) if run_dir else None
 
 
 @sink("prometheus")
@@ -198,7 +197,7 @@ def _prometheus(spec, run_dir, start, prom):
 def _tensorboard(spec, run_dir, start, prom):
     if not (run_dir and spec.logging.tensorboard):
         return None
-    return TensorBoardSink(run_dir / TENSORBOARD_DIR, start)
+    return TensorBoardSink(run_dir.tensorboard, start)
 
 
 @sink("wandb")

@@ -36,6 +36,7 @@ from ..api.spec import RLJobSpec
 from ..data import load_examples, render_prompt
 from ..device import activate, cores_given, resolve as resolve_device
 from ..models import build_model, load_tokenizer
+from ..rundir import RunDir
 from ..timeline import SpanLog
 from ..worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
@@ -306,22 +307,19 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     tok = load_tokenizer(spec.model)
     policy = make_policy(spec, tok, device, torch_device, rank, world)
     steps = max_steps or spec.algorithm.max_steps
-    ckpt_dir = Path(run_dir) / "checkpoints" if run_dir else None
+    run = RunDir.of(run_dir)
     start = 0
     ref_state = None
     opt_state = None
     recorded = None
-    if resume and ckpt_dir and ckpt_dir.exists():
-        # a checkpoint cut short by a kill has only its .partial file: skip it
-        latest = max((p for p in ckpt_dir.glob("step-*")
-                      if (p / policy.checkpoint_name()).exists()),
-                     key=lambda p: int(p.name.split("-")[1]), default=None)
-        if latest is not None:
-            ck = torch.load(latest / policy.checkpoint_name(), weights_only=True,
-                            map_location=torch_device)
-            ref_state = policy.load_checkpoint(ck)
-            opt_state, start = ck["optimizer"], ck["step"]
-            recorded = ck.get("lineage")
+    # a checkpoint cut short by a kill has only its .partial file: not counted
+    done = run.checkpoint_steps(policy.checkpoint_name()) if resume and run else []
+    if done:
+        ck = torch.load(run.checkpoint(done[-1]) / policy.checkpoint_name(),
+                        weights_only=True, map_location=torch_device)
+        ref_state = policy.load_checkpoint(ck)
+        opt_state, start = ck["optimizer"], ck["step"]
+        recorded = ck.get("lineage")
     # this life's epoch: samples of weights a dead life published after `start` are
     # not in its history and are made again
     lineage = Lineage.restored(new_epoch(), recorded)
@@ -349,7 +347,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             log.info("gave back %d rows an earlier trainer held", back)
         keeper = LeaseKeeper(tq)
         if spec.algorithm.name == "ppo":
-            critic = _start_critic(spec, tok, state, torch_device, tq_address, ckpt_dir,
+            critic = _start_critic(spec, tok, state, torch_device, tq_address, run,
                                    start, steps)
     sinks = open_sinks(spec, run_dir, start, prom) if rank == 0 else None
     checkpointed = start
@@ -432,18 +430,18 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                 sinks.write(m, version)
             every = spec.trainer.checkpoint_every
             if version % every == 0 or version == steps:
-                _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
+                _commit(run, version, policy, opt, rank, world, tq, keeper, uncommitted,
                         lineage)
                 uncommitted, checkpointed = [], version
         finished = version == steps
         if not finished and version > checkpointed:
             # asked to stop: keep what was trained since the last checkpoint
-            _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, uncommitted,
+            _commit(run, version, policy, opt, rank, world, tq, keeper, uncommitted,
                     lineage)
             uncommitted, checkpointed = [], version
             log.info("stopped after step %d: checkpointed", version)
-        if run_dir and finished:
-            policy.save_pretrained(Path(run_dir) / "final", tok)  # collective
+        if run and finished:
+            policy.save_pretrained(run.final, tok)  # collective
     finally:
         if source is not None:
             source.close()
@@ -468,7 +466,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
             dist.destroy_process_group()
 
 
-def _start_critic(spec, tok, state, torch_device, tq_address, ckpt_dir, start, steps):
+def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps):
     """ppo: the critic (critic.py) on this rank's device, from the policy's weights
     (`state`: Hugging Face names, after warm-up) or its own checkpoint."""
     from .critic import Critic
@@ -476,7 +474,7 @@ def _start_critic(spec, tok, state, torch_device, tq_address, ckpt_dir, start, s
     lm = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=torch.float32)
     lm.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     critic = Critic.restore(spec, lm, torch_device, TransferQueueClient(tq_address),
-                            tok.pad_token_id, ckpt_dir, at_least=start)
+                            tok.pad_token_id, run, at_least=start)
     log.info("critic: scoring from step %d on %s", critic.version + 1, torch_device)
     return critic.start(steps)
 
@@ -513,13 +511,13 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
                for v in st.values() if torch.is_tensor(v))
 
 
-def _commit(ckpt_dir, version, policy, opt, rank, world, tq, keeper, batches,
+def _commit(run, version, policy, opt, rank, world, tq, keeper, batches,
             lineage: Lineage) -> None:
     """Checkpoint `version`, then ack the rows it holds: they are consumed for good."""
-    if ckpt_dir and hasattr(opt, "consolidate_state_dict"):
+    if run and hasattr(opt, "consolidate_state_dict"):
         opt.consolidate_state_dict(to=0)  # ZeRO, collective: the whole state to the saver
-    if ckpt_dir and policy.saves_checkpoint(rank):
-        _checkpoint(ckpt_dir, version, policy, opt, lineage)
+    if run and policy.saves_checkpoint(rank):
+        _checkpoint(run, version, policy, opt, lineage)
     if world > 1:
         dist.barrier()  # every shard is on disk before the rows are acked
     if rank != 0:
@@ -648,8 +646,8 @@ def _step_metrics(t, samples, train_spans, wall, sums) -> dict:
     }
 
 
-def _checkpoint(ckpt_dir: Path, version: int, policy, opt, lineage: Lineage) -> None:
-    path = ckpt_dir / f"step-{version}"
+def _checkpoint(run: RunDir, version: int, policy, opt, lineage: Lineage) -> None:
+    path = run.checkpoint(version)
     path.mkdir(parents=True, exist_ok=True)
     name = policy.checkpoint_name()
     tmp = path / f"{name}.partial"

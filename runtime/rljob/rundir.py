@@ -1,0 +1,129 @@
+"""The run directory's layout, named in one place for the workers that write it and
+the commands that read it (`rljob run --run-dir`, a pod's /checkpoints):
+
+    job.yaml                   the resolved job (local runs)
+    logs/NAME.log              each worker's output; logs/events.log the supervisor's
+    metrics.jsonl              one line per trained step
+    spans/WORKER.jsonl         each worker's timed spans (timeline.png's input)
+    tensorboard/               TensorBoard event files
+    wandb/, wandb-run-id       W&B's files and the run's id (a resumed run goes on)
+    checkpoints/step-N/FILE    the trainer's checkpoint after step N (FILE.partial
+                               while it is written)
+    checkpoints/critic/step-N.pt   PPO's critic after step N
+    final/                     the last weights, in Hugging Face's layout
+    reward.png, timeline.png   the plots of a finished run
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PARTIAL = ".partial"
+
+
+def step_of(path: Path) -> int:
+    """N of `step-N` or `step-N.pt` (pure)."""
+    return int(path.name.split(".")[0].split("-")[1])
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @classmethod
+    def of(cls, run_dir: str | Path | RunDir | None) -> RunDir | None:
+        """A RunDir for a path (None stays None: a worker without a run directory)."""
+        if run_dir is None or isinstance(run_dir, RunDir):
+            return run_dir
+        return cls(Path(run_dir))
+
+    # ---- files --------------------------------------------------------------
+    @property
+    def job_file(self) -> Path:
+        return self.root / "job.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def wandb_id(self) -> Path:
+        return self.root / "wandb-run-id"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def reward_plot(self) -> Path:
+        return self.root / "reward.png"
+
+    @property
+    def timeline_plot(self) -> Path:
+        return self.root / "timeline.png"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    @property
+    def events_log(self) -> Path:
+        return self.log("events")
+
+    @property
+    def spans(self) -> Path:
+        return self.root / "spans"
+
+    def span_file(self, worker: str) -> Path:
+        return self.spans / f"{worker}.jsonl"
+
+    # ---- checkpoints --------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step}"
+
+    def checkpoint_steps(self, file: str = "*.pt") -> list[int]:
+        """Steps with a complete trainer checkpoint (a `file` in it; one a kill cut
+        short has only its .partial file), oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(step_of(p) for p in self.checkpoints.glob("step-*")
+                      if p.is_dir() and any(p.glob(file)))
+
+    @property
+    def critic_checkpoints(self) -> Path:
+        return self.checkpoints / "critic"
+
+    def critic_checkpoint(self, step: int) -> Path:
+        return self.critic_checkpoints / f"step-{step}.pt"
+
+    def critic_checkpoint_files(self) -> list[Path]:
+        """The critic's complete checkpoints, oldest first."""
+        if not self.critic_checkpoints.is_dir():
+            return []
+        return sorted(self.critic_checkpoints.glob("step-*.pt"), key=step_of)
+
+    # ---- what a run wrote ---------------------------------------------------
+    def outputs(self) -> list[str]:
+        """The names of the results a user looks at first, those that exist."""
+        named = {"metrics.jsonl": self.metrics, "reward.png": self.reward_plot,
+                 "timeline.png": self.timeline_plot, "final/": self.final}
+        return [n for n, p in named.items() if p.exists()]

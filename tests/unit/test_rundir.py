@@ -1,0 +1,43 @@
+"""The run directory's layout has one home: RunDir names every path and finds the
+complete checkpoints."""
+
+from __future__ import annotations
+
+from rljob.rundir import RunDir, step_of
+
+
+def test_paths_are_the_documented_layout(tmp_path):
+    run = RunDir(tmp_path)
+    rel = {k: str(getattr(run, k).relative_to(tmp_path)) for k in (
+        "job_file", "metrics", "tensorboard", "wandb", "wandb_id", "final", "reward_plot",
+        "timeline_plot", "events_log")}
+    assert rel == {"job_file": "job.yaml", "metrics": "metrics.jsonl",
+                   "tensorboard": "tensorboard", "wandb": "wandb", "wandb_id": "wandb-run-id",
+                   "final": "final", "reward_plot": "reward.png",
+                   "timeline_plot": "timeline.png", "events_log": "logs/events.log"}
+    assert run.span_file("trainer-0") == tmp_path / "spans" / "trainer-0.jsonl"
+    assert run.log("rollout-1") == tmp_path / "logs" / "rollout-1.log"
+    assert run.checkpoint(12) == tmp_path / "checkpoints" / "step-12"
+    assert run.critic_checkpoint(3) == tmp_path / "checkpoints" / "critic" / "step-3.pt"
+    assert RunDir.of(None) is None and RunDir.of(run) is run
+    assert RunDir.of(str(tmp_path)) == run
+
+
+def test_only_complete_checkpoints_count_in_step_order(tmp_path):
+    run = RunDir(tmp_path)
+    assert run.checkpoint_steps() == [] and run.critic_checkpoint_files() == []
+    for step, name in ((9, "policy.pt"), (10, "policy.pt"), (11, "policy.pt.partial"),
+                       (2, "mcore-tp0.pt")):
+        run.checkpoint(step).mkdir(parents=True)
+        (run.checkpoint(step) / name).write_bytes(b"x")
+    assert run.checkpoint_steps() == [2, 9, 10]  # numeric order; 11 was cut short
+    assert run.checkpoint_steps("policy.pt") == [9, 10]
+    run.critic_checkpoints.mkdir(parents=True)
+    for step in (10, 9):
+        run.critic_checkpoint(step).write_bytes(b"x")
+    (run.critic_checkpoints / "step-11.pt.partial").write_bytes(b"x")
+    assert [step_of(p) for p in run.critic_checkpoint_files()] == [9, 10]
+    assert run.outputs() == []
+    run.metrics.write_text("{}\n")
+    run.final.mkdir()
+    assert run.outputs() == ["metrics.jsonl", "final/"]
