@@ -14,6 +14,7 @@ weights that produced a sample; the trainer at step t wants samples of step t):
   stream in, one micro-batch at a time (staleness stays 0).
 - async(k): step s's prompts are released once the trainer has completed at
   least s − k steps (and replicas hold weights v ≥ s − k); the trainer streams.
+The release rule is the driver's own (`workflow/release.py`).
 `streaming=False` makes periodic/async wait for whole steps (an ablation).
 
 Outputs: throughput, per-step time, bubble ratio (idle share of replica slots
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..timeline import Span
 from ..timeline import plot_gantt as _plot_panels
+from ..workflow.release import ReleaseRule
 
 
 @dataclass(frozen=True)
@@ -99,140 +101,154 @@ def _durations(cfg: PipelineConfig) -> Callable[[], float]:
     return lambda: min(cap, rng.lognormvariate(mu, cfg.gen_sigma))
 
 
-def simulate(cfg: PipelineConfig) -> SimResult:
-    draw = _durations(cfg)
-    n, m = cfg.samples_per_step, cfg.micro_batch
-    events: list[tuple[float, int, str, tuple]] = []
-    seq = 0
+class _Simulation:
+    """One run of the event loop: the pipeline's state, and a handler per event kind
+    (`generated`, `trained`, `stepped`, `synced`, `unblock`)."""
 
-    def at(t: float, kind: str, *data) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, data))
-        seq += 1
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg = cfg
+        self.rule = ReleaseRule(cfg.mode, cfg.max_staleness)
+        self.draw = _durations(cfg)
+        self.n, self.m = cfg.samples_per_step, cfg.micro_batch
+        self.events: list[tuple[float, int, str, tuple]] = []
+        self.seq = 0
+        self.result = SimResult(cfg, 0.0, self.n * cfg.steps)
+        self.pending: deque[int] = deque()  # the steps of released, unstarted samples
+        self.free = [cfg.slots] * cfg.replicas
+        self.busy_since: list[float | None] = [None] * cfg.replicas
+        self.active = [0] * cfg.replicas
+        self.rollout_version = 0  # weights on the replicas
+        self.blocked_until = 0.0  # weight sync in progress (sync transfer) blocks generation
+        self.unblock_at: float | None = None  # the pending "unblock" event, if any
+        self.ready: dict[int, int] = {}  # step -> generated samples not yet trained
+        self.trainer_busy = False
+        self.trained_step = 0  # optimizer steps done
+        self.next_mb = 0  # micro-batches of the current step done
+        self.released = 0  # steps whose prompts are out
+        self.slot_busy_time = 0.0
 
-    result = SimResult(cfg, 0.0, n * cfg.steps)
-    pending: deque[tuple[int, int]] = deque()  # (step, version) of released, unstarted samples
-    free = [cfg.slots] * cfg.replicas
-    busy_since: list[float | None] = [None] * cfg.replicas
-    active = [0] * cfg.replicas
-    rollout_version = 0  # weights on the replicas
-    blocked_until = 0.0  # weight sync in progress (sync transfer) blocks generation
-    ready: dict[int, int] = {}  # step -> generated samples not yet trained
-    trainer_busy = False
-    trained_step = 0  # optimizer steps done
-    next_mb = 0  # micro-batches of the current step done
-    released = 0  # steps whose prompts are out
-    slot_busy_time = 0.0
+    def at(self, t: float, kind: str, *data) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, data))
+        self.seq += 1
 
-    def may_release(s: int) -> bool:
-        if cfg.mode == "async":
-            return trained_step >= s - cfg.max_staleness and rollout_version >= s - cfg.max_staleness
-        return trained_step >= s and rollout_version >= s
+    def run(self) -> SimResult:
+        self.release(0.0)
+        now = 0.0
+        while self.events:
+            now, _, kind, data = heapq.heappop(self.events)
+            getattr(self, f"on_{kind}")(now, *data)
+        return self.finish(now)
 
-    def release(now: float) -> None:
-        nonlocal released
-        while released < cfg.steps and may_release(released):
-            for _ in range(n):
-                pending.append((released, rollout_version))
-            released += 1
-        start_samples(now)
+    # ---- the rollout side ----------------------------------------------------
+    def release(self, now: float) -> None:
+        while self.released < self.cfg.steps and self.rule.allows(
+                self.released, self.trained_step, [self.rollout_version]):
+            self.pending.extend([self.released] * self.n)
+            self.released += 1
+        self.start_samples(now)
 
-    unblock_at = [None]  # the pending "unblock" event, if any
-
-    def start_samples(now: float) -> None:
-        nonlocal slot_busy_time
-        if now < blocked_until:
-            if unblock_at[0] != blocked_until:
-                unblock_at[0] = blocked_until
-                at(blocked_until, "unblock")
+    def start_samples(self, now: float) -> None:
+        if now < self.blocked_until:
+            if self.unblock_at != self.blocked_until:
+                self.unblock_at = self.blocked_until
+                self.at(self.blocked_until, "unblock")
             return
-        for r in range(cfg.replicas):
-            while free[r] and pending:
-                step, _ = pending.popleft()
-                d = draw()
-                free[r] -= 1
-                if active[r] == 0:
-                    busy_since[r] = now
-                active[r] += 1
-                slot_busy_time += d
-                at(now + d, "generated", r, step, rollout_version)
+        for r in range(self.cfg.replicas):
+            while self.free[r] and self.pending:
+                step = self.pending.popleft()
+                d = self.draw()
+                self.free[r] -= 1
+                if self.active[r] == 0:
+                    self.busy_since[r] = now
+                self.active[r] += 1
+                self.slot_busy_time += d
+                self.at(now + d, "generated", r, step, self.rollout_version)
 
-    def try_train(now: float) -> None:
-        nonlocal trainer_busy, next_mb
-        if trainer_busy or trained_step >= cfg.steps:
+    def on_generated(self, now: float, r: int, step: int, version: int) -> None:
+        self.free[r] += 1
+        self.active[r] -= 1
+        if self.active[r] == 0:
+            self.result.spans.append(Span(f"rollout-{r}", "generate", self.busy_since[r], now,
+                                          step))
+        self.ready[step] = self.ready.get(step, 0) + 1
+        self.result.staleness.append(step - version)
+        self.start_samples(now)
+        self.try_train(now)
+
+    def on_unblock(self, now: float) -> None:
+        self.start_samples(now)
+
+    # ---- the trainer side ----------------------------------------------------
+    def try_train(self, now: float) -> None:
+        cfg, n, m = self.cfg, self.n, self.m
+        if self.trainer_busy or self.trained_step >= cfg.steps:
             return
-        t = trained_step
-        need = m if (cfg.streaming and cfg.mode != "sync") else n - next_mb * m
-        if ready.get(t, 0) < need:
+        t = self.trained_step
+        need = m if (cfg.streaming and cfg.mode != "sync") else n - self.next_mb * m
+        if self.ready.get(t, 0) < need:
             return
         take = m if need == m else need
-        ready[t] -= take
-        trainer_busy = True
+        self.ready[t] -= take
+        self.trainer_busy = True
         dur = take * cfg.train_per_sample
-        result.spans.append(Span("trainer", "train", now, now + dur, t))
-        next_mb += take // m
-        at(now + dur, "trained", t)
+        self.result.spans.append(Span("trainer", "train", now, now + dur, t))
+        self.next_mb += take // m
+        self.at(now + dur, "trained", t)
 
-    release(0.0)
-    now = 0.0
-    while events:
-        now, _, kind, data = heapq.heappop(events)
-        if kind == "generated":
-            r, step, version = data
-            free[r] += 1
-            active[r] -= 1
-            if active[r] == 0:
-                result.spans.append(Span(f"rollout-{r}", "generate", busy_since[r], now, step))
-            ready[step] = ready.get(step, 0) + 1
-            result.staleness.append(step - version)
-            start_samples(now)
-            try_train(now)
-        elif kind == "trained":
-            (t,) = data
-            trainer_busy = False
-            if next_mb * m >= n:  # the step's last micro-batch: optimizer, then weight sync
-                opt_end = now + cfg.optimizer_seconds
-                if cfg.optimizer_seconds:
-                    result.spans.append(Span("trainer", "optimizer", now, opt_end, t))
-                trainer_busy = True
-                at(opt_end, "stepped", t)
-            else:
-                try_train(now)
-        elif kind == "stepped":
-            (t,) = data
-            trainer_busy = False
-            trained_step = t + 1
-            next_mb = 0
-            result.step_end.append(now)
-            w = cfg.weight_sync_seconds
-            if w:
-                result.spans.append(Span("trainer", "weight-sync", now, now + w, t))
-            if cfg.weight_sync == "sync" or cfg.mode != "async":
-                # generation stops for the transfer (on-policy modes always wait for v = t)
-                blocked_until = max(blocked_until, now + w)
-                at(now + w, "synced", t + 1)
-            else:
-                at(now + w, "synced", t + 1)
-            try_train(now)
-        elif kind == "synced":
-            (v,) = data
-            if cfg.mode == "async" and cfg.weight_sync == "async" and cfg.swap_seconds:
-                blocked_until = max(blocked_until, now + cfg.swap_seconds)
-            rollout_version = max(rollout_version, v)
-            release(now)
-        elif kind == "unblock":
-            start_samples(now)
-    result.makespan = now
-    # bubble ratio: idle share of NPU-time; a replica is busy while any of its
-    # samples decodes, the trainer while it trains or steps
-    rollout_busy = sum(s.end - s.start for s in result.spans if s.kind == "generate")
-    trainer_busy_time = sum(s.end - s.start for s in result.spans
-                            if s.worker == "trainer" and s.kind in ("train", "optimizer"))
-    npus = cfg.replicas * cfg.replica_npus + cfg.trainer_npus
-    busy = rollout_busy * cfg.replica_npus + trainer_busy_time * cfg.trainer_npus
-    result.bubble_ratio = 1 - busy / (result.makespan * npus)
-    result.slot_utilization = slot_busy_time / (result.makespan * cfg.replicas * cfg.slots)
-    return result
+    def on_trained(self, now: float, t: int) -> None:
+        self.trainer_busy = False
+        if self.next_mb * self.m < self.n:
+            self.try_train(now)
+            return
+        # the step's last micro-batch: optimizer, then weight sync
+        opt_end = now + self.cfg.optimizer_seconds
+        if self.cfg.optimizer_seconds:
+            self.result.spans.append(Span("trainer", "optimizer", now, opt_end, t))
+        self.trainer_busy = True
+        self.at(opt_end, "stepped", t)
+
+    def on_stepped(self, now: float, t: int) -> None:
+        cfg = self.cfg
+        self.trainer_busy = False
+        self.trained_step = t + 1
+        self.next_mb = 0
+        self.result.step_end.append(now)
+        w = cfg.weight_sync_seconds
+        if w:
+            self.result.spans.append(Span("trainer", "weight-sync", now, now + w, t))
+        if cfg.weight_sync == "sync" or cfg.mode != "async":
+            # generation stops for the transfer (on-policy modes always wait for v = t)
+            self.blocked_until = max(self.blocked_until, now + w)
+        self.at(now + w, "synced", t + 1)
+        self.try_train(now)
+
+    def on_synced(self, now: float, v: int) -> None:
+        cfg = self.cfg
+        if cfg.mode == "async" and cfg.weight_sync == "async" and cfg.swap_seconds:
+            self.blocked_until = max(self.blocked_until, now + cfg.swap_seconds)
+        self.rollout_version = max(self.rollout_version, v)
+        self.release(now)
+
+    # ---- figures -------------------------------------------------------------
+    def finish(self, now: float) -> SimResult:
+        """Bubble ratio: idle share of NPU-time; a replica is busy while any of its
+        samples decodes, the trainer while it trains or steps."""
+        cfg, result = self.cfg, self.result
+        result.makespan = now
+        rollout_busy = sum(s.end - s.start for s in result.spans if s.kind == "generate")
+        trainer_busy_time = sum(s.end - s.start for s in result.spans
+                                if s.worker == "trainer" and s.kind in ("train", "optimizer"))
+        npus = cfg.replicas * cfg.replica_npus + cfg.trainer_npus
+        busy = rollout_busy * cfg.replica_npus + trainer_busy_time * cfg.trainer_npus
+        result.bubble_ratio = 1 - busy / (result.makespan * npus)
+        result.slot_utilization = self.slot_busy_time / (result.makespan * cfg.replicas
+                                                         * cfg.slots)
+        return result
+
+
+def simulate(cfg: PipelineConfig) -> SimResult:
+    """Run the pipeline of `cfg` to its last step (pure: the seed fixes the draws)."""
+    return _Simulation(cfg).run()
 
 
 def compare_modes(base: PipelineConfig, modes=(("sync", True), ("periodic", True), ("async", True))

@@ -14,7 +14,8 @@ from ..data import PromptCursor, load_examples, render_prompt
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
-from .tasks import release_allowed, tasks_for, version_needed
+from .release import ReleaseRule
+from .tasks import tasks_for
 
 log = logging.getLogger("rljob.driver")
 
@@ -35,6 +36,7 @@ class Workflow:
         self.weights = weights
         self.tok = tokenizer
         self.lengths = lengths  # skew-aware dispatch: a LengthModel (workflow/lengths.py)
+        self.rule = ReleaseRule.of(spec)
 
     def init_engines(self, timeout: float = 600.0) -> None:
         self.tq.register(*tasks_for(self.spec))
@@ -73,10 +75,9 @@ class Workflow:
     def may_release(self, step: int, wait: float = 0.0) -> bool:
         """Whether `step`'s prompts may go out; with `wait`, long-poll the weight
         service until they may (or the time is up)."""
-        need = version_needed(self.spec.workflow.mode, self.spec.workflow.staleness_bound, step)
+        need = self.rule.version_needed(step)
         status = self.weights.status(wait_version=need if wait else None, wait=wait)
-        return release_allowed(self.spec.workflow.mode, self.spec.workflow.staleness_bound,
-                               step, status.version, [r.version for r in status.replicas])
+        return self.rule.allows(step, status.version, [r.version for r in status.replicas])
 
 
 def _released(tq: TransferQueueClient) -> int:

@@ -60,24 +60,6 @@ TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
 
 
-def version_needed(mode: str, k: int, step: int) -> int:
-    """The weights version that must be everywhere before `step`'s prompts go out."""
-    return step if mode in ("sync", "periodic") else step - k
-
-
-def release_allowed(mode: str, k: int, step: int, trainer_version: int,
-                    replica_versions: list[int]) -> bool:
-    """DESIGN's release rule for the prompts of `step`.
-
-    sync / periodic: weights v = step are on every live replica (on-policy);
-    async(k): the trainer is at step ≥ step − k and so is every live replica's
-    weights (so no sample can be staler than k)."""
-    if not replica_versions:
-        return False
-    need = version_needed(mode, k, step)
-    return trainer_version >= need and min(replica_versions) >= need
-
-
 PERIODIC_PIECES = 4  # periodic: rollout batches a step at least, so they overlap training
 
 

@@ -1,0 +1,56 @@
+"""DESIGN's release rule, in one place: when a step's prompts may go out, and so the
+staleness a sample can have. The driver asks it with the weight service's versions;
+the simulator (`planner/simulator.py`) asks it with the versions it models.
+
+- sync / periodic: step t goes out once weights v = t are on the trainer and on
+  every live replica, so every sample of step t is made by v = t (staleness 0).
+- async(k): step t goes out once the trainer and every live replica are at
+  v ≥ t − k, so a sample trained at step t was made by v ≥ t − k (staleness ≤ k).
+
+Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MODES = ("sync", "periodic", "async")
+
+
+@dataclass(frozen=True)
+class ReleaseRule:
+    mode: str
+    k: int = 1  # async's bound; the on-policy modes ignore it
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.k < 0:
+            raise ValueError(f"the staleness bound must be >= 0, not {self.k}")
+
+    @classmethod
+    def of(cls, spec) -> ReleaseRule:
+        """The rule of a job (`spec.workflow`)."""
+        w = spec.workflow
+        return cls(w.mode, w.staleness_bound)
+
+    @property
+    def on_policy(self) -> bool:
+        return self.mode != "async"
+
+    @property
+    def max_staleness(self) -> int:
+        """The most a sample's step can exceed the version that made it."""
+        return 0 if self.on_policy else self.k
+
+    def version_needed(self, step: int) -> int:
+        """The weights version that must be everywhere before `step`'s prompts go out."""
+        return step - self.max_staleness
+
+    def allows(self, step: int, trainer_version: int, replica_versions: Iterable[int]) -> bool:
+        """Whether `step`'s prompts may go out (never without a live replica)."""
+        versions = list(replica_versions)
+        if not versions:
+            return False
+        need = self.version_needed(step)
+        return trainer_version >= need and min(versions) >= need
