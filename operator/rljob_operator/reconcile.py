@@ -119,168 +119,209 @@ def choose_rollouts_to_remove(pods: list[dict], count: int, busy: dict[str, int]
     return sorted(pods, key=key)[:count]
 
 
-def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
-         generation: int | None, busy: dict[str, int] | None = None) -> Plan:
-    """Compare what the job asks for with the pods that exist; say what to do."""
-    busy = busy or {}
-    spec = job.spec
-    name = job.metadata.name
-    out = Plan()
-    status = {k: v for k, v in raw_status.items() if k != "conditions"}
-    previous = {c["type"]: c for c in raw_status.get("conditions") or []}
-    trainer_status = dict(raw_status.get("trainer") or {})
-    restarts = int(trainer_status.get("restarts", 0))
-    progressed = bool((raw_status.get("progress") or {}).get("step"))
+@dataclass
+class Observed:
+    """What the job's status and pods say now (`observe`)."""
+    raw_status: dict
+    previous: dict[str, dict]  # the conditions written last, by type
+    by_role: dict[str, list[dict]]
+    trainers: list[dict]  # not being deleted
+    rollouts: list[dict]  # not being deleted
+    terminating: set[str]  # pod names being deleted
+    restarts: int  # trainer gang restarts so far
+    progressed: bool  # the job reported a step
+    started: datetime | None
+    completed: datetime | None
+    failed: bool
+    succeeded: bool
 
+    @property
+    def current_restart(self) -> list[dict]:
+        """The trainer pods of the current gang generation."""
+        return [p for p in self.trainers if _gang_generation(p) == str(self.restarts)]
+
+
+def _gang_generation(pod: dict) -> str:
+    return pod["metadata"].get("annotations", {}).get(b.ANNOTATION_GANG_RESTART, "0")
+
+
+def observe(raw_status: dict, pods: list[dict]) -> Observed:
+    previous = {c["type"]: c for c in raw_status.get("conditions") or []}
     by_role: dict[str, list[dict]] = {}
     for p in pods:
         by_role.setdefault(role_of(p), []).append(p)
-    trainers = [p for p in by_role.get("trainer", []) if not deleting(p)]
-    rollouts = [p for p in by_role.get("rollout", []) if not deleting(p)]
-    terminating = {p["metadata"]["name"] for p in pods if deleting(p)}
+    return Observed(
+        raw_status=raw_status, previous=previous, by_role=by_role,
+        trainers=[p for p in by_role.get("trainer", []) if not deleting(p)],
+        rollouts=[p for p in by_role.get("rollout", []) if not deleting(p)],
+        terminating={p["metadata"]["name"] for p in pods if deleting(p)},
+        restarts=int((raw_status.get("trainer") or {}).get("restarts", 0)),
+        progressed=bool((raw_status.get("progress") or {}).get("step")),
+        started=parse_time(raw_status.get("startTime")),
+        completed=parse_time(raw_status.get("completionTime")),
+        failed=previous.get("Failed", {}).get("status") == "True",
+        succeeded=previous.get("Succeeded", {}).get("status") == "True")
 
-    started = parse_time(raw_status.get("startTime"))
-    completed = parse_time(raw_status.get("completionTime"))
-    failed = previous.get("Failed", {}).get("status") == "True"
-    succeeded = previous.get("Succeeded", {}).get("status") == "True"
 
-    if started is None and not spec.suspend:
-        started = now
-        status["startTime"] = iso(now)
-        out.events.append(Event("Normal", "Started", "created the job's children"))
+Outcome = tuple[str, str, str]  # (condition, reason, message)
 
-    # ---- terminal states ------------------------------------------------
-    outcome: tuple[str, str, str] | None = None  # (condition, reason, message)
-    if completed is None:
-        rank0 = next((p for p in trainers if _int_label(p, b.LABEL_RANK) == 0), None)
-        failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in trainers
-                              if pod_phase(p) == "Failed")
-        current = [p for p in trainers if p["metadata"].get("annotations", {}).get(
-            b.ANNOTATION_GANG_RESTART, "0") == str(restarts)]
-        deadline = spec.run_policy.active_deadline_seconds
-        problems = preflight_problems(rank0) if rank0 is not None else None
-        if problems is not None:
-            # the job itself is wrong (a path, a key, the reward): a restart would fail
-            # the same way
-            outcome = ("Failed", "PreflightFailed", " · ".join(problems.splitlines()))
-        elif rank0 is not None and pod_phase(rank0) == "Succeeded" and rank0 in current:
-            outcome = ("Succeeded", "TrainerSucceeded",
-                       f"trained {spec.algorithm.max_steps} steps")
-        elif failed_ranks and [p for p in current if pod_phase(p) == "Failed"]:
-            if restarts >= spec.run_policy.backoff_limit:
-                outcome = ("Failed", "BackoffLimitExceeded",
-                           f"trainer rank(s) {failed_ranks} failed after {restarts} gang "
-                           f"restart(s) (runPolicy.backoffLimit {spec.run_policy.backoff_limit})")
-            else:
-                restarts += 1
-                out.events.append(Event(
-                    "Warning", "TrainerGangRestart",
-                    f"trainer rank(s) {failed_ranks} failed: restarting the whole gang "
-                    f"from its last checkpoint ({restarts}/{spec.run_policy.backoff_limit})"))
-        elif (deadline and started is not None and not spec.suspend
-              and (now - started).total_seconds() >= deadline):
-            outcome = ("Failed", "DeadlineExceeded",
-                       f"ran longer than runPolicy.activeDeadlineSeconds ({deadline}s)")
-    if outcome is not None:
-        cond, reason, message = outcome
-        completed = now
-        status["completionTime"] = iso(now)
-        failed, succeeded = cond == "Failed", cond == "Succeeded"
-        out.events.append(Event("Normal" if succeeded else "Warning", reason, message))
-    finished = completed is not None
-    out.finished = finished
 
-    # ---- pods -----------------------------------------------------------
-    if finished:
-        # free the accelerators; finished trainer pods stay for their logs
-        out.delete += [p["metadata"]["name"] for p in rollouts]
-        out.delete += [p["metadata"]["name"] for p in trainers
-                       if pod_phase(p) not in ("Succeeded", "Failed")]
-        ttl = spec.run_policy.ttl_seconds_after_finished
-        if ttl is not None and (now - completed).total_seconds() >= ttl:
-            out.cleanup = True
-    elif spec.suspend:
-        out.delete += [p["metadata"]["name"] for p in trainers + rollouts]
-    else:
-        # trainer gang: every rank of the current restart generation
-        for p in trainers:
-            gen_ann = p["metadata"].get("annotations", {}).get(b.ANNOTATION_GANG_RESTART, "0")
-            if gen_ann != str(restarts) or _int_label(p, b.LABEL_RANK) >= spec.trainer.num_nodes:
-                out.delete.append(p["metadata"]["name"])
-        have = {_int_label(p, b.LABEL_RANK) for p in trainers}
-        for rank in range(spec.trainer.num_nodes):
-            pod_name = b.trainer_pod_name(name, rank)
-            if rank not in have and pod_name not in terminating:
-                # a trainer pod deleted (or evicted) after the job made progress comes
-                # back from the last checkpoint, not from step 0
-                out.create.append(b.build_trainer_pod(job, rank, restarts,
-                                                      resume=restarts > 0 or progressed))
-        # rollouts: evicted/failed replicas are replaced; count follows the spec
-        live = []
-        for p in rollouts:
-            if pod_phase(p) in ("Failed", "Succeeded"):
-                out.delete.append(p["metadata"]["name"])
-            else:
-                live.append(p)
-        desired = spec.rollout.replicas
-        if len(live) > desired:
-            for p in choose_rollouts_to_remove(live, len(live) - desired, busy):
-                out.delete.append(p["metadata"]["name"])
-        elif len(live) < desired:
-            used = {_int_label(p, b.LABEL_REPLICA) for p in live}
-            used |= {int(n.rsplit("-", 1)[1]) for n in terminating
-                     if n.startswith(f"{name}-rollout-")}
-            index = 0
-            for _ in range(desired - len(live)):
-                while index in used:
-                    index += 1
-                used.add(index)
-                out.create.append(b.build_rollout_pod(job, index))
+def terminal_outcome(job: RLJob, obs: Observed, now: datetime) -> tuple[Outcome | None, bool]:
+    """How an unfinished job ends now, if it does: its preflight failed, rank 0
+    succeeded, the gang failed past its backoff limit, or its deadline passed; and
+    whether the gang restarts instead (a failure within the backoff limit)."""
+    spec = job.spec
+    if obs.completed is not None:
+        return None, False
+    trainers, restarts = obs.trainers, obs.restarts
+    rank0 = next((p for p in trainers if _int_label(p, b.LABEL_RANK) == 0), None)
+    failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in trainers
+                          if pod_phase(p) == "Failed")
+    current = obs.current_restart
+    deadline = spec.run_policy.active_deadline_seconds
+    problems = preflight_problems(rank0) if rank0 is not None else None
+    if problems is not None:
+        # the job itself is wrong (a path, a key, the reward): a restart would fail
+        # the same way
+        return ("Failed", "PreflightFailed", " · ".join(problems.splitlines())), False
+    if rank0 is not None and pod_phase(rank0) == "Succeeded" and rank0 in current:
+        return ("Succeeded", "TrainerSucceeded", f"trained {spec.algorithm.max_steps} steps"), False
+    if failed_ranks and [p for p in current if pod_phase(p) == "Failed"]:
+        if restarts >= spec.run_policy.backoff_limit:
+            return ("Failed", "BackoffLimitExceeded",
+                    f"trainer rank(s) {failed_ranks} failed after {restarts} gang "
+                    f"restart(s) (runPolicy.backoffLimit {spec.run_policy.backoff_limit})"), False
+        return None, True
+    if (deadline and obs.started is not None and not spec.suspend
+            and (now - obs.started).total_seconds() >= deadline):
+        return ("Failed", "DeadlineExceeded",
+                f"ran longer than runPolicy.activeDeadlineSeconds ({deadline}s)"), False
+    return None, False
 
-    # ---- status ---------------------------------------------------------
-    tq_ready = any(pod_ready(p) for p in by_role.get("transferqueue", []))
-    storage_ready = sum(pod_ready(p) for p in by_role.get("storage", []))
-    units = spec.transfer_queue.storage_units
-    trainer_ready = sum(pod_ready(p) for p in trainers if p["metadata"]["name"] not in out.delete)
-    rollout_ready = sum(pod_ready(p) for p in rollouts if p["metadata"]["name"] not in out.delete)
-    desired = spec.rollout.replicas
-    status["observedGeneration"] = generation
-    status["rollout"] = {"replicas": desired, "readyReplicas": rollout_ready,
-                         "selector": b.selector_string(name, "rollout")}
-    status["trainer"] = {"readyNodes": trainer_ready, "restarts": restarts}
 
-    previous_desired = (raw_status.get("rollout") or {}).get("replicas")
-    last_scale = raw_status.get("lastScale") or {}
+def _gang_restart_event(obs: Observed, restarts: int, limit: int) -> Event:
+    failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in obs.trainers
+                          if pod_phase(p) == "Failed")
+    return Event("Warning", "TrainerGangRestart",
+                 f"trainer rank(s) {failed_ranks} failed: restarting the whole gang "
+                 f"from its last checkpoint ({restarts}/{limit})")
+
+
+def finished_pods(job: RLJob, obs: Observed, completed: datetime, now: datetime,
+                  out: Plan) -> None:
+    """A finished job frees the accelerators (finished trainer pods stay for their
+    logs) and, past ttlSecondsAfterFinished, asks for every child to go."""
+    out.delete += [p["metadata"]["name"] for p in obs.rollouts]
+    out.delete += [p["metadata"]["name"] for p in obs.trainers
+                   if pod_phase(p) not in ("Succeeded", "Failed")]
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    if ttl is not None and (now - completed).total_seconds() >= ttl:
+        out.cleanup = True
+
+
+def trainer_gang(job: RLJob, obs: Observed, restarts: int, out: Plan) -> None:
+    """Every rank of the current restart generation, and no other trainer pod."""
+    spec, name = job.spec, job.metadata.name
+    for p in obs.trainers:
+        if (_gang_generation(p) != str(restarts)
+                or _int_label(p, b.LABEL_RANK) >= spec.trainer.num_nodes):
+            out.delete.append(p["metadata"]["name"])
+    have = {_int_label(p, b.LABEL_RANK) for p in obs.trainers}
+    for rank in range(spec.trainer.num_nodes):
+        pod_name = b.trainer_pod_name(name, rank)
+        if rank not in have and pod_name not in obs.terminating:
+            # a trainer pod deleted (or evicted) after the job made progress comes
+            # back from the last checkpoint, not from step 0
+            out.create.append(b.build_trainer_pod(job, rank, restarts,
+                                                  resume=restarts > 0 or obs.progressed))
+
+
+def rollout_replicas(job: RLJob, obs: Observed, busy: dict[str, int], out: Plan) -> None:
+    """Evicted or failed replicas are replaced; the count follows the spec (scale-in
+    removes the least busy, new replicas take the lowest free indices)."""
+    name, desired = job.metadata.name, job.spec.rollout.replicas
+    live = []
+    for p in obs.rollouts:
+        if pod_phase(p) in ("Failed", "Succeeded"):
+            out.delete.append(p["metadata"]["name"])
+        else:
+            live.append(p)
+    if len(live) > desired:
+        for p in choose_rollouts_to_remove(live, len(live) - desired, busy):
+            out.delete.append(p["metadata"]["name"])
+    elif len(live) < desired:
+        used = {_int_label(p, b.LABEL_REPLICA) for p in live}
+        used |= {int(n.rsplit("-", 1)[1]) for n in obs.terminating
+                 if n.startswith(f"{name}-rollout-")}
+        index = 0
+        for _ in range(desired - len(live)):
+            while index in used:
+                index += 1
+            used.add(index)
+            out.create.append(b.build_rollout_pod(job, index))
+
+
+def scale_record(job: RLJob, obs: Observed, now: datetime, status: dict,
+                 out: Plan) -> dict:
+    """The last scaling decision: a change of spec.rollout.replicas not made by the
+    autoscaler (kubectl scale, an edit) is recorded like the autoscaler's own."""
+    desired = job.spec.rollout.replicas
+    previous_desired = (obs.raw_status.get("rollout") or {}).get("replicas")
+    last_scale = obs.raw_status.get("lastScale") or {}
     if previous_desired and previous_desired != desired and last_scale.get("to") != desired:
-        # kubectl scale / an edit: recorded like the autoscaler's own decisions
         status["lastScale"] = {"time": iso(now), "from": previous_desired, "to": desired,
                                "reason": "spec.rollout.replicas changed (kubectl scale or edit)"}
         out.events.append(Event("Normal", "ScaleRequested",
                                 f"rollout replicas {previous_desired} → {desired} requested"))
         last_scale = status["lastScale"]
+    return last_scale
 
-    g, n = generation, now
-    tq_ok = tq_ready and storage_ready >= units
+
+@dataclass
+class Readiness:
+    tq: bool  # the controller
+    storage: int  # storage units ready
+    trainer: int  # trainer nodes ready (and staying)
+    rollout: int  # rollout replicas ready (and staying)
+
+
+def readiness(obs: Observed, out: Plan) -> Readiness:
+    def kept(pods):
+        return sum(pod_ready(p) for p in pods if p["metadata"]["name"] not in out.delete)
+    return Readiness(tq=any(pod_ready(p) for p in obs.by_role.get("transferqueue", [])),
+                     storage=sum(pod_ready(p) for p in obs.by_role.get("storage", [])),
+                     trainer=kept(obs.trainers), rollout=kept(obs.rollouts))
+
+
+def conditions(job: RLJob, obs: Observed, ready_: Readiness, last_scale: dict,
+               finished: bool, failed: bool, succeeded: bool, outcome: Outcome | None,
+               generation: int | None, now: datetime) -> list[dict]:
+    """The job's conditions: Ready first, then each component's, Scaling, Suspended,
+    and Succeeded / Failed once it ends."""
+    spec, previous, g, n = job.spec, obs.previous, generation, now
+    units, nodes = spec.transfer_queue.storage_units, spec.trainer.num_nodes
+    desired, minimum = spec.rollout.replicas, spec.rollout.min_replicas
+    tq_ok = ready_.tq and ready_.storage >= units
     conds = [
         _condition(previous, "TransferQueueReady", tq_ok,
                    "Ready" if tq_ok else "Waiting",
-                   f"controller {'ready' if tq_ready else 'not ready'}, "
-                   f"{storage_ready}/{units} storage unit(s) ready", g, n),
-        _condition(previous, "TrainerReady", trainer_ready >= spec.trainer.num_nodes,
-                   "Ready" if trainer_ready >= spec.trainer.num_nodes else "Waiting",
-                   f"{trainer_ready}/{spec.trainer.num_nodes} trainer node(s) ready", g, n),
-        _condition(previous, "RolloutReady", rollout_ready >= spec.rollout.min_replicas,
-                   "Ready" if rollout_ready >= spec.rollout.min_replicas else "Waiting",
-                   f"{rollout_ready}/{desired} rollout replica(s) ready "
-                   f"(minReplicas {spec.rollout.min_replicas})", g, n),
+                   f"controller {'ready' if ready_.tq else 'not ready'}, "
+                   f"{ready_.storage}/{units} storage unit(s) ready", g, n),
+        _condition(previous, "TrainerReady", ready_.trainer >= nodes,
+                   "Ready" if ready_.trainer >= nodes else "Waiting",
+                   f"{ready_.trainer}/{nodes} trainer node(s) ready", g, n),
+        _condition(previous, "RolloutReady", ready_.rollout >= minimum,
+                   "Ready" if ready_.rollout >= minimum else "Waiting",
+                   f"{ready_.rollout}/{desired} rollout replica(s) ready "
+                   f"(minReplicas {minimum})", g, n),
     ]
     scaling = (not finished and not spec.suspend and bool(last_scale)
-               and last_scale.get("to") == desired and rollout_ready != desired)
+               and last_scale.get("to") == desired and ready_.rollout != desired)
     conds.append(_condition(
         previous, "Scaling", scaling, "ScalingOut" if scaling and last_scale.get("from", 0) < desired
         else "ScalingIn" if scaling else "Stable",
-        f"rollout replicas {last_scale.get('from')} → {desired}: {rollout_ready} ready"
-        if scaling else f"{rollout_ready}/{desired} rollout replica(s) ready", g, n))
+        f"rollout replicas {last_scale.get('from')} → {desired}: {ready_.rollout} ready"
+        if scaling else f"{ready_.rollout}/{desired} rollout replica(s) ready", g, n))
     conds.append(_condition(previous, "Suspended", spec.suspend and not finished,
                             "Suspended" if spec.suspend else "Running",
                             "spec.suspend is true: trainer and rollout pods deleted, "
@@ -302,12 +343,63 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
         reason, message = (outcome[1], outcome[2]) if outcome else (
             previous["Failed"]["reason"], previous["Failed"]["message"])
         conds.append(_condition(previous, "Failed", True, reason, message, g, n))
-    for c in conds:
-        old = previous.get(c["type"])
-        if old is not None and old.get("status") != c["status"] and c["type"] in (
-                "Ready", "TransferQueueReady", "TrainerReady", "RolloutReady"):
-            out.events.append(Event("Normal" if c["status"] == "True" else "Warning",
-                                    f"{c['type']}{c['status']}", c["message"]))
+    return conds
+
+
+def transition_events(previous: dict[str, dict], conds: list[dict]) -> list[Event]:
+    """An event for each readiness condition that changed."""
+    return [Event("Normal" if c["status"] == "True" else "Warning",
+                  f"{c['type']}{c['status']}", c["message"])
+            for c in conds
+            if (old := previous.get(c["type"])) is not None
+            and old.get("status") != c["status"]
+            and c["type"] in ("Ready", "TransferQueueReady", "TrainerReady", "RolloutReady")]
+
+
+def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
+         generation: int | None, busy: dict[str, int] | None = None) -> Plan:
+    """Compare what the job asks for with the pods that exist; say what to do:
+    the terminal state, the pods to create and delete, the status and events."""
+    spec = job.spec
+    out = Plan()
+    obs = observe(raw_status, pods)
+    status = {k: v for k, v in raw_status.items() if k != "conditions"}
+    if obs.started is None and not spec.suspend:
+        obs.started = now
+        status["startTime"] = iso(now)
+        out.events.append(Event("Normal", "Started", "created the job's children"))
+
+    outcome, gang_restart = terminal_outcome(job, obs, now)
+    restarts, completed = obs.restarts, obs.completed
+    failed, succeeded = obs.failed, obs.succeeded
+    if gang_restart:
+        restarts += 1
+        out.events.append(_gang_restart_event(obs, restarts, spec.run_policy.backoff_limit))
+    if outcome is not None:
+        cond, reason, message = outcome
+        completed = now
+        status["completionTime"] = iso(now)
+        failed, succeeded = cond == "Failed", cond == "Succeeded"
+        out.events.append(Event("Normal" if succeeded else "Warning", reason, message))
+    out.finished = finished = completed is not None
+
+    if finished:
+        finished_pods(job, obs, completed, now, out)
+    elif spec.suspend:
+        out.delete += [p["metadata"]["name"] for p in obs.trainers + obs.rollouts]
+    else:
+        trainer_gang(job, obs, restarts, out)
+        rollout_replicas(job, obs, busy or {}, out)
+
+    ready_ = readiness(obs, out)
+    status["observedGeneration"] = generation
+    status["rollout"] = {"replicas": spec.rollout.replicas, "readyReplicas": ready_.rollout,
+                         "selector": b.selector_string(job.metadata.name, "rollout")}
+    status["trainer"] = {"readyNodes": ready_.trainer, "restarts": restarts}
+    last_scale = scale_record(job, obs, now, status, out)
+    conds = conditions(job, obs, ready_, last_scale, finished, failed, succeeded, outcome,
+                       generation, now)
+    out.events += transition_events(obs.previous, conds)
     status["conditions"] = conds
     out.status = status
     return out
