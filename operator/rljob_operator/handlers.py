@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob
 
-from . import builders as b
+from . import builders
 from . import metrics
 from .autoscaler import Memory, observe
 from .kube import Kube
@@ -97,7 +97,8 @@ class Operator:
             progress = raw_status.get("progress")
             running = raw_status.get("startTime") and not finished and not job.spec.suspend
             if poll_stats and running:
-                address = meta.get("annotations", {}).get(ADDRESS_ANNOTATION) or b.tq_address(job)
+                address = (meta.get("annotations", {}).get(ADDRESS_ANNOTATION)
+                           or builders.tq_address(job))
                 try:
                     stats = self.stats.fetch(address)
                 except grpc.RpcError as exc:
@@ -139,10 +140,10 @@ class Operator:
         if applied_gen == generation and time.monotonic() - applied_at < REAPPLY_SECONDS:
             return
         ns, name = job.metadata.namespace, job.metadata.name
-        if not self.kube.exists("v1", "Secret", ns, b.secret_name(name)):
-            if self.kube.create(b.build_secret(job, b.new_password())):
+        if not self.kube.exists("v1", "Secret", ns, builders.secret_name(name)):
+            if self.kube.create(builders.build_secret(job, builders.new_password())):
                 metrics.CHILDREN.labels("Secret").inc()
-        for obj in b.build_services(job):
+        for obj in builders.build_services(job):
             try:
                 self.kube.apply(obj)
             except Exception as exc:  # e.g. Volcano's PodGroup CRD is not installed
@@ -208,7 +209,7 @@ def to_job(body: kopf.Body) -> RLJob:
         raise kopf.PermanentError(f"spec does not validate (is the installed CRD older than "
                                   f"the operator? upgrade crds/rljob.yaml): {exc}") from None
     # the chart's runtimeImage: the image of pods whose RLJob names none
-    return b.with_runtime_image(job, os.environ.get("RLJOB_RUNTIME_IMAGE"))
+    return builders.with_runtime_image(job, os.environ.get("RLJOB_RUNTIME_IMAGE"))
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator, interval: float) -> None:

@@ -12,7 +12,7 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from rljob.api import GROUP, PLURAL, VERSION
 
-from . import builders as b
+from . import builders
 
 FIELD_MANAGER = "rljob-operator"
 log = logging.getLogger("rljob_operator.kube")
@@ -145,7 +145,8 @@ class Kube:
             raise
 
     def list_pods(self, namespace: str, job: str) -> list[dict]:
-        pods = self.core.list_namespaced_pod(namespace, label_selector=f"{b.LABEL_NAME}={job}")
+        pods = self.core.list_namespaced_pod(
+            namespace, label_selector=f"{builders.LABEL_NAME}={job}")
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
     def delete_pod(self, namespace: str, name: str) -> None:
@@ -162,7 +163,8 @@ class Kube:
                 res = self.dynamic.resources.get(api_version=api_version, kind=kind)
             except ResourceNotFoundError:
                 continue
-            items = res.get(namespace=namespace, label_selector=f"{b.LABEL_NAME}={job}").items
+            items = res.get(namespace=namespace,
+                            label_selector=f"{builders.LABEL_NAME}={job}").items
             for item in items:
                 try:
                     res.delete(name=item.metadata.name, namespace=namespace)

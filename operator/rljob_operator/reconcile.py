@@ -15,7 +15,7 @@ from typing import Any
 from rljob import preflight
 from rljob.api import RLJob
 
-from . import builders as b
+from . import builders
 
 
 def now_utc() -> datetime:
@@ -68,7 +68,7 @@ def preflight_problems(pod: dict) -> str | None:
 
 
 def role_of(pod: dict) -> str:
-    return pod.get("metadata", {}).get("labels", {}).get(b.LABEL_ROLE, "")
+    return pod.get("metadata", {}).get("labels", {}).get(builders.LABEL_ROLE, "")
 
 
 def _int_label(pod: dict, key: str) -> int:
@@ -115,7 +115,7 @@ def choose_rollouts_to_remove(pods: list[dict], count: int, busy: dict[str, int]
     the highest index."""
     def key(p: dict):
         name = p["metadata"]["name"]
-        return (pod_ready(p), busy.get(name, 0), -_int_label(p, b.LABEL_REPLICA))
+        return (pod_ready(p), busy.get(name, 0), -_int_label(p, builders.LABEL_REPLICA))
     return sorted(pods, key=key)[:count]
 
 
@@ -142,7 +142,7 @@ class Observed:
 
 
 def _gang_generation(pod: dict) -> str:
-    return pod["metadata"].get("annotations", {}).get(b.ANNOTATION_GANG_RESTART, "0")
+    return pod["metadata"].get("annotations", {}).get(builders.ANNOTATION_GANG_RESTART, "0")
 
 
 def observe(raw_status: dict, pods: list[dict]) -> Observed:
@@ -174,8 +174,8 @@ def terminal_outcome(job: RLJob, obs: Observed, now: datetime) -> tuple[Outcome 
     if obs.completed is not None:
         return None, False
     trainers, restarts = obs.trainers, obs.restarts
-    rank0 = next((p for p in trainers if _int_label(p, b.LABEL_RANK) == 0), None)
-    failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in trainers
+    rank0 = next((p for p in trainers if _int_label(p, builders.LABEL_RANK) == 0), None)
+    failed_ranks = sorted(_int_label(p, builders.LABEL_RANK) for p in trainers
                           if pod_phase(p) == "Failed")
     current = obs.current_restart
     deadline = spec.run_policy.active_deadline_seconds
@@ -200,7 +200,7 @@ def terminal_outcome(job: RLJob, obs: Observed, now: datetime) -> tuple[Outcome 
 
 
 def _gang_restart_event(obs: Observed, restarts: int, limit: int) -> Event:
-    failed_ranks = sorted(_int_label(p, b.LABEL_RANK) for p in obs.trainers
+    failed_ranks = sorted(_int_label(p, builders.LABEL_RANK) for p in obs.trainers
                           if pod_phase(p) == "Failed")
     return Event("Warning", "TrainerGangRestart",
                  f"trainer rank(s) {failed_ranks} failed: restarting the whole gang "
@@ -224,15 +224,15 @@ def trainer_gang(job: RLJob, obs: Observed, restarts: int, out: Plan) -> None:
     spec, name = job.spec, job.metadata.name
     for p in obs.trainers:
         if (_gang_generation(p) != str(restarts)
-                or _int_label(p, b.LABEL_RANK) >= spec.trainer.num_nodes):
+                or _int_label(p, builders.LABEL_RANK) >= spec.trainer.num_nodes):
             out.delete.append(p["metadata"]["name"])
-    have = {_int_label(p, b.LABEL_RANK) for p in obs.trainers}
+    have = {_int_label(p, builders.LABEL_RANK) for p in obs.trainers}
     for rank in range(spec.trainer.num_nodes):
-        pod_name = b.trainer_pod_name(name, rank)
+        pod_name = builders.trainer_pod_name(name, rank)
         if rank not in have and pod_name not in obs.terminating:
             # a trainer pod deleted (or evicted) after the job made progress comes
             # back from the last checkpoint, not from step 0
-            out.create.append(b.build_trainer_pod(job, rank, restarts,
+            out.create.append(builders.build_trainer_pod(job, rank, restarts,
                                                   resume=restarts > 0 or obs.progressed))
 
 
@@ -250,7 +250,7 @@ def rollout_replicas(job: RLJob, obs: Observed, busy: dict[str, int], out: Plan)
         for p in choose_rollouts_to_remove(live, len(live) - desired, busy):
             out.delete.append(p["metadata"]["name"])
     elif len(live) < desired:
-        used = {_int_label(p, b.LABEL_REPLICA) for p in live}
+        used = {_int_label(p, builders.LABEL_REPLICA) for p in live}
         used |= {int(n.rsplit("-", 1)[1]) for n in obs.terminating
                  if n.startswith(f"{name}-rollout-")}
         index = 0
@@ -258,7 +258,7 @@ def rollout_replicas(job: RLJob, obs: Observed, busy: dict[str, int], out: Plan)
             while index in used:
                 index += 1
             used.add(index)
-            out.create.append(b.build_rollout_pod(job, index))
+            out.create.append(builders.build_rollout_pod(job, index))
 
 
 def scale_record(job: RLJob, obs: Observed, now: datetime, status: dict,
@@ -394,7 +394,7 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     ready_ = readiness(obs, out)
     status["observedGeneration"] = generation
     status["rollout"] = {"replicas": spec.rollout.replicas, "readyReplicas": ready_.rollout,
-                         "selector": b.selector_string(job.metadata.name, "rollout")}
+                         "selector": builders.selector_string(job.metadata.name, "rollout")}
     status["trainer"] = {"readyNodes": ready_.trainer, "restarts": restarts}
     last_scale = scale_record(job, obs, now, status, out)
     conds = conditions(job, obs, ready_, last_scale, finished, failed, succeeded, outcome,
