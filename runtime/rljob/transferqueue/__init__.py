@@ -2,19 +2,33 @@
 
 Data plane: storage units (Redis, or in-process memory). Control plane: a gRPC
 controller that tracks, per task, which rows are ready, leased and acked.
+
+The names below are loaded on first use, so importing a submodule (the operator
+reads `rljob.transferqueue.proto` and `.wire`) does not load the client, Redis or
+the controller.
 """
 
-from .client import AsyncTransferQueueClient, Batch, Task, TransferQueueClient, TransferQueueError
-from .schema import ColumnSpec, json_column, scalar, tensor
+from __future__ import annotations
 
-__all__ = [
-    "AsyncTransferQueueClient",
-    "Batch",
-    "ColumnSpec",
-    "Task",
-    "TransferQueueClient",
-    "TransferQueueError",
-    "json_column",
-    "scalar",
-    "tensor",
-]
+import importlib
+
+_EXPORTS = {
+    "AsyncTransferQueueClient": ".client",
+    "Batch": ".client",
+    "Task": ".client",
+    "TransferQueueClient": ".client",
+    "TransferQueueError": ".client",
+    "ColumnSpec": ".schema",
+    "json_column": ".schema",
+    "scalar": ".schema",
+    "tensor": ".schema",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

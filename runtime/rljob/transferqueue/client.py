@@ -22,14 +22,12 @@ import redis
 
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
-from .controller import storage_column
-from .schema import ColumnError, ColumnSpec, decode, encode
 from .policies import get_claim_policy
-from .service import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY, column_from_pb, column_to_pb
+from .schema import ColumnError, ColumnSpec, decode, encode, storage_column
 from .session import AsyncSession, SyncSession
 from .storage import StorageUnit, connect
+from .wire import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY_PB, column_from_pb, column_to_pb
 
-_POLICY_PB = {v: k for k, v in POLICY.items() if k}
 RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
 _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
 
@@ -110,7 +108,7 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
     get_claim_policy(policy)  # a ValueError naming the policies for an unknown one
     return pb.ClaimRequest(
         task=task, count=count, min_count=min_count or 0,
-        policy=_POLICY_PB.get(policy, pb.CLAIM_POLICY_UNSPECIFIED), policy_name=policy,
+        policy=POLICY_PB.get(policy, pb.CLAIM_POLICY_UNSPECIFIED), policy_name=policy,
         token_budget=token_budget or 0, dp_size=dp_size, wait_seconds=wait,
         has_partition=partition is not None, partition=partition or 0,
         has_min_version=min_version is not None, min_version=min_version or 0,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .policies import CLAIM_POLICIES, ReadyView
-from .schema import ColumnSpec
+from .schema import ColumnSpec, storage_column
 
 
 class TQError(Exception):
@@ -76,11 +76,6 @@ def check_lease_seconds(value: float) -> float:
         raise TQError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
                       f"got {value!r}: a claim must expire so a dead consumer's rows come back")
     return float(value)
-
-
-def storage_column(column: str, tag: str = "") -> str:
-    """The name a cell is stored under: fenced writes carry their lease id."""
-    return f"{column}:{tag}" if tag else column
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ from typing import Any
 
 import numpy as np
 
+
+def storage_column(column: str, tag: str = "") -> str:
+    """The name a cell is stored under: fenced writes carry their lease id."""
+    return f"{column}:{tag}" if tag else column
+
 KINDS = ("tensor", "scalar", "json")
 DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16",
           "float32", "float64")

@@ -30,29 +30,17 @@ from grpc_health.v1.health import aio as health_aio
 from .controller import ClaimRequest, Cleared, Controller, Limits, TaskSpec, TQError
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
-from .schema import ColumnError, ColumnSpec
+from .schema import ColumnError
 from .storage.base import StorageUnit, connect
 from .storage.memory import MemoryUnit
+from .wire import GRPC_OPTIONS, POLICY, STALE, column_from_pb, column_to_pb
 
 log = logging.getLogger("rljob.transferqueue")
 
-KIND_TO_PB = {"tensor": pb.TENSOR, "scalar": pb.SCALAR, "json": pb.JSON}
-PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
-POLICY = {pb.CLAIM_POLICY_UNSPECIFIED: "fifo", pb.FIFO: "fifo", pb.GROUP: "group",
-          pb.TOKEN_BALANCED: "token_balanced", pb.LONGEST_FIRST: "longest_first",
-          pb.SHORTEST_FIRST: "shortest_first"}
-STALE = {pb.STALE_POLICY_UNSPECIFIED: "discard", pb.DISCARD: "discard",
-         pb.REGENERATE: "regenerate"}
 GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "not_found": grpc.StatusCode.NOT_FOUND,
              "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
              "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
-GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
-                ("grpc.max_receive_message_length", 1 << 30)]
-# clients: reconnect promptly when the controller pod comes back
-CLIENT_OPTIONS = GRPC_OPTIONS + [("grpc.initial_reconnect_backoff_ms", 100),
-                                 ("grpc.min_reconnect_backoff_ms", 100),
-                                 ("grpc.max_reconnect_backoff_ms", 1000)]
 DEFAULT_MAX_ROW_BYTES = 64 << 20
 EXIT_STORAGE_LOST = 3  # the controller's exit status when its journal or a unit is gone
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
@@ -74,17 +62,6 @@ def check_unit_url(url: str) -> str:
 
 
 SESSION_OPS = {}  # filled below the class: op name -> TransferQueueService method
-
-
-def column_to_pb(c: ColumnSpec) -> pb.ColumnSpec:
-    return pb.ColumnSpec(name=c.name, kind=KIND_TO_PB[c.kind], dtype=c.dtype,
-                         trailing_shape=list(c.trailing_shape))
-
-
-def column_from_pb(c: pb.ColumnSpec) -> ColumnSpec:
-    if c.kind not in PB_TO_KIND:
-        raise ColumnError(f"column {c.name!r}: kind must be TENSOR, SCALAR or JSON")
-    return ColumnSpec(c.name, PB_TO_KIND[c.kind], c.dtype, tuple(c.trailing_shape))
 
 
 @dataclass

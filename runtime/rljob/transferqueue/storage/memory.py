@@ -55,9 +55,10 @@ class RemoteMemoryUnit(StorageUnit):
 
         from ..proto import transferqueue_pb2 as pb
         from ..proto import transferqueue_pb2_grpc as pbg
+        from ..wire import GRPC_OPTIONS
 
         self._pb = pb
-        self._channel = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = pbg.StorageServiceStub(self._channel)
         self.unit = unit
 
@@ -84,10 +85,5 @@ class RemoteMemoryUnit(StorageUnit):
 
     def close(self) -> None:
         self._channel.close()
-
-
-# gRPC caps messages at 4 MiB by default; cells can be larger.
-_GRPC_OPTIONS = [("grpc.max_send_message_length", 1 << 30),
-                 ("grpc.max_receive_message_length", 1 << 30)]
 
 register_backend("memory", RemoteMemoryUnit)

@@ -1,0 +1,28 @@
+"""Layers stay apart: the operator's TransferQueue reader loads the wire format
+only (not the client, the controller or Redis), and the runtime's client does not
+load the server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _loaded(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return set(out.stdout.split())
+
+
+def test_the_operators_stats_reader_loads_the_wire_format_only():
+    loaded = _loaded("import rljob_operator.stats")
+    assert "rljob.transferqueue.proto.transferqueue_pb2" in loaded
+    assert not loaded & {"redis", "rljob.transferqueue.client",
+                         "rljob.transferqueue.controller", "rljob.transferqueue.service"}
+
+
+def test_the_client_does_not_load_the_server():
+    loaded = _loaded("from rljob.transferqueue import TransferQueueClient")
+    assert "rljob.transferqueue.wire" in loaded
+    assert "rljob.transferqueue.service" not in loaded
