@@ -1,11 +1,22 @@
 """Rollout engines: generate n responses per prompt with their log-probs, load a
-weight version. `HFEngine` (transformers, CPU/GPU) and `VLLMEngine`
-(vllm / vllm-ascend, imported only when used)."""
+weight version. `HFEngine` (transformers, CPU/GPU) here; other engines live in
+modules of their own and join the registry by decorator (`vllm_engine.py`:
+`VLLMEngine`, vllm / vllm-ascend imported only when one is made). This module never
+imports a backend; the rollout worker imports the backends it offers.
+
+    @register_engine("mine")
+    class MyEngine(RolloutEngine):
+        @classmethod
+        def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator, seed):
+            ...
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
+from ..registry import Registry
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,13 @@ class RolloutEngine(ABC):
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         """Replace the policy weights with those of `version` (of sender life `epoch`)."""
 
+    @classmethod
+    def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator: str,
+               seed: int) -> RolloutEngine:
+        """The engine for a job's `model` and `rollout` sections (`model`: the
+        transformers model the worker built, for engines that run it in-process)."""
+        raise NotImplementedError
+
     def weight_device(self):
         import torch
 
@@ -89,6 +107,10 @@ def seeded_sample(logits, uniforms, temperature: float, top_p: float):
     return torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
+ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngine)
+register_engine = ENGINES.register
+
+
 class _SeededSampler:
     """A logits processor that samples itself (per-row uniforms drawn from each
     prompt's seed) and hands `generate` a one-hot choice to take greedily."""
@@ -106,6 +128,7 @@ class _SeededSampler:
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
 
 
+@register_engine("hf")
 class HFEngine(RolloutEngine):
     """transformers `generate` on left-padded batches of many prompts; sampling is done
     per row from each prompt's own seed (`seeded_sample`), so a batch of any size
@@ -117,6 +140,13 @@ class HFEngine(RolloutEngine):
         self.torch = torch
         self.model = model.eval()
         self.tok = tokenizer
+
+    @classmethod
+    def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator: str,
+               seed: int) -> HFEngine:
+        if model is None:
+            raise ValueError("the hf engine needs the model")
+        return cls(model, tokenizer)
 
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         self.model.load_state_dict(state_dict)
@@ -174,10 +204,6 @@ class HFEngine(RolloutEngine):
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,
                 accelerator: str = "cpu", seed: int = 0) -> RolloutEngine:
-    if kind == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_spec, rollout_spec, tokenizer, accelerator, seed)
-    if model is None:
-        raise ValueError("the hf engine needs the model")
-    return HFEngine(model, tokenizer)
+    """The `rollout.engine` named `kind`, built by its class's `create`."""
+    return ENGINES.get(kind).create(model_spec, rollout_spec, tokenizer, model,
+                                    accelerator, seed)

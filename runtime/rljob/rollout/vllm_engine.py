@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .engine import Generation, RolloutEngine, SamplingParams
+from .engine import Generation, RolloutEngine, SamplingParams, register_engine
 
 log = logging.getLogger("rljob.rollout.vllm")
 
@@ -61,8 +61,14 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
     return args
 
 
+@register_engine("vllm")
 class VLLMEngine(RolloutEngine):
     concurrent = True
+
+    @classmethod
+    def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator: str,
+               seed: int) -> VLLMEngine:
+        return cls(model_spec, rollout_spec, tokenizer, accelerator, seed)
 
     def __init__(self, model_spec, rollout_spec, tokenizer, accelerator: str = "cpu",
                  seed: int = 0):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .policy import Policy
+from .policy import Policy, register_trainer_engine
 
 
 def _layout(cfg: dict) -> tuple[int, int, int, int]:
@@ -263,6 +263,7 @@ def mcore_token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
     return -nll
 
 
+@register_trainer_engine("megatron")
 class MegatronPolicy(Policy):
     """trainer.engine megatron in the trainer worker."""
 

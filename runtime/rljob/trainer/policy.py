@@ -2,6 +2,7 @@
 worker is the same for `trainer.engine: torch` (a transformers model, DDP over
 every rank) and `trainer.engine: megatron` (a Megatron-core GPTModel under
 tensor parallelism, DDP over the data-parallel group; `megatron_engine.py`).
+Engines join `TRAINER_ENGINES` by decorator; this module imports none of them.
 
 Every method that says "collective" must be called on every rank.
 
@@ -24,6 +25,7 @@ import torch
 from ..api.spec import RLJobSpec
 from ..device import Device
 from ..models import build_model
+from ..registry import Registry
 from .algorithms import Batch, token_logprobs
 
 
@@ -103,6 +105,11 @@ class Policy:
         return ck["ref"]
 
 
+TRAINER_ENGINES: Registry[type[Policy]] = Registry("trainer.engine", Policy)
+register_trainer_engine = TRAINER_ENGINES.register
+
+
+@register_trainer_engine("torch")
 class TorchPolicy(Policy):
     """trainer.engine torch: policy and frozen reference as transformers models."""
 
@@ -156,8 +163,7 @@ class TorchPolicy(Policy):
 
 
 def make_policy(spec: RLJobSpec, tok, device: Device, torch_device, rank: int, world: int):
-    if spec.trainer.engine == "megatron":
-        from .megatron_engine import MegatronPolicy
-
-        return MegatronPolicy(spec, tok, device, torch_device, rank, world)
-    return TorchPolicy(spec, tok, device, torch_device, rank, world)
+    """The trained model under `trainer.engine` (a class registered with
+    `register_trainer_engine`; the trainer worker imports the backends it offers)."""
+    return TRAINER_ENGINES.get(spec.trainer.engine)(spec, tok, device, torch_device, rank,
+                                                    world)
