@@ -48,6 +48,7 @@ from ..workflow.tasks import tasks_for, train_reads
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
+from . import megatron_engine  # noqa: F401 - registers trainer.engine megatron
 from .policy import make_policy
 from .sinks import open_sinks
 
@@ -285,185 +286,243 @@ def warm_up(policy, tok, spec: RLJobSpec) -> float:
     return float(loss.detach())
 
 
+class TrainerWorker:
+    """One trainer rank: `setup()` restores or warms up the policy and publishes its
+    first version; `run()` trains `step(t)` after step until maxSteps or SIGTERM and
+    then checkpoints and saves; `close()` lets go of everything. Rank 0 also claims
+    the samples (StepSource), publishes weights, reports each step's figures to its
+    sinks and to the controller, and (ppo) runs the critic."""
+
+    def __init__(self, spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
+                 world: int = 1, master: str = "127.0.0.1:29500",
+                 run_dir: Path | None = None, resume: bool = False,
+                 max_steps: int | None = None, metrics_port: int | None = None,
+                 local_rank: int = 0):
+        self.spec, self.rank, self.world, self.master = spec, rank, world, master
+        self.tq_address, self.weights_listen = tq_address, weights_listen
+        self.run_dir, self.resume, self.local_rank = RunDir.of(run_dir), resume, local_rank
+        self.metrics_port = metrics_port
+        self.steps = max_steps or spec.algorithm.max_steps
+        self.name = f"trainer-{rank}"
+        self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
+        self.spans = SpanLog(run_dir, self.name)
+        self.sender = self.tq = self.keeper = self.critic = self.sinks = self.source = None
+        self.start = self.version = self.checkpointed = 0
+        self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
+        self.distributed = False
+
+    # ---- life -----------------------------------------------------------------
+    def setup(self) -> TrainerWorker:
+        spec, rank = self.spec, self.rank
+        # the cores this worker was given, shared by the ranks of its node (torchrun)
+        torch.set_num_threads(max(1, cores_given()
+                                  // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        # the weight service and TransferQueue threads answer while the main thread
+        # computes: hand the GIL over sooner than the default 5 ms
+        sys.setswitchinterval(0.0005)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        device = resolve_device(spec.accelerator_for("trainer").type, self.local_rank)
+        self.torch_device = activate(device)
+        if self.world > 1 or spec.trainer.engine == "megatron":
+            dist.init_process_group(device.backend, init_method=f"tcp://{self.master}",
+                                    rank=rank, world_size=self.world)
+            self.distributed = self.world > 1
+        self.prom = WorkerMetrics(self.name, self.metrics_port)
+        self.tok = load_tokenizer(spec.model)
+        self.policy = make_policy(spec, self.tok, device, self.torch_device, rank, self.world)
+        ref_state, opt_state, recorded = self._restore()
+        # this life's epoch: samples of weights a dead life published after `start` are
+        # not in its history and are made again
+        self.lineage = Lineage.restored(new_epoch(), recorded)
+        # collective: sent from this device, no host copy
+        self.on_host = spec.weight_transport != "collective"
+        if rank == 0:
+            self.sender = WeightSender(self.weights_listen, self.lineage.epoch,
+                                       spec.weight_transport)
+        if self.start == 0 and ref_state is None:
+            with self.spans.span("train", -1):
+                warm_loss = warm_up(self.policy, self.tok, spec)
+            if rank == 0 and spec.model.warmup_steps:
+                log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps,
+                         warm_loss)
+        self.policy.freeze_reference(ref_state)
+        self.opt = make_optimizer(self.policy, spec.algorithm.lr)
+        if opt_state is not None:
+            self.opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard
+        # collective (megatron gathers tensor-parallel shards)
+        state = self.policy.hf_state(self.on_host)
+        if rank == 0:
+            self.sender.publish(self.start, state)
+            self.tq = TransferQueueClient(self.tq_address)
+            self.tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares it
+            back = self.tq.release_consumer()  # what an earlier life of this rank held
+            if back:
+                log.info("gave back %d rows an earlier trainer held", back)
+            self.keeper = LeaseKeeper(self.tq)
+            if spec.algorithm.name == "ppo":
+                self.critic = _start_critic(spec, self.tok, state, self.torch_device,
+                                            self.tq_address, self.run_dir, self.start,
+                                            self.steps)
+            self.sinks = open_sinks(spec, self.run_dir, self.start, self.prom)
+        self.version = self.checkpointed = self.start
+        return self
+
+    def _restore(self) -> tuple[dict | None, dict | None, dict | None]:
+        """From the newest complete checkpoint (with --resume): sets `start`; returns
+        the reference weights, the optimizer state and the recorded lineage."""
+        run, name = self.run_dir, self.policy.checkpoint_name()
+        # a checkpoint cut short by a kill has only its .partial file: not counted
+        done = run.checkpoint_steps(name) if self.resume and run else []
+        if not done:
+            return None, None, None
+        ck = torch.load(run.checkpoint(done[-1]) / name, weights_only=True,
+                        map_location=self.torch_device)
+        ref_state = self.policy.load_checkpoint(ck)
+        self.start = ck["step"]
+        return ref_state, ck["optimizer"], ck.get("lineage")
+
+    def run(self) -> None:
+        for t in range(self.start, self.steps):
+            if self.stop.is_set() or not self.step(t):
+                break
+        finished = self.version == self.steps
+        if not finished and self.version > self.checkpointed:
+            # asked to stop: keep what was trained since the last checkpoint
+            self.checkpoint()
+            log.info("stopped after step %d: checkpointed", self.version)
+        if self.run_dir and finished:
+            self.policy.save_pretrained(self.run_dir.final, self.tok)  # collective
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        if self.critic is not None:
+            self.critic.close()
+        if self.sender is not None:
+            # let the replicas pick up the last version before the sender goes away
+            self.sender.wait_replicas(self.sender.version, timeout=5.0)
+            self.sender.stop(grace=1.0)
+        if self.keeper is not None:
+            self.keeper.close()
+        if self.tq is not None:
+            try:
+                self.tq.flush()  # surface a refused ack
+            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask
+                log.warning("an ack was refused: %s", exc)
+            self.tq.close()
+        if self.sinks is not None:
+            self.sinks.close()
+        self.spans.close()
+        if self.distributed:
+            dist.destroy_process_group()
+
+    # ---- a step ---------------------------------------------------------------
+    def step(self, t: int) -> bool:
+        """Train step t: its micro-batches as they come (rank 0 claims them and
+        broadcasts them), the optimizer step, the new version published, the figures
+        reported, a checkpoint when due. False if asked to stop mid-step (nothing of
+        the step is applied and its rows go back)."""
+        spec, policy, rank = self.spec, self.policy, self.rank
+        algo = spec.algorithm
+        n, mb = algo.samples_per_step, algo.micro_samples
+        micro_batches = n // mb
+        if rank == 0:
+            self.source = StepSource(spec, self.tq, t, self.keeper, self.stop, self.lineage,
+                                     health=self.critic.check if self.critic else None)
+        samples: list[Sample] = []
+        train_spans: list[tuple[float, float]] = []
+        sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+        t_wall = time.time()
+        self.opt.zero_grad()
+        for j in range(micro_batches):
+            chunk = self._next_micro_batch()
+            if chunk == "stop":
+                break
+            t0 = time.time()
+            samples += chunk
+            shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
+                                        spec.trainer.data_parallel_split)
+            parts = _micro_step(policy, shard, t, self.tok, spec,
+                                last=(j == micro_batches - 1))
+            for key in sums:
+                sums[key] += parts[key] / micro_batches
+            t1 = time.time()
+            train_spans.append((t0, t1))
+            self.spans.add("train", t0, t1, t)
+        if len(samples) < n:  # stopped mid-step: nothing of it is applied
+            if self.source is not None:
+                self.source.give_back()
+            self.opt.zero_grad()
+            return False
+        t0 = time.time()
+        grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
+        self.opt.step()
+        t1 = time.time()
+        self.spans.add("optimizer", t0, t1, t)
+        train_spans.append((t0, t1))
+        self.version = t + 1
+        if t == self.start:
+            log.info("optimizer state on this rank: %.2f MB (%s over %d data-parallel "
+                     "rank(s))", optimizer_state_bytes(self.opt) / 1e6,
+                     "ZeRO-1" if policy.data_world > 1 else "AdamW", policy.data_world)
+        state = policy.hf_state(self.on_host)  # collective
+        if rank == 0:
+            # the step's rows stay leased (kept alive) until a checkpoint holds the
+            # update: a trainer that dies before then trains them again
+            self.uncommitted += self.source.take_leases()
+            with self.spans.span("weight-sync", t):
+                self.sender.publish(self.version, state)
+            m = _step_metrics(t, samples, train_spans, time.time() - t_wall, sums)
+            self._report(m, grad_norm, samples)
+        if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
+            self.checkpoint()
+        return True
+
+    def _next_micro_batch(self):
+        """Rank 0's next micro-batch of samples ("stop" when asked to stop), the
+        same on every rank."""
+        try:
+            chunk = self.source.next_micro_batch() if self.rank == 0 else None
+        except Stopped:
+            chunk = "stop"
+        return broadcast_object(chunk) if self.world > 1 else chunk
+
+    def _report(self, m: dict, grad_norm: float, samples: list[Sample]) -> None:
+        """Rank 0: a step's figures to the sinks (metrics.jsonl, Prometheus,
+        TensorBoard, W&B) and the job's to the controller (the operator's status)."""
+        m["grad_norm"] = grad_norm
+        m["rows_claimed"] = self.source.rows_claimed
+        m["rows_regenerated"] = self.source.rows_regenerated
+        m["rows_reclaimed"] = self.source.rows_reclaimed
+        if self.critic is not None:
+            m |= _critic_metrics(samples, self.critic)
+        self.tq.report_metrics(step=self.version, source=self.name,
+                               **{k: m[k] for k in CONTROLLER_FIGURES})
+        self.sinks.write(m, self.version)
+
+    def checkpoint(self) -> None:
+        """Checkpoint the current version, then ack the rows it holds."""
+        _commit(self.run_dir, self.version, self.policy, self.opt, self.rank, self.world,
+                self.tq, self.keeper, self.uncommitted, self.lineage)
+        self.uncommitted, self.checkpointed = [], self.version
+
+
+# the step's figures the controller keeps for the operator's status
+CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "staleness_max",
+                      "tokens_per_second", "samples_per_second", "reward_mean")
+
+
 def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
                 world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
                 metrics_port: int | None = None, local_rank: int = 0) -> None:
-    # the cores this worker was given, shared by the ranks of its node (torchrun)
-    torch.set_num_threads(max(1, cores_given() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    # the weight service and TransferQueue threads answer while the main thread
-    # computes: hand the GIL over sooner than the default 5 ms
-    sys.setswitchinterval(0.0005)
-    stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    device = resolve_device(spec.accelerator_for("trainer").type, local_rank)
-    torch_device = activate(device)
-    if world > 1 or spec.trainer.engine == "megatron":
-        dist.init_process_group(device.backend, init_method=f"tcp://{master}", rank=rank,
-                                world_size=world)
-    name = f"trainer-{rank}"
-    spans = SpanLog(run_dir, name)
-    prom = WorkerMetrics(name, metrics_port)
-    tok = load_tokenizer(spec.model)
-    policy = make_policy(spec, tok, device, torch_device, rank, world)
-    steps = max_steps or spec.algorithm.max_steps
-    run = RunDir.of(run_dir)
-    start = 0
-    ref_state = None
-    opt_state = None
-    recorded = None
-    # a checkpoint cut short by a kill has only its .partial file: not counted
-    done = run.checkpoint_steps(policy.checkpoint_name()) if resume and run else []
-    if done:
-        ck = torch.load(run.checkpoint(done[-1]) / policy.checkpoint_name(),
-                        weights_only=True, map_location=torch_device)
-        ref_state = policy.load_checkpoint(ck)
-        opt_state, start = ck["optimizer"], ck["step"]
-        recorded = ck.get("lineage")
-    # this life's epoch: samples of weights a dead life published after `start` are
-    # not in its history and are made again
-    lineage = Lineage.restored(new_epoch(), recorded)
-    transport = spec.weight_transport
-    on_host = transport != "collective"  # collective: sent from this device, no host copy
-    sender = WeightSender(weights_listen, lineage.epoch, transport) if rank == 0 else None
-    if start == 0 and ref_state is None:
-        with spans.span("train", -1):
-            warm_loss = warm_up(policy, tok, spec)
-        if rank == 0 and spec.model.warmup_steps:
-            log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps, warm_loss)
-    policy.freeze_reference(ref_state)
-    opt = make_optimizer(policy, spec.algorithm.lr)
-    if opt_state is not None:
-        opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard of the whole
-
-    tq = keeper = critic = None
-    state = policy.hf_state(on_host)  # collective (megatron gathers tensor-parallel shards)
-    if rank == 0:
-        sender.publish(start, state)
-        tq = TransferQueueClient(tq_address)
-        tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares the job's table
-        back = tq.release_consumer()  # what an earlier life of this rank held
-        if back:
-            log.info("gave back %d rows an earlier trainer held", back)
-        keeper = LeaseKeeper(tq)
-        if spec.algorithm.name == "ppo":
-            critic = _start_critic(spec, tok, state, torch_device, tq_address, run,
-                                   start, steps)
-    sinks = open_sinks(spec, run_dir, start, prom) if rank == 0 else None
-    checkpointed = start
-    uncommitted: list = []  # leases of trained rows not yet covered by a checkpoint
-    algo = spec.algorithm
-    n, mb = algo.samples_per_step, algo.micro_samples
-    micro_batches = n // mb
-    source = None
-    version = start
-    finished = False
+    """`rljob worker trainer`: one rank until maxSteps or SIGTERM."""
+    worker = TrainerWorker(spec, tq_address, weights_listen, rank, world, master, run_dir,
+                           resume, max_steps, metrics_port, local_rank)
     try:
-        for t in range(start, steps):
-            if stop.is_set():
-                break
-            source = (StepSource(spec, tq, t, keeper, stop, lineage,
-                                 health=critic.check if critic else None)
-                      if rank == 0 else None)
-            step_samples: list[Sample] = []
-            train_spans: list[tuple[float, float]] = []
-            sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
-            t_wall = time.time()
-            opt.zero_grad()
-            for j in range(micro_batches):
-                try:
-                    chunk = source.next_micro_batch() if rank == 0 else None
-                except Stopped:
-                    chunk = "stop"
-                if world > 1:
-                    chunk = broadcast_object(chunk)
-                if chunk == "stop":
-                    break
-                t0 = time.time()
-                step_samples += chunk
-                shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
-                                            spec.trainer.data_parallel_split)
-                parts = _micro_step(policy, shard, t, tok, spec,
-                                    last=(j == micro_batches - 1))
-                for key in sums:
-                    sums[key] += parts[key] / micro_batches
-                t1 = time.time()
-                train_spans.append((t0, t1))
-                spans.add("train", t0, t1, t)
-            if len(step_samples) < n:  # stopped mid-step: nothing of it is applied
-                if source is not None:
-                    source.give_back()
-                opt.zero_grad()
-                break
-            t0 = time.time()
-            grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
-            opt.step()
-            t1 = time.time()
-            spans.add("optimizer", t0, t1, t)
-            train_spans.append((t0, t1))
-            version = t + 1
-            if t == start:
-                log.info("optimizer state on this rank: %.2f MB (%s over %d data-parallel "
-                         "rank(s))", optimizer_state_bytes(opt) / 1e6,
-                         "ZeRO-1" if policy.data_world > 1 else "AdamW", policy.data_world)
-            state = policy.hf_state(on_host)  # collective
-            if rank == 0:
-                # the step's rows stay leased (kept alive) until a checkpoint holds
-                # the update: a trainer that dies before then trains them again
-                uncommitted += source.take_leases()
-                with spans.span("weight-sync", t):
-                    sender.publish(version, state)
-                m = _step_metrics(t, step_samples, train_spans, time.time() - t_wall, sums)
-                m["grad_norm"] = grad_norm
-                m["rows_claimed"] = source.rows_claimed
-                m["rows_regenerated"] = source.rows_regenerated
-                m["rows_reclaimed"] = source.rows_reclaimed
-                if critic is not None:
-                    m |= _critic_metrics(step_samples, critic)
-                tq.report_metrics(step=version, gen_seconds=m["gen_seconds"],
-                                  train_seconds=m["train_seconds"],
-                                  staleness_mean=m["staleness_mean"],
-                                  staleness_max=m["staleness_max"],
-                                  tokens_per_second=m["tokens_per_second"],
-                                  samples_per_second=m["samples_per_second"],
-                                  reward_mean=m["reward_mean"], source=name)
-                sinks.write(m, version)
-            every = spec.trainer.checkpoint_every
-            if version % every == 0 or version == steps:
-                _commit(run, version, policy, opt, rank, world, tq, keeper, uncommitted,
-                        lineage)
-                uncommitted, checkpointed = [], version
-        finished = version == steps
-        if not finished and version > checkpointed:
-            # asked to stop: keep what was trained since the last checkpoint
-            _commit(run, version, policy, opt, rank, world, tq, keeper, uncommitted,
-                    lineage)
-            uncommitted, checkpointed = [], version
-            log.info("stopped after step %d: checkpointed", version)
-        if run and finished:
-            policy.save_pretrained(run.final, tok)  # collective
+        worker.setup().run()
     finally:
-        if source is not None:
-            source.close()
-        if critic is not None:
-            critic.close()
-        if sender is not None:
-            # let the replicas pick up the last version before the sender goes away
-            sender.wait_replicas(sender.version, timeout=5.0)
-            sender.stop(grace=1.0)
-        if keeper is not None:
-            keeper.close()
-        if tq is not None:
-            try:
-                tq.flush()  # surface a refused ack
-            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask
-                log.warning("an ack was refused: %s", exc)
-            tq.close()
-        if sinks is not None:
-            sinks.close()
-        spans.close()
-        if world > 1:
-            dist.destroy_process_group()
+        worker.close()
 
 
 def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps):
