@@ -321,7 +321,7 @@ def worker_transferqueue(
     import os
 
     from .transferqueue.alloc import tune_allocator
-    from .transferqueue.controller import TQError, check_lease_seconds
+    from .transferqueue.controller import ControllerError, check_lease_seconds
     from .transferqueue.service import (StorageError, TransferQueueService,
                                         UnitConfig, check_unit_url, serve)
 
@@ -334,8 +334,8 @@ def worker_transferqueue(
             units = [UnitConfig("redis", check_unit_url(url), password) for url in redis]
         else:
             units = [UnitConfig("memory") for _ in range(memory_units)]
-    except (TQError, StorageError) as exc:
-        typer.echo(f"transferqueue: --{'lease-seconds' if isinstance(exc, TQError) else 'redis'}"
+    except (ControllerError, StorageError) as exc:
+        typer.echo(f"transferqueue: --{'lease-seconds' if isinstance(exc, ControllerError) else 'redis'}"
                    f": {exc}", err=True)
         raise typer.Exit(2) from None
     try:

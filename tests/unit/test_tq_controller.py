@@ -10,7 +10,7 @@ from rljob.transferqueue.controller import (
     Controller,
     NotFound,
     TaskSpec,
-    TQError,
+    ControllerError,
 )
 from rljob.transferqueue.schema import json_column, scalar, tensor
 
@@ -118,14 +118,14 @@ def test_bad_requests_change_nothing():
         c.notify_written([0, 1], ["prompt", "bogus"])
     with pytest.raises(NotFound, match="unknown row"):
         c.notify_written([0, 99], ["prompt"])
-    with pytest.raises(TQError, match="lengths has 1 entries for 2 rows"):
+    with pytest.raises(ControllerError, match="lengths has 1 entries for 2 rows"):
         c.notify_written([0, 1], ["prompt"], lengths=[3])
     assert {i: (set(r.written), r.length) for i, r in c.rows.items()} == snapshot
     with pytest.raises(NotFound, match="unknown task"):
         claim(c, "ghost", 1)
-    with pytest.raises(TQError, match="unknown claim policy"):
+    with pytest.raises(ControllerError, match="unknown claim policy"):
         claim(c, "rollout", 1, policy="random")
-    with pytest.raises(TQError, match="not a multiple of group_size"):
+    with pytest.raises(ControllerError, match="not a multiple of group_size"):
         c.allocate(0, 3, group_size=2)
     with pytest.raises(Conflict, match="already declared"):
         c.register([TaskSpec("x", frozenset(), (scalar("resp", "int32"),))])
@@ -214,7 +214,7 @@ def test_a_consumer_refuses_part_of_its_lease_for_regeneration():
     c.notify_written([0, 1, 2, 3], ["resp", "reward", "advantage"], versions=[3] * 4)
     c.ack("rollout", made.lease)
     got = claim(c, "train", 4)
-    with pytest.raises(TQError, match="not in lease"):
+    with pytest.raises(ControllerError, match="not in lease"):
         c.regenerate("train", got.lease, [0, 7], "rollout")
     assert c.regenerate("train", got.lease, [2, 3], "rollout") == 2
     assert c.rows[2].written == {"prompt"} and "train" not in c.rows[2].leased
@@ -241,7 +241,7 @@ def test_rows_regenerated_before_their_producer_acked_are_made_again():
         acked, _ = ctl.ack("rollout", made.lease)  # the late ack, whole lease
         assert acked == 2
         assert [r.index for r in claim(ctl, "rollout", 4, min_count=1).rows] == [0, 1]
-    with pytest.raises(TQError, match="not held"):
+    with pytest.raises(ControllerError, match="not held"):
         c.ack("rollout", made.lease, [0])
 
 

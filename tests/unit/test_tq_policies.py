@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.transferqueue.controller import ClaimRequest, TQError
+from rljob.transferqueue.controller import ClaimRequest, ControllerError
 from rljob.transferqueue.policies import (CLAIM_POLICIES, ClaimPolicy, claim_policy,
                                           get_claim_policy, take_rows)
 from tests.unit.test_tq_controller import make
@@ -55,7 +55,7 @@ def test_the_registry_refuses_duplicates_and_strangers_and_names_the_choices():
         claim_policy(object)
     with pytest.raises(ValueError, match="unknown claim policy 'nope': use one of fifo, "):
         get_claim_policy("nope")
-    with pytest.raises(TQError, match="unknown claim policy"):
+    with pytest.raises(ControllerError, match="unknown claim policy"):
         table([1, 1]).claim(ClaimRequest("rollout", 1, policy="nope"))
 
 

@@ -106,7 +106,7 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor
 
 
 @dataclass
-class Batch:
+class TokenBatch:
     """Right-padded prompt+response sequences; `mask` marks response tokens of
     `input_ids[:, 1:]`."""
 
@@ -117,14 +117,14 @@ class Batch:
     # log-probs come back in this padded layout
     packed: Packed | None = None
 
-    def to(self, device) -> Batch:
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device),
+    def to(self, device) -> TokenBatch:
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
                      self.mask.to(device),
                      self.packed.to(device) if self.packed is not None else None)
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-               packing: str = "none") -> Batch:
+               packing: str = "none") -> TokenBatch:
     batch = _padded(prompts, responses, pad_id)
     if packing != "none":
         batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
@@ -132,7 +132,7 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     return batch
 
 
-def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> Batch:
+def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
     length = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
@@ -143,10 +143,10 @@ def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
         ids[i, :len(s)] = torch.tensor(s)
         attn[i, :len(s)] = 1
         mask[i, len(p) - 1:len(s) - 1] = 1  # positions predicting the response tokens
-    return Batch(ids, attn, mask)
+    return TokenBatch(ids, attn, mask)
 
 
-def token_logprobs(model, batch: Batch) -> torch.Tensor:
+def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
     """log π(next token) at every position: [B, L-1].
 
     Sequences are right-padded, so under causal attention no real token ever

@@ -12,7 +12,7 @@
 Either way every token sees exactly the context it would see in its own padded
 row, so the log-probs (and gradients) equal the padded computation's within float
 rounding. `packed_logprobs` scatters them back to the padded layout ([B, L-1],
-where `Batch.mask` is 1), so the loss and everything after it is unchanged.
+where `TokenBatch.mask` is 1), so the loss and everything after it is unchanged.
 
 Segments are packed into rows ("bins", first-fit decreasing) as long as the
 longest segment, so no sequence is split, the attention of a row is no wider than

@@ -26,7 +26,7 @@ from ..api.spec import RLJobSpec
 from ..device import Device
 from ..models import build_model
 from ..registry import Registry
-from .algorithms import Batch, token_logprobs
+from .algorithms import TokenBatch, token_logprobs
 
 
 def compute_dtype(spec: RLJobSpec, device: Device) -> torch.dtype:
@@ -51,7 +51,7 @@ class Policy:
     data_world: int
     data_group = None
 
-    def _logprobs(self, model, batch: Batch) -> torch.Tensor:
+    def _logprobs(self, model, batch: TokenBatch) -> torch.Tensor:
         raise NotImplementedError
 
     def parameters(self):
@@ -63,12 +63,12 @@ class Policy:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute)
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
+    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
         with self.autocast():
             return self._logprobs(self.wrapped, batch).float()
 
     @torch.no_grad()
-    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
+    def ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         with self.autocast():
             return self._logprobs(self.ref, batch).float()
 
@@ -137,7 +137,7 @@ class TorchPolicy(Policy):
         for p in self.ref.parameters():
             p.requires_grad_(False)
 
-    def _logprobs(self, model, batch: Batch) -> torch.Tensor:
+    def _logprobs(self, model, batch: TokenBatch) -> torch.Tensor:
         return token_logprobs(model, batch)
 
     def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:

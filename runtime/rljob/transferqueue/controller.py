@@ -36,21 +36,21 @@ from .policies import CLAIM_POLICIES, ReadyView
 from .schema import ColumnSpec, storage_column
 
 
-class TQError(Exception):
+class ControllerError(Exception):
     """A request the controller refuses; nothing was changed."""
 
     code = "invalid_argument"
 
 
-class NotFound(TQError):
+class NotFound(ControllerError):
     code = "not_found"
 
 
-class Conflict(TQError):
+class Conflict(ControllerError):
     code = "failed_precondition"
 
 
-class Exhausted(TQError):
+class Exhausted(ControllerError):
     """Over a limit: retry later (back-pressure) or ask for less."""
 
     code = "resource_exhausted"
@@ -73,7 +73,7 @@ MAX_LEASE_SECONDS = 7 * 24 * 3600.0
 def check_lease_seconds(value: float) -> float:
     if not (isinstance(value, (int, float)) and math.isfinite(value)
             and 0 < value <= MAX_LEASE_SECONDS):
-        raise TQError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
+        raise ControllerError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
                       f"got {value!r}: a claim must expire so a dead consumer's rows come back")
     return float(value)
 
@@ -196,7 +196,7 @@ class Controller:
         limits: Limits = Limits(),
     ):
         if num_units < 1:
-            raise TQError("num_units must be at least 1")
+            raise ControllerError("num_units must be at least 1")
         self.num_units = num_units
         self.lease_seconds = check_lease_seconds(lease_seconds)
         self.clock = clock
@@ -286,7 +286,7 @@ class Controller:
         new_columns: dict[str, ColumnSpec] = {}
         for spec in specs:
             if not spec.name or ":" in spec.name:
-                raise TQError(f"task name {spec.name!r} must be non-empty and without ':'")
+                raise ControllerError(f"task name {spec.name!r} must be non-empty and without ':'")
             for col in spec.produces:
                 col.check()
                 known = self.columns.get(col.name) or new_columns.get(col.name)
@@ -389,7 +389,7 @@ class Controller:
     # ---- rows -----------------------------------------------------------
     def _check_count(self, what: str, count: int) -> None:
         if count < 1:
-            raise TQError(f"{what} must be at least 1, got {count}")
+            raise ControllerError(f"{what} must be at least 1, got {count}")
         if count > self.limits.rows_per_call:
             raise Exhausted(f"{what} {count} is over the limit of {self.limits.rows_per_call} "
                             "rows per call: split the request")
@@ -407,14 +407,14 @@ class Controller:
 
     def _check_partition(self, partition: int) -> None:
         if partition < 0:
-            raise TQError(f"partition must be >= 0, got {partition}")
+            raise ControllerError(f"partition must be >= 0, got {partition}")
 
     def allocate(self, partition: int, count: int, group_size: int = 1) -> list[Row]:
         self._check_count("count", count)
         self._check_partition(partition)
         group_size = max(group_size, 1)
         if count % group_size:
-            raise TQError(f"count {count} is not a multiple of group_size {group_size}")
+            raise ControllerError(f"count {count} is not a multiple of group_size {group_size}")
         self._check_room(count)
         start = self._next_index
         self._do({"op": "rows", "partition": partition, "groups": [
@@ -480,9 +480,9 @@ class Controller:
                 raise Conflict(f"indices {bad[:5] or indices[:5]} are not reserved for new rows "
                                "(reserve them first; each index creates one row once)")
             if len(indices) % max(group_size, 1):
-                raise TQError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
+                raise ControllerError(f"{len(indices)} rows are not a multiple of group_size {group_size}")
             if lease:
-                raise TQError("a write that creates rows holds no lease")
+                raise ControllerError("a write that creates rows holds no lease")
             self._check_bytes()
         else:
             missing = [i for i in indices if i not in self.rows]
@@ -496,10 +496,10 @@ class Controller:
                 raise Conflict(f"rows {outside[:5]} are not in lease {lease!r}")
             foreign = set(columns) - {c.name for c in self.tasks[task].spec.produces}
             if foreign:
-                raise TQError(f"task {task!r} does not produce column(s) {sorted(foreign)}")
+                raise ControllerError(f"task {task!r} does not produce column(s) {sorted(foreign)}")
         for name, values in (("lengths", lengths), ("versions", versions), ("nbytes", nbytes)):
             if values and len(values) != len(indices):
-                raise TQError(f"{name} has {len(values)} entries for {len(indices)} rows")
+                raise ControllerError(f"{name} has {len(values)} entries for {len(indices)} rows")
         if create:
             g = max(group_size, 1)
             self._do({"op": "rows", "partition": partition, "groups": [
@@ -570,16 +570,16 @@ class Controller:
         self._check_count("count", req.count)
         policy = CLAIM_POLICIES.get(req.policy)
         if policy is None:
-            raise TQError(f"unknown claim policy {req.policy!r}: use one of "
+            raise ControllerError(f"unknown claim policy {req.policy!r}: use one of "
                           f"{', '.join(CLAIM_POLICIES)}")
         if not 1 <= req.dp_size <= min(self.limits.max_dp_size, req.count):
-            raise TQError(f"dp_size must be between 1 and min(count, "
+            raise ControllerError(f"dp_size must be between 1 and min(count, "
                           f"{self.limits.max_dp_size}), got {req.dp_size}")
         if req.token_budget is not None and req.token_budget < 0:
-            raise TQError(f"token_budget must be >= 0, got {req.token_budget}")
+            raise ControllerError(f"token_budget must be >= 0, got {req.token_budget}")
         if req.on_stale == "regenerate":
             if not req.stale_producer:
-                raise TQError("on_stale regenerate needs stale_producer (the task that makes rows)")
+                raise ControllerError("on_stale regenerate needs stale_producer (the task that makes rows)")
             self._task(req.stale_producer)
         self.expire()
         if req.min_version is not None:
@@ -662,7 +662,7 @@ class Controller:
         self._task(producer)
         foreign = sorted(set(indices) - lease.rows)
         if foreign:
-            raise TQError(f"rows {foreign[:5]} are not in lease {lease_id!r}")
+            raise ControllerError(f"rows {foreign[:5]} are not in lease {lease_id!r}")
         if not indices:
             return 0
         self._do({"op": "regenerate", "task": task, "producer": producer,

@@ -27,7 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from .controller import ClaimRequest, Cleared, Controller, Limits, TaskSpec, TQError
+from .controller import ClaimRequest, Cleared, Controller, Limits, TaskSpec, ControllerError
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError
@@ -248,13 +248,13 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             too_big = [i for i, n in zip(request.indices, request.nbytes)
                        if n > self.max_row_bytes]
             if too_big:
-                raise TQError(f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
+                raise ControllerError(f"rows {too_big[:5]} exceed max_row_bytes={self.max_row_bytes}")
             n = self.controller.notify_written(
                 list(request.indices), list(request.columns), list(request.lengths) or None,
                 list(request.versions) or None, list(request.nbytes) or None,
                 create=request.create, partition=request.partition,
                 group_size=request.group_size, task=request.task, lease=request.lease)
-        except TQError:
+        except ControllerError:
             # the refused writer's cells are nobody's: delete them (fenced or orphan writes)
             refused = self.controller.refused_cells(list(request.indices)[:65536],
                                                     list(request.columns), request.lease,
@@ -277,7 +277,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             stale_producer=request.stale_producer or None, consumer=request.consumer)
         wait = request.wait_seconds
         if not 0 <= wait <= self.controller.limits.max_wait_seconds:  # also refuses nan
-            raise TQError(f"wait_seconds must be in [0, {self.controller.limits.max_wait_seconds:.0f}]"
+            raise ControllerError(f"wait_seconds must be in [0, {self.controller.limits.max_wait_seconds:.0f}]"
                           f", got {wait}")
         deadline = time.monotonic() + wait
         if request.ack_lease:
@@ -321,7 +321,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     async def _regenerate(self, request):
         if not request.producer:
-            raise TQError("producer must name the task that makes the rows again")
+            raise ControllerError("producer must name the task that makes the rows again")
         n = self.controller.regenerate(request.task, request.lease, list(request.indices),
                                        request.producer)
         await self._signal()
@@ -332,7 +332,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     async def _release_consumer(self, request):
         if not request.consumer:
-            raise TQError("consumer must not be empty")
+            raise ControllerError("consumer must not be empty")
         n = self.controller.release_consumer(request.consumer)
         if n:
             await self._signal()
@@ -341,7 +341,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def _unary(self, op, request, context):
         try:
             return await op(request)
-        except (TQError, ColumnError) as exc:
+        except (ControllerError, ColumnError) as exc:
             await self._fail(context, exc)
         finally:
             self.persist()  # before the answer leaves: what the op changed is journaled
@@ -413,7 +413,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             try:
                 resp = await SESSION_OPS[kind](self, getattr(op_msg, kind))
                 getattr(result, kind).CopyFrom(resp)
-            except (TQError, ColumnError) as exc:
+            except (ControllerError, ColumnError) as exc:
                 result.code = GRPC_CODE.get(getattr(exc, "code", ""),
                                             grpc.StatusCode.INVALID_ARGUMENT).value[0]
                 result.error = str(exc)
@@ -445,7 +445,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     # ---- storage service (memory units) --------------------------------------
     def _memory_unit(self, unit: int) -> MemoryUnit:
         if not 0 <= unit < len(self.units) or not isinstance(self.units[unit], MemoryUnit):
-            raise TQError(f"unit {unit} is not a memory unit of this controller")
+            raise ControllerError(f"unit {unit} is not a memory unit of this controller")
         return self.units[unit]  # type: ignore[return-value]
 
     async def Put(self, request, context):
@@ -455,20 +455,20 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                               if not self.controller.writable(c.index)})
             gone = [i for i in unknown if self.controller.cleared(i)]
             if gone:
-                raise TQError(f"rows {gone[:5]} are no longer in the table (consumed and "
+                raise ControllerError(f"rows {gone[:5]} are no longer in the table (consumed and "
                               "cleared, or discarded): their cells are refused")
             if unknown:
-                raise TQError(f"rows {unknown[:5]} were never created nor reserved: "
+                raise ControllerError(f"rows {unknown[:5]} were never created nor reserved: "
                               "reserve indices (or allocate rows) before writing cells")
             unit.put([(c.index, c.column, c.data) for c in request.cells])
-        except (TQError, ValueError) as exc:
+        except (ControllerError, ValueError) as exc:
             await self._fail(context, exc)
         return pb.PutResponse()
 
     async def Get(self, request, context):
         try:
             unit = self._memory_unit(request.unit)
-        except TQError as exc:
+        except ControllerError as exc:
             await self._fail(context, exc)
         if request.cells:
             keys = [(c.index, c.column) for c in request.cells]
