@@ -227,25 +227,33 @@ def plan(
     if json_out:
         typer.echo(json.dumps(out, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     units = {"cpu": "core", "gpu": "GPU"}
     unit = units.get(spec.accelerator_for("trainer").type, "NPU")
     r_unit = units.get(spec.accelerator_for("rollout").type, "NPU")
     pools = f"; separate pools {cross.replace(',', ' + ')}" if cross else ""
-    table = Table(title=f"{job.metadata.name}: rollout/trainer split ({model.source}; "
-                        f"trainer gangs fill one node or whole nodes of "
-                        f"{spec.trainer.npus_per_node} {unit}s{pools})")
-    for col in ("", "rollout", f"trainer {unit}s", "Tgen s", "Ttrain s", "step s", "idle",
-                "δ′ of +1 replica s"):
+    _print_table(
+        f"{job.metadata.name}: rollout/trainer split ({model.source}; trainer gangs fill "
+        f"one node or whole nodes of {spec.trainer.npus_per_node} {unit}s{pools})",
+        ("", "rollout", f"trainer {unit}s", "Tgen s", "Ttrain s", "step s", "idle",
+         "δ′ of +1 replica s"),
+        [(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {r_unit}",
+          str(r["trainer_npus"]), f"{r['gen_seconds']:.2f}", f"{r['train_seconds']:.2f}",
+          f"{r['step_seconds']:.2f}", f"{r['idle_ratio']:.0%}",
+          f"{r['gain_of_one_more_replica']:.2f}")
+         for name, r in (("plan", out["plan"]), ("as specified", out["current"]))], 110)
+
+
+def _print_table(title: str, columns, rows, width: int) -> None:
+    """A right-aligned rich table, at least `width` wide (a pipe gets it whole)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
         table.add_column(col, justify="right")
-    for name, r in (("plan", out["plan"]), ("as specified", out["current"])):
-        table.add_row(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {r_unit}",
-                      str(r["trainer_npus"]), f"{r['gen_seconds']:.2f}",
-                      f"{r['train_seconds']:.2f}", f"{r['step_seconds']:.2f}",
-                      f"{r['idle_ratio']:.0%}", f"{r['gain_of_one_more_replica']:.2f}")
-    Console(width=max(Console().width, 110)).print(table)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=max(Console().width, width)).print(table)
 
 
 @app.command()
@@ -282,18 +290,12 @@ def simulate(
         typer.echo(json.dumps({"job": job.metadata.name, "modes": rows, "gantt": str(out)},
                               indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{job.metadata.name}: simulated pipeline, {steps} steps "
-                        f"({model.source})")
-    for col in ("mode", "step s", "samples/s", "vs sync", "bubble ratio", "max staleness"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r["mode"], f"{r['step_seconds']:.2f}", f"{r['samples_per_second']:.1f}",
-                      f"{r['speedup_vs_sync']:.2f}x", f"{r['bubble_ratio']:.0%}",
-                      str(r["max_staleness"]))
-    Console(width=max(Console().width, 100)).print(table)
+    _print_table(
+        f"{job.metadata.name}: simulated pipeline, {steps} steps ({model.source})",
+        ("mode", "step s", "samples/s", "vs sync", "bubble ratio", "max staleness"),
+        [(r["mode"], f"{r['step_seconds']:.2f}", f"{r['samples_per_second']:.1f}",
+          f"{r['speedup_vs_sync']:.2f}x", f"{r['bubble_ratio']:.0%}", str(r["max_staleness"]))
+         for r in rows], 100)
     typer.echo(f"wrote {out}")
 
 
@@ -564,7 +566,7 @@ def worker_driver(
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """Release each step's prompts as the workflow mode allows."""
-    from .models import load_tokenizer
+    from .inputs.models import load_tokenizer
     from .workflow.driver import run_driver
 
     _worker_logging()
@@ -619,7 +621,7 @@ def run(
 
     from .local import JobFailed, LocalRun, write_plots
     from .preflight import check as preflight
-    from .rundir import RunDir
+    from .infra.rundir import RunDir
 
     source = RunDir(resume).job_file if resume else file
     job = _local_job(source)

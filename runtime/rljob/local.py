@@ -29,8 +29,8 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
-from .netutil import free_port
-from .rundir import RunDir
+from .infra.netutil import free_port
+from .infra.rundir import RunDir
 
 
 _PR_SET_PDEATHSIG = 1
@@ -330,10 +330,10 @@ def write_plots(run_dir: Path) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .timeline import bubble_ratio, load_spans, plot_gantt
+    from .infra.timeline import bubble_ratio, load_spans, plot_gantt
 
     from .progress import smoothed
-    from .timeline import run_panels
+    from .infra.timeline import run_panels
 
     name = _job_name(run_dir)
     metrics = read_metrics(run_dir)

@@ -126,7 +126,7 @@ def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[st
     hub = _hub_id(tok_path)
     if tok_path.startswith(BUILTIN) or (model_here and tok_dir.is_dir()):
         try:
-            from .models import load_tokenizer
+            from .inputs.models import load_tokenizer
 
             tok = load_tokenizer(spec.model)
         except Exception as exc:  # noqa: BLE001 - transformers' many ways to fail
@@ -140,7 +140,7 @@ def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[st
 
     examples = None
     if dataset_here:
-        from .data import load_examples
+        from .inputs.data import load_examples
 
         try:
             examples = load_examples(spec.dataset)
@@ -166,7 +166,7 @@ def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[st
     problems += wandb_problems(spec)
 
     if context and tok is not None and examples:
-        from .data import render_prompt
+        from .inputs.data import render_prompt
 
         longest = max(len(tok.encode(render_prompt(tok, e.prompt)))
                       for e in examples[:PROMPTS_CHECKED])

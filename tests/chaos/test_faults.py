@@ -19,8 +19,8 @@ import redis
 import yaml
 
 from rljob.api import RLJob
-from rljob.data import PromptCursor, load_examples
-from rljob.models import load_tokenizer
+from rljob.inputs.data import PromptCursor, load_examples
+from rljob.inputs.models import load_tokenizer
 from rljob.transferqueue import TransferQueueClient
 from rljob.trainer.worker import prompts_digest
 from rljob.workflow.driver import Workflow

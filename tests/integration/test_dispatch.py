@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from rljob.api.validation import load_rljob
-from rljob.data import load_examples
-from rljob.models import load_tokenizer
+from rljob.inputs.data import load_examples
+from rljob.inputs.models import load_tokenizer
 from rljob.planner.dispatch import rollout_claim_policy
 from rljob.preflight import resolve_paths
 from rljob.transferqueue import TransferQueueClient

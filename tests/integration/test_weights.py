@@ -11,7 +11,7 @@ import grpc
 import pytest
 import torch
 
-from rljob.netutil import free_port
+from rljob.infra.netutil import free_port
 from rljob.weights import CHUNK, WeightClient, WeightReceiver, WeightSender
 
 

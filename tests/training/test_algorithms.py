@@ -7,7 +7,7 @@ import copy
 import torch
 
 from rljob.api.spec import ModelSpec
-from rljob.models import build_model, load_tokenizer
+from rljob.inputs.models import build_model, load_tokenizer
 from rljob.trainer.algorithms import (
     grpo_loss,
     group_advantages,

@@ -62,7 +62,7 @@ def test_the_peer_runs_trl_grpo_on_the_same_job():
     character vocabulary as a transformers tokenizer of the same ids."""
     from rljob.bench.peer_trl import char_tokenizer_fast, run_trl
     from rljob.bench.workflow import bench_job
-    from rljob.models import CharTokenizer
+    from rljob.inputs.models import CharTokenizer
 
     fast, chars = char_tokenizer_fast(), CharTokenizer()
     for text in ("20+9=", "a b\nc", "12+30=42"):

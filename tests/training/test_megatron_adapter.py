@@ -16,7 +16,7 @@ import torch
 mcore = pytest.importorskip("megatron.core", reason="megatron-core is the npu extra")
 
 from rljob.api.spec import ModelSpec  # noqa: E402
-from rljob.models import build_model, load_tokenizer  # noqa: E402
+from rljob.inputs.models import build_model, load_tokenizer  # noqa: E402
 from rljob.trainer.megatron_engine import MegatronEngine, hf_to_mcore, mcore_to_hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

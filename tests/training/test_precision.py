@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from rljob.api.spec import RLJobSpec
-from rljob.device import resolve
-from rljob.models import build_model, load_tokenizer
+from rljob.infra.device import resolve
+from rljob.inputs.models import build_model, load_tokenizer
 from rljob.trainer.algorithms import make_batch, token_logprobs
 from rljob.trainer.policy import TorchPolicy
 

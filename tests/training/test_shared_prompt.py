@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rljob.api.spec import ModelSpec
-from rljob.models import build_model, load_tokenizer
+from rljob.inputs.models import build_model, load_tokenizer
 from rljob.trainer.algorithms import make_batch, token_logprobs
 from rljob.trainer.packing import pack, packed_logprobs
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rljob.netutil import free_port
+from rljob.infra.netutil import free_port
 from rljob.trainer.worker import make_optimizer, optimizer_state_bytes
 
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from rljob.transferqueue.metrics import ControllerCollector
 from rljob.transferqueue.service import TransferQueueService, UnitConfig
-from rljob.worker_metrics import WorkerMetrics
+from rljob.infra.worker_metrics import WorkerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "charts/rljob-operator/dashboards/rljob.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.device import activate, resolve
+from rljob.infra.device import activate, resolve
 
 
 def test_each_accelerator_type_maps_to_its_device_and_backend():
@@ -34,7 +34,7 @@ def test_activating_a_missing_accelerator_says_what_is_missing():
 def test_cores_given_is_the_affinity_capped_by_the_cgroup_limit(tmp_path, monkeypatch):
     import os
 
-    from rljob.device import cores_given
+    from rljob.infra.device import cores_given
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     limit = tmp_path / "cpu.max"

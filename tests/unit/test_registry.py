@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rljob.registry import Registry
+from rljob.infra.registry import Registry
 
 
 class Base:

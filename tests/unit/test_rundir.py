@@ -3,7 +3,7 @@ complete checkpoints."""
 
 from __future__ import annotations
 
-from rljob.rundir import RunDir, step_of
+from rljob.infra.rundir import RunDir, step_of
 
 
 def test_paths_are_the_documented_layout(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from rljob.api.validation import load_rljob
 from rljob.trainer.sinks import (JsonlSink, PrometheusSink, TensorBoardSink, open_sinks, sink)
-from rljob.worker_metrics import WorkerMetrics
+from rljob.infra.worker_metrics import WorkerMetrics
 from tests.unit.test_cli import REPO
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rljob.timeline import Span, run_panels
+from rljob.infra.timeline import Span, run_panels
 
 
 def _spans(steps: int) -> list[Span]:

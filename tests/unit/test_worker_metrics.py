@@ -7,7 +7,7 @@ import re
 
 from prometheus_client import generate_latest
 
-from rljob.worker_metrics import WorkerMetrics
+from rljob.infra.worker_metrics import WorkerMetrics
 
 
 def test_rollout_and_trainer_series():

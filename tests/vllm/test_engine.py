@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's environment")
 
 from rljob.api.spec import ModelSpec, RolloutSpec  # noqa: E402
-from rljob.models import build_model, load_tokenizer
+from rljob.inputs.models import build_model, load_tokenizer
 from rljob.rollout.engine import SamplingParams
 from rljob.trainer.algorithms import make_batch, token_logprobs
 
@@ -122,7 +122,7 @@ def test_a_broadcast_version_is_received_by_the_workers_and_loaded(engine, tok):
     """weightTransport collective: the engine's worker joins a weight group (gloo on
     CPU) with a real sender, receives each version's buckets and reloads them; the
     log-probs then equal transformers' under the sent weights."""
-    from rljob.netutil import free_port
+    from rljob.infra.netutil import free_port
     from rljob.weights import WeightReceiver, WeightSender
 
     sender = WeightSender(f"127.0.0.1:{free_port()}", transport="collective",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..local import LocalRun
-from ..timeline import load_spans
+from ..infra.timeline import load_spans
 from .workflow import MAX_NEW_TOKENS, PROMPTS, bench_job
 
 ENGINES = ("hf", "vllm")

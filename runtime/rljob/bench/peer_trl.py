@@ -16,11 +16,11 @@ from ..api import RLJob
 
 def char_tokenizer_fast():
     """The built-in character vocabulary as a transformers tokenizer (what TRL takes),
-    with the same ids as `rljob.models.CharTokenizer`."""
+    with the same ids as `rljob.inputs.models.CharTokenizer`."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from ..models import CharTokenizer
+    from ..inputs.models import CharTokenizer
 
     chars = CharTokenizer()
     core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(chars.vocab)},
@@ -44,8 +44,8 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3) -> dict:
 
     import torch
 
-    from ..data import load_examples
-    from ..models import CharTokenizer, build_model
+    from ..inputs.data import load_examples
+    from ..inputs.models import CharTokenizer, build_model
     from ..reward import get_reward
 
     torch.set_num_threads(2)  # the peer has the machine to itself

@@ -87,9 +87,9 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
     import numpy as np
     import torch
 
-    from ..data import load_examples, render_prompt
-    from ..device import activate, resolve as resolve_device
-    from ..models import build_model, load_tokenizer
+    from ..inputs.data import load_examples, render_prompt
+    from ..infra.device import activate, resolve as resolve_device
+    from ..inputs.models import build_model, load_tokenizer
     from ..rollout.engine import SamplingParams, make_engine
     from ..trainer.policy import make_policy
     from ..trainer.worker import Sample, _micro_step

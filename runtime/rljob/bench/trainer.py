@@ -156,7 +156,7 @@ def _process_group(device):
     torn down, with mcore's groups, if this made it."""
     import torch.distributed as dist
 
-    from ..netutil import free_port
+    from ..infra.netutil import free_port
 
     if dist.is_initialized():
         yield
@@ -187,8 +187,8 @@ def _weights(policy) -> list[torch.Tensor]:
 def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: int,
                prompt_len: int, response_len: int, group: int, micro_batch: int,
                micro_batches: int, seed: int = 0) -> dict:
-    from ..device import activate, cores_given, resolve
-    from ..models import load_tokenizer
+    from ..infra.device import activate, cores_given, resolve
+    from ..inputs.models import load_tokenizer
     from ..trainer.policy import make_policy
     from ..trainer.worker import _micro_step, make_optimizer, optimizer_state_bytes
 

@@ -24,7 +24,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from ..netutil import free_port
+from ..infra.netutil import free_port
 
 ROWS_PER_BATCH = 64
 ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)

@@ -69,7 +69,7 @@ def _replica(address: str, transport: str, rounds: int, out) -> None:
 
 
 def run_transport(transport: str, state: dict[str, torch.Tensor], rounds: int) -> dict:
-    from ..netutil import free_port
+    from ..infra.netutil import free_port
     from ..weights import WeightSender
 
     sender = WeightSender(f"127.0.0.1:{free_port()}", transport=transport)

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..api import RLJob
 from ..local import LocalRun
 from ..planner.cost import overlap_bound
-from ..timeline import bubble_ratio, load_spans
+from ..infra.timeline import bubble_ratio, load_spans
 from ..workflow.tasks import rollout_batch_rows
 
 MODES = (("sync", None), ("periodic", None), ("async", 1), ("async", 2))

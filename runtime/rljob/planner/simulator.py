@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..timeline import Span
-from ..timeline import plot_gantt as _plot_panels
+from ..infra.timeline import Span
+from ..infra.timeline import plot_gantt as _plot_panels
 from ..workflow.release import ReleaseRule
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ..registry import Registry
+from ..infra.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from dataclasses import replace
 import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..device import activate, cores_given, resolve as resolve_device
-from ..models import build_model, load_tokenizer
+from ..infra.device import activate, cores_given, resolve as resolve_device
+from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
-from ..timeline import SpanLog
-from ..worker_metrics import WorkerMetrics
+from ..infra.timeline import SpanLog
+from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..api.spec import RLJobSpec
-from ..rundir import PARTIAL, RunDir
+from ..infra.rundir import PARTIAL, RunDir
 from ..transferqueue import TransferQueueClient, TransferQueueError
 from ..transferqueue.client import Batch
 from ..transferqueue.loader import LeaseKeeper

@@ -271,7 +271,7 @@ class MegatronPolicy(Policy):
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        from ..models import build_model
+        from ..inputs.models import build_model
 
         par = spec.trainer.parallelism
         if par.pp != 1:

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from ..api.spec import RLJobSpec
-from ..device import Device
-from ..models import build_model
-from ..registry import Registry
+from ..infra.device import Device
+from ..inputs.models import build_model
+from ..infra.registry import Registry
 from .algorithms import TokenBatch, token_logprobs
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..api.spec import RLJobSpec
-from ..rundir import RunDir
+from ..infra.rundir import RunDir
 
 log = logging.getLogger("rljob.trainer")
 

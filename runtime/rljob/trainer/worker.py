@@ -33,12 +33,12 @@ import torch
 import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
-from ..data import load_examples, render_prompt
-from ..device import activate, cores_given, resolve as resolve_device
-from ..models import build_model, load_tokenizer
-from ..rundir import RunDir
-from ..timeline import SpanLog
-from ..worker_metrics import WorkerMetrics
+from ..inputs.data import load_examples, render_prompt
+from ..infra.device import activate, cores_given, resolve as resolve_device
+from ..inputs.models import build_model, load_tokenizer
+from ..infra.rundir import RunDir
+from ..infra.timeline import SpanLog
+from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object

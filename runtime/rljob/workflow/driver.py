@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..data import PromptCursor, load_examples, render_prompt
+from ..inputs.data import PromptCursor, load_examples, render_prompt
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
@@ -111,7 +111,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
                poll: float = 0.01, metrics_port: int | None = None) -> None:
     """Release steps from `start_step`, or from the first step the table has not seen
     (a restarted driver); the dataset cursor of a step follows from its number."""
-    from ..worker_metrics import WorkerMetrics
+    from ..infra.worker_metrics import WorkerMetrics
 
     prom = WorkerMetrics("driver", metrics_port)
     examples = load_examples(spec.dataset)

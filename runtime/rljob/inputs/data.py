@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .api.spec import DatasetSpec
+from ..api.spec import DatasetSpec
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import json
 import string
 from pathlib import Path
 
-from .api.spec import ModelSpec
+from ..api.spec import ModelSpec
 
 BUILTIN_CHAR = "builtin:char"
 

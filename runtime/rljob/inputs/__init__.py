@@ -1,0 +1,2 @@
+"""What a job reads: the model and its tokenizer (`models`), the dataset and its
+prompts (`data`)."""
