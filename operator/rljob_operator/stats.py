@@ -12,30 +12,33 @@ from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
 ADDRESS_ANNOTATION = "rljob.dev/transferqueue-address"
 
 
+# status.progress: its key, the JobMetrics field (transferqueue.proto), the digits kept
+PROGRESS = (("step", "step", None), ("stalenessMean", "staleness_mean", 4),
+            ("stalenessMax", "staleness_max", None), ("rewardMean", "reward_mean", 4),
+            ("tokensPerSecond", "tokens_per_second", 1),
+            ("samplesPerSecond", "samples_per_second", 3), ("genSeconds", "gen_seconds", 3),
+            ("trainSeconds", "train_seconds", 3))
+
+
 @dataclass(frozen=True)
 class JobStats:
-    step: int
-    gen_seconds: float
-    train_seconds: float
-    staleness_mean: float
-    staleness_max: int
-    tokens_per_second: float
-    samples_per_second: float
-    reward_mean: float
+    """The job's latest step figures as the controller keeps them (the proto's
+    JobMetrics: `stats.step`, `stats.gen_seconds`, ...) and the rows each rollout
+    pod holds under lease."""
+    metrics: pb.JobMetrics
     busy: dict[str, int]  # rollout consumer (pod name) -> rows it holds under lease
 
+    def __getattr__(self, name: str):
+        if name == "metrics":  # not set yet (copying): not a field of JobMetrics
+            raise AttributeError(name)
+        return getattr(self.metrics, name)
+
     def progress(self, now_iso: str) -> dict:
-        return {
-            "step": self.step,
-            "stalenessMean": round(self.staleness_mean, 4),
-            "stalenessMax": self.staleness_max,
-            "rewardMean": round(self.reward_mean, 4),
-            "tokensPerSecond": round(self.tokens_per_second, 1),
-            "samplesPerSecond": round(self.samples_per_second, 3),
-            "genSeconds": round(self.gen_seconds, 3),
-            "trainSeconds": round(self.train_seconds, 3),
-            "lastUpdatedTime": now_iso,
-        }
+        out = {}
+        for key, field, digits in PROGRESS:
+            value = getattr(self.metrics, field)
+            out[key] = value if digits is None else round(value, digits)
+        return {**out, "lastUpdatedTime": now_iso}
 
 
 class StatsClient:
@@ -49,14 +52,11 @@ class StatsClient:
         if channel is None:
             channel = self._channels[address] = grpc.insecure_channel(address)
         resp = pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=timeout)
-        m = resp.metrics
         busy: dict[str, int] = {}
         for c in resp.consumers:
             if c.task == "rollout":
                 busy[c.consumer] = busy.get(c.consumer, 0) + c.claimed
-        return JobStats(m.step, m.gen_seconds, m.train_seconds, m.staleness_mean,
-                        m.staleness_max, m.tokens_per_second, m.samples_per_second,
-                        m.reward_mean, busy)
+        return JobStats(resp.metrics, busy)
 
     def close(self) -> None:
         for ch in self._channels.values():

@@ -267,3 +267,21 @@ def test_scale_in_only_when_allowed():
     spec = auto_job(replicas=3, steps=1, cooldown=0, scale_in=True)
     act = observe(Memory(), spec, 3, 1, 1.0, 50.0, now=0, last_scale_time=None)
     assert act is not None and act.replicas_to == 2
+
+
+def test_status_progress_is_the_controllers_figures_rounded():
+    from rljob.transferqueue.proto import transferqueue_pb2 as pb
+    from rljob_operator.stats import PROGRESS, JobStats
+
+    m = pb.JobMetrics(step=7, gen_seconds=1.23456, train_seconds=0.98765, staleness_mean=0.56789,
+                      staleness_max=1, tokens_per_second=1234.567, samples_per_second=9.87654,
+                      reward_mean=0.123456)
+    stats = JobStats(m, {"job-rollout-0": 16})
+    assert (stats.step, stats.gen_seconds, stats.busy) == (7, 1.23456, {"job-rollout-0": 16})
+    assert stats.progress("T") == {
+        "step": 7, "stalenessMean": 0.5679, "stalenessMax": 1, "rewardMean": 0.1235,
+        "tokensPerSecond": 1234.6, "samplesPerSecond": 9.877, "genSeconds": 1.235,
+        "trainSeconds": 0.988, "lastUpdatedTime": "T"}
+    # every figure the controller keeps but its clock and source reaches the status
+    fields = set(pb.JobMetrics.DESCRIPTOR.fields_by_name) - {"timestamp", "source"}
+    assert {field for _, field, _ in PROGRESS} == fields

@@ -100,6 +100,10 @@ class Batch:
         return len(self.rows)
 
 
+def _claimed(task: str, resp: pb.ClaimResponse) -> Batch:
+    return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
+
+
 def _claim_request(task: str, count: int, *, min_count: int | None = None, policy: str = "fifo",
                    token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
                    partition: int | None = None, min_version: int | None = None,
@@ -365,10 +369,9 @@ class TransferQueueClient:
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
         """
-        kwargs.setdefault("consumer", self._data.consumer)
-        req = _claim_request(task, count, **kwargs)
+        req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
         resp = self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
-        return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
+        return _claimed(task, resp)
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(self._data.read(batch.rows, columns))
@@ -511,17 +514,10 @@ class AsyncTransferQueueClient:
         return indices
 
     async def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
-        """Lease up to `count` ready rows of `task` (metadata only; see `get`).
-
-        Options: min_count (wait for this many, default count), wait (seconds to
-        long-poll), policy (a claim policy name: policies.py), token_budget,
-        dp_size, partition, min_version with on_stale (discard | regenerate)
-        and stale_producer, ack (a previous Batch of this task to ack first).
-        """
-        kwargs.setdefault("consumer", self._data.consumer)
-        req = _claim_request(task, count, **kwargs)
+        """As `TransferQueueClient.claim` (its options)."""
+        req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
         resp = await self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
-        return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
+        return _claimed(task, resp)
 
     async def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(await asyncio.to_thread(self._data.read, batch.rows, columns))
