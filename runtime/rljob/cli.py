@@ -614,14 +614,12 @@ def run(
     import signal
     import time
 
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.table import Table
-    from rich.text import Text
+    from rich.console import Console
 
+    from .infra.rundir import RunDir
+    from .liveview import RunView
     from .local import JobFailed, LocalRun, write_plots
     from .preflight import check as preflight
-    from .infra.rundir import RunDir
 
     source = RunDir(resume).job_file if resume else file
     job = _local_job(source)
@@ -637,61 +635,8 @@ def run(
     runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume))
     console = Console()
     console.print(f"run directory: {directory}")
-
-    from . import progress
-
-    started = time.monotonic()
-    warmup = 0 if resume else job.spec.model.warmup_steps
-
-    def view():
-        ms = runner.metrics()
-        restarts = sum(runner.restarts.values())
-        t = Table(title=progress.header(
-            f"{job.metadata.name} · {job.spec.workflow.mode} · {job.spec.rollout.replicas} "
-            f"rollout · {job.spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
-            warmup, time.monotonic() - started, restarts))
-        for col in ("step", "reward", "smoothed", "loss", "kl", "staleness mean/max",
-                    "tokens/s", "Tgen s", "Ttrain s"):
-            t.add_column(col, justify="right")
-        smooth = progress.smoothed([m["reward_mean"] for m in ms])
-        for m, r in list(zip(ms, smooth))[-8:]:
-            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}", f"{r:.3f}",
-                      progress._num(m.get("loss"), ".4f"), progress._num(m.get("kl"), ".4f"),
-                      f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
-                      f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
-                      f"{m['train_seconds']:.2f}")
-        if not runner.events:
-            return t
-        return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
-
-    class Lines:
-        """Without a terminal (CI, nohup, a pod's log): a plain line per step and per
-        event, and a line every 30 s until the first step."""
-
-        def __init__(self):
-            self.steps = self.events = 0
-            self.said = -1e9
-
-        def update(self, _renderable=None):
-            ms = runner.metrics()
-            now = time.monotonic()
-            for i in range(self.steps, len(ms)):
-                console.print(progress.step_line(ms[:i + 1], runner.steps, now - started),
-                              soft_wrap=True, highlight=False)
-            self.steps = len(ms)
-            for e in runner.events[self.events:]:
-                console.print(e, soft_wrap=True, highlight=False)
-            self.events = len(runner.events)
-            if not ms and now - self.said >= 30:
-                self.said = now
-                console.print(f"{progress.phase(ms, runner.steps, warmup)} · elapsed "
-                              f"{progress.clock(now - started)}", highlight=False)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
+    view = RunView(runner, job, console, 0 if resume else job.spec.model.warmup_steps,
+                   time.monotonic())
 
     class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
         pass
@@ -705,13 +650,11 @@ def run(
     status = 0
     try:
         runner.start()
-        live_view = (Live(view(), console=console, refresh_per_second=2)
-                     if console.is_terminal else Lines())
-        with live_view as live:
+        with view.open() as live:
             while not runner.supervise():
-                live.update(view())
+                live.update(view.render())
                 time.sleep(0.5)
-            live.update(view())
+            live.update(view.render())
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
         status = 128 + signum
@@ -726,22 +669,8 @@ def run(
         runner.stop()
         if status == 0:
             runner.purge_storage()  # a finished job's table is nobody's
-    summary = write_plots(directory)
-    elapsed = time.monotonic() - started
-    console.print(f"{summary.get('steps', 0)} steps in {elapsed:.0f}s; mean reward "
-                  f"{summary.get('reward_first', float('nan')):.3f} → "
-                  f"{summary.get('reward_last', float('nan')):.3f}; bubble ratio "
-                  f"{summary.get('bubble_ratio', float('nan')):.0%}")
-    if runner.restarts:
-        console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
-                                               sorted(runner.restarts.items())))
-    wrote = RunDir(directory).outputs()
-    console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing")
+    view.summary(directory, write_plots(directory), status, file)
     if status:
-        step = runner.resume_step()
-        if step:
-            console.print(f"last checkpoint: step {step}; continue with: rljob run {file} "
-                          f"--resume {directory}")
         raise typer.Exit(status)
 
 

@@ -1,0 +1,106 @@
+"""What `rljob run` shows while a job runs and when it ends: a live table on a
+terminal, a plain line per step and per event without one (CI, nohup, a pod's log),
+and the run's summary. The figures come from `progress` (pure)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from . import progress
+from .infra.rundir import RunDir
+
+COLUMNS = ("step", "reward", "smoothed", "loss", "kl", "staleness mean/max", "tokens/s",
+           "Tgen s", "Ttrain s")
+
+
+class RunView:
+    """The view of one LocalRun (`runner`): `open()` gives what to `update()` each
+    supervision turn (a rich Live on a terminal, PlainLines elsewhere)."""
+
+    def __init__(self, runner, job, console: Console, warmup: int, started: float):
+        self.runner, self.job, self.console = runner, job, console
+        self.warmup, self.started = warmup, started
+
+    def open(self):
+        if self.console.is_terminal:
+            return Live(self.render(), console=self.console, refresh_per_second=2)
+        return PlainLines(self)
+
+    def render(self):
+        """The live table: the header's phase, ETA and restarts, the last 8 steps, the
+        last 4 events."""
+        runner, spec = self.runner, self.job.spec
+        ms = runner.metrics()
+        t = Table(title=progress.header(
+            f"{self.job.metadata.name} · {spec.workflow.mode} · {spec.rollout.replicas} "
+            f"rollout · {spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
+            self.warmup, time.monotonic() - self.started, sum(runner.restarts.values())))
+        for col in COLUMNS:
+            t.add_column(col, justify="right")
+        smooth = progress.smoothed([m["reward_mean"] for m in ms])
+        for m, r in list(zip(ms, smooth))[-8:]:
+            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}", f"{r:.3f}",
+                      progress._num(m.get("loss"), ".4f"), progress._num(m.get("kl"), ".4f"),
+                      f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
+                      f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
+                      f"{m['train_seconds']:.2f}")
+        if not runner.events:
+            return t
+        return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
+
+    def summary(self, directory: Path, summary: dict, status: int, file: Path) -> None:
+        """The end of a run: steps, reward, bubble ratio, restarts, what it wrote, and
+        how to go on from its last checkpoint if it did not finish."""
+        console, runner = self.console, self.runner
+        elapsed = time.monotonic() - self.started
+        console.print(f"{summary.get('steps', 0)} steps in {elapsed:.0f}s; mean reward "
+                      f"{summary.get('reward_first', float('nan')):.3f} → "
+                      f"{summary.get('reward_last', float('nan')):.3f}; bubble ratio "
+                      f"{summary.get('bubble_ratio', float('nan')):.0%}")
+        if runner.restarts:
+            console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
+                                                   sorted(runner.restarts.items())))
+        wrote = RunDir(directory).outputs()
+        console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing")
+        step = runner.resume_step() if status else 0
+        if step:
+            console.print(f"last checkpoint: step {step}; continue with: rljob run {file} "
+                          f"--resume {directory}")
+
+
+class PlainLines:
+    """Without a terminal: a plain line per step and per event, and a line every 30 s
+    until the first step."""
+
+    def __init__(self, view: RunView):
+        self.view = view
+        self.steps = self.events = 0
+        self.said = -1e9
+
+    def update(self, _renderable=None) -> None:
+        runner, console, started = self.view.runner, self.view.console, self.view.started
+        ms = runner.metrics()
+        now = time.monotonic()
+        for i in range(self.steps, len(ms)):
+            console.print(progress.step_line(ms[:i + 1], runner.steps, now - started),
+                          soft_wrap=True, highlight=False)
+        self.steps = len(ms)
+        for e in runner.events[self.events:]:
+            console.print(e, soft_wrap=True, highlight=False)
+        self.events = len(runner.events)
+        if not ms and now - self.said >= 30:
+            self.said = now
+            console.print(f"{progress.phase(ms, runner.steps, self.view.warmup)} · elapsed "
+                          f"{progress.clock(now - started)}", highlight=False)
+
+    def __enter__(self) -> PlainLines:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
