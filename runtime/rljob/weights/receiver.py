@@ -1,0 +1,248 @@
+"""The replicas' side: `WeightClient` (versions, reports, waiting for a version) and
+`WeightReceiver`, which fetches or receives each version and loads it into the
+rollout engine (in the background with weightSync async, at once with sync)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+
+import grpc
+import torch
+
+from . import collective as coll
+from .codec import OPTIONS, from_bytes
+from .proto import weights_pb2 as pb
+from .proto import weights_pb2_grpc as pbg
+
+log = logging.getLogger("rljob.weights")
+
+
+class WeightClient:
+    """Talks to a WeightSender: versions, fetches, replica reports."""
+
+    def __init__(self, address: str):
+        self._channel = grpc.insecure_channel(address, options=OPTIONS)
+        self._stub = pbg.WeightServiceStub(self._channel)
+        self.address = address
+        self.last_epoch = 0
+        self.last_transfer_seconds = 0.0  # of the last fetch: first chunk to last
+
+    def latest(self) -> int:
+        return self.latest_info().version
+
+    def latest_info(self) -> pb.VersionInfo:
+        return self._stub.Latest(pb.LatestRequest(), timeout=30, wait_for_ready=True)
+
+    def fetch(self, min_version: int = 0, wait: float = 600.0, epoch: int = 0
+              ) -> tuple[int, dict[str, torch.Tensor]]:
+        """The latest version once it is ≥ min_version, or at once if `epoch` (the one
+        the caller holds; 0: none) is not the sender's. The epoch served is in
+        `last_epoch` afterwards."""
+        state: dict[str, torch.Tensor] = {}
+        version = -1
+        name = dtype = None
+        shape: list[int] = []
+        parts: list[bytes] = []
+        request = pb.FetchRequest(min_version=min_version, wait_seconds=wait, epoch=epoch)
+        first = None
+        for chunk in self._stub.Fetch(request, timeout=wait + 600, wait_for_ready=True):
+            first = first or time.monotonic()
+            version, self.last_epoch = chunk.version, chunk.epoch
+            if chunk.name:
+                if name is not None:
+                    state[name] = from_bytes(dtype, shape, b"".join(parts))
+                name, dtype, shape, parts = chunk.name, chunk.dtype, list(chunk.shape), []
+            parts.append(chunk.data)
+        if name is not None:
+            state[name] = from_bytes(dtype, shape, b"".join(parts))
+        self.last_transfer_seconds = time.monotonic() - first if first else 0.0
+        return version, state
+
+    def join(self, replica: str, group: str, store: str, world: int, backend: str) -> None:
+        self._stub.Join(pb.JoinRequest(replica=replica, group=group, store=store, world=world,
+                                       backend=backend), timeout=30, wait_for_ready=True)
+
+    def broadcast(self, replica: str, group: str, min_version: int = 0, wait: float = 600.0,
+                  epoch: int = 0) -> pb.BroadcastPlan:
+        """As `fetch`, over the collective path: the version's plan; the sender then
+        broadcasts its buckets in `group`."""
+        request = pb.BroadcastRequest(replica=replica, group=group, min_version=min_version,
+                                      wait_seconds=wait, epoch=epoch)
+        plan = self._stub.Broadcast(request, timeout=wait + 30, wait_for_ready=True)
+        self.last_epoch = plan.epoch
+        return plan
+
+    def report(self, replica: str, version: int, epoch: int = 0) -> None:
+        self._stub.Report(pb.ReplicaVersion(replica=replica, version=version, epoch=epoch),
+                          timeout=10, wait_for_ready=True)
+
+    def status(self, fresh_seconds: float = 10.0, wait_version: int | None = None,
+               wait: float = 0.0) -> pb.StatusResponse:
+        """Versions now; with wait_version, once trainer and replicas reach it (or `wait` s)."""
+        req = pb.StatusRequest(fresh_seconds=fresh_seconds, wait=wait_version is not None,
+                               wait_version=wait_version or 0, wait_seconds=wait)
+        return self._stub.Status(req, timeout=wait + 10, wait_for_ready=True)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class WeightReceiver:
+    """A rollout replica's side. A background thread long-polls the sender for the
+    next version, receives it (gRPC into host memory, or a broadcast into device
+    buffers) and swaps it into the engine under the engine lock, i.e. between two
+    generations (AsyncFlow's delayed parameter update). An engine with processes
+    of its own (vLLM) receives a broadcast in those processes, while its requests
+    in flight drain. With `weightSync: sync` the rollout loop also refuses to
+    generate with an older version than the newest published (`latest` +
+    `wait_version`)."""
+
+    def __init__(self, address: str, replica: str, mode: str = "async",
+                 transport: str = "grpc", backend: str = "gloo"):
+        self.client = WeightClient(address)
+        self.replica = replica
+        self.mode = mode
+        self.transport, self.backend = transport, backend
+        self.version = -1
+        self.epoch = 0  # the sender life whose weights the engine holds
+        self.lock = threading.Lock()  # held by the rollout while it generates
+        self.swapped = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.swap_seconds: list[tuple[float, float, int]] = []  # (start, end, version)
+        self.drain_seconds: list[float] = []  # of each swap: waiting for generations in flight
+        self.transfer_seconds: list[float] = []  # of each update: moving the bytes
+        self._store = self._group = self._group_name = None  # the collective path's
+
+    def _update(self, engine, min_version: int, wait: float) -> int:
+        """Receive the first version ≥ min_version (or any of a new sender life) and
+        swap it in; grpc.RpcError when none comes within `wait` s."""
+        if self.transport == "collective":
+            return self._update_collective(engine, min_version, wait)
+        version, state = self.client.fetch(min_version, wait, self.epoch)
+        epoch = self.client.last_epoch
+        self._swap(engine, version, epoch, self.client.last_transfer_seconds,
+                   lambda: engine.load_weights(state, version, epoch))
+        return version
+
+    def _swap(self, engine, version: int, epoch: int, transfer: float | None, load) -> None:
+        t0 = time.time()
+        if epoch != self.epoch and self.epoch:
+            log.info("the trainer restarted: taking version %d of its new epoch "
+                     "(held %d)", version, self.version)
+        with self.lock:  # waits for the generation in progress to finish
+            load()
+            self.version, self.epoch = version, epoch
+        self.swap_seconds.append((t0, time.time(), version))
+        self.drain_seconds.append(engine.drain_seconds)
+        self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
+        with self.swapped:
+            self.swapped.notify_all()
+
+    def _join(self, engine) -> None:
+        """A new weight group with the sender: rank 0 the sender, then the engine's
+        ranks (this process's one when the engine has none of its own)."""
+        if self._store is None:
+            self._store, self._store_address = coll.open_store(self.client.address)
+        name = f"{self.replica}.{secrets.token_hex(4)}"
+        ranks = engine.weight_ranks or 1
+        log.info("joining weight group %s: store at %s, %d ranks", name, self._store_address,
+                 1 + ranks)
+        self.client.join(self.replica, name, self._store_address, 1 + ranks, self.backend)
+        if engine.weight_ranks:
+            engine.join_weight_group(self.backend, self._store_address, name, 1, 1 + ranks)
+        else:
+            self._group, self._group_store = coll.new_group(
+                self.backend, self._store_address, name, 1, 1 + ranks)
+        self._group_name = name
+        log.info("joined weight group %s (%s, %d ranks)", name, self.backend, 1 + ranks)
+
+    def _update_collective(self, engine, min_version: int, wait: float) -> int:
+        if self._group_name is None:
+            self._join(engine)
+        plan = self.client.broadcast(self.replica, self._group_name, min_version, wait,
+                                     self.epoch)
+        slots = [coll.Slot(t.name, t.dtype, tuple(t.shape), t.bucket, t.offset, t.nbytes)
+                 for t in plan.tensors]
+        sizes, version, epoch = list(plan.buckets), plan.version, plan.epoch
+        try:
+            if engine.weight_ranks:  # its processes receive, while its requests drain
+                self._swap(engine, version, epoch, None,
+                           lambda: engine.load_broadcast(sizes, slots, version, epoch))
+            else:  # received while generating goes on, swapped between generations
+                t0 = time.monotonic()
+                state = coll.unpack(slots, coll.receive(self._group, sizes,
+                                                        engine.weight_device()))
+                self._swap(engine, version, epoch, time.monotonic() - t0,
+                           lambda: engine.load_weights(state, version, epoch))
+        except RuntimeError:  # the group broke (the sender died, or a transfer stalled)
+            self._group = self._group_name = None
+            raise
+        return version
+
+    def load_latest(self, engine, min_version: int = 0, wait: float = 600.0) -> int:
+        """Block until a version ≥ min_version is loaded (a replica joining the run)."""
+        version = self._update(engine, min_version, wait)
+        self.client.report(self.replica, version, self.epoch)
+        return version
+
+    def start_background(self, engine, heartbeat: float = 2.0) -> None:
+        def report(version: int) -> None:
+            try:
+                self.client.report(self.replica, version, self.epoch)
+            except (grpc.RpcError, ValueError):  # ValueError: stop() closed the channel
+                pass  # the trainer is away (restarting): the next heartbeat says it again
+
+        def run():
+            while not self._stop.is_set():
+                try:
+                    self._update(engine, self.version + 1, heartbeat)
+                except (grpc.RpcError, ValueError, RuntimeError) as exc:
+                    # ValueError: stop() closed the channel; RuntimeError: a weight
+                    # group broke (joined anew on the next round)
+                    if self._stop.is_set():
+                        return  # stop() cancelled the fetch
+                    code = exc.code() if isinstance(exc, grpc.RpcError) else None
+                    if code == grpc.StatusCode.FAILED_PRECONDITION:
+                        self._group = self._group_name = None  # a new sender: join it
+                    elif code not in (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                      grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.CANCELLED):  # the sender stopping
+                        log.error("fetching weights failed (retrying): %s", exc)
+                        self._stop.wait(1.0)
+                    report(self.version)  # no new version yet: say we are alive
+                    continue
+                if not self._stop.is_set():
+                    report(self.version)
+
+        self._thread = threading.Thread(target=run, name="rljob-weight-receiver", daemon=True)
+        self._thread.start()
+
+    def latest(self) -> tuple[int, int]:
+        """The newest (version, epoch) the sender has published; (-1, 0) while it is
+        unreachable (a restarting trainer: generate with what we hold)."""
+        try:
+            info = self.client.latest_info()
+            return info.version, info.epoch
+        except grpc.RpcError:
+            return -1, 0
+
+    def holds(self, version: int, epoch: int = 0) -> bool:
+        """Whether the engine holds `version` or newer (of `epoch`, when given)."""
+        return self.version >= version and (not epoch or self.epoch == epoch)
+
+    def wait_version(self, version: int, timeout: float = 600.0, epoch: int = 0) -> None:
+        """Block until the engine holds `version` or newer of `epoch` (or `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        with self.swapped:
+            while not self.holds(version, epoch) and time.monotonic() < deadline:
+                self.swapped.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.client.close()  # cancels the fetch in flight: the thread ends at once
+        if self._thread:
+            self._thread.join(timeout=5)

@@ -1,0 +1,238 @@
+"""The trainer's side (rank 0): `WeightSender` serves each published version to the
+rollout replicas, over gRPC in chunks or broadcast in a weight group of its own per
+replica (`collective.py`), and tracks what every replica reports it loaded."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import torch
+
+from . import collective as coll
+from .codec import CHUNK, OPTIONS, new_epoch, to_bytes
+from .proto import weights_pb2 as pb
+from .proto import weights_pb2_grpc as pbg
+
+log = logging.getLogger("rljob.weights")
+
+
+class _Published:
+    """One version: host bytes per tensor (grpc), or device buckets (collective)."""
+
+    def __init__(self, version: int, tensors: list[tuple[str, str, list[int], bytes]] = (),
+                 slots: list[coll.Slot] = (), buckets: list[torch.Tensor] = ()):
+        self.version = version
+        self.tensors = list(tensors)
+        self.slots, self.buckets = list(slots), list(buckets)
+        self.total = (sum(len(t[3]) for t in self.tensors)
+                      + sum(b.numel() for b in self.buckets))
+
+    def items(self) -> Iterator[tuple[str, str, list[int], bytes]]:
+        """Every tensor as (name, dtype, shape, bytes); a collective version's are
+        copied to the host one by one, only when a gRPC receiver asks."""
+        yield from self.tensors
+        for name, t in coll.unpack(self.slots, self.buckets).items():
+            dtype, data = to_bytes(t)
+            yield name, dtype, list(t.shape), data
+
+    def plan(self, epoch: int) -> pb.BroadcastPlan:
+        return pb.BroadcastPlan(
+            version=self.version, epoch=epoch, buckets=[b.numel() for b in self.buckets],
+            tensors=[pb.TensorSlot(name=s.name, dtype=s.dtype, shape=s.shape, bucket=s.bucket,
+                                   offset=s.offset, nbytes=s.nbytes) for s in self.slots])
+
+
+class _Group:
+    """The sender's side of one replica's weight group: rank 0. Connecting and
+    sending run in order on a thread of its own, so a slow or dead replica holds
+    up nobody else; a failed collective drops the group (the replica joins anew)."""
+
+    def __init__(self, request: pb.JoinRequest, timeout: float):
+        self.replica, self.name = request.replica, request.group
+        self.backend, self.timeout = request.backend, timeout
+        self.group = None
+        self.failed = False
+        self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="rljob-weight-group")
+        self._pool.submit(self._connect, request.store, request.world)
+
+    def _connect(self, store: str, world: int) -> None:
+        try:
+            self.group, self._store = coll.new_group(self.backend, store, self.name, 0, world,
+                                                     self.timeout)
+            log.info("weight group %s: joined (%s, %d ranks)", self.name, self.backend, world)
+        except Exception as exc:  # noqa: BLE001 - the replica went away: it joins again
+            log.warning("weight group %s: could not join: %s", self.name, exc)
+            self.failed = True
+
+    def send(self, pub: _Published) -> None:
+        self._pool.submit(self._send, pub)
+
+    def _send(self, pub: _Published) -> None:
+        if self.group is None:
+            return
+        try:
+            for b in pub.buckets:
+                coll.broadcast(self.group, b if self.backend != "gloo" else b.cpu())
+            if pub.buckets and pub.buckets[0].is_cuda:
+                torch.cuda.synchronize(pub.buckets[0].device)
+        except Exception as exc:  # noqa: BLE001 - a replica died or stalled mid-transfer
+            log.warning("weight group %s: broadcast of version %d failed: %s",
+                        self.name, pub.version, exc)
+            self.failed, self.group = True, None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class WeightSender(pbg.WeightServiceServicer):
+    """Serves the latest version; `publish` replaces it (readers of the old one finish)."""
+
+    def __init__(self, listen: str, epoch: int | None = None, transport: str = "grpc",
+                 bucket_bytes: int = coll.BUCKET_BYTES, group_timeout: float = 600.0):
+        self.epoch = epoch or new_epoch()
+        self.transport = transport
+        self.bucket_bytes, self.group_timeout = bucket_bytes, group_timeout
+        self._groups: dict[str, _Group] = {}
+        self._latest: _Published | None = None
+        self._cond = threading.Condition()
+        self._closing = False
+        self._replicas: dict[str, tuple[int, float]] = {}
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
+        pbg.add_WeightServiceServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port(listen)
+        if not self.port:
+            raise RuntimeError(f"weight sender cannot listen on {listen}")
+        self._server.start()
+
+    @property
+    def version(self) -> int:
+        return self._latest.version if self._latest else -1
+
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Make `version` the one served: with the collective transport a copy of
+        `state_dict` in buckets on its device, else its bytes in host memory."""
+        if self.transport == "collective":
+            pub = _Published(version, (), *coll.pack(state_dict, self.bucket_bytes))
+        else:
+            tensors = []
+            for name, t in state_dict.items():
+                dtype, data = to_bytes(t)
+                tensors.append((name, dtype, list(t.shape), data))
+            pub = _Published(version, tensors)
+        with self._cond:
+            self._latest = pub
+            self._cond.notify_all()
+
+    def wait_replicas(self, version: int, timeout: float, fresh_seconds: float = 10.0) -> bool:
+        """Wait until every live replica reports `version` or newer (or `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                replicas = self._fresh(fresh_seconds)
+                if replicas and min(r.version for r in replicas) >= version:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop serving: waits for a version (Fetch, Status) end at once, transfers
+        in progress get `grace` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            groups, self._groups = list(self._groups.values()), {}
+        self._server.stop(grace).wait()
+        for g in groups:
+            g.close()
+
+    # ---- RPCs ----
+    def Latest(self, request, context):
+        pub = self._latest
+        return pb.VersionInfo(version=pub.version if pub else -1,
+                              total_bytes=pub.total if pub else 0, epoch=self.epoch)
+
+    def _await(self, request, context) -> _Published:
+        """The latest version once it is ≥ request.min_version (of the sender's epoch;
+        a receiver of another life's weights takes this life's at once)."""
+        deadline = time.monotonic() + request.wait_seconds
+        with self._cond:
+            while self._latest is None or (request.epoch in (0, self.epoch)
+                                           and self._latest.version < request.min_version):
+                if self._closing:
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  f"the weight sender stopped at version {self.version}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"version {request.min_version} not published within "
+                                  f"{request.wait_seconds}s (latest {self.version})")
+                self._cond.wait(min(left, 1.0))
+            return self._latest
+
+    def Fetch(self, request, context) -> Iterator[pb.WeightChunk]:
+        pub = self._await(request, context)
+        for name, dtype, shape, data in pub.items():
+            for off in range(0, max(len(data), 1), CHUNK):
+                first = off == 0
+                yield pb.WeightChunk(version=pub.version, epoch=self.epoch,
+                                     name=name if first else "",
+                                     dtype=dtype if first else "", shape=shape if first else [],
+                                     nbytes=len(data) if first else 0, data=data[off:off + CHUNK])
+
+    def Join(self, request, context):
+        if self.transport != "collective":
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this trainer sends weights over gRPC (workflow.weightTransport "
+                          f"{self.transport}): fetch them")
+        group = _Group(request, self.group_timeout)
+        with self._cond:
+            old = self._groups.pop(request.replica, None)
+            self._groups[request.replica] = group
+        if old is not None:
+            old.close()
+        return pb.JoinAck()
+
+    def Broadcast(self, request, context):
+        pub = self._await(request, context)
+        with self._cond:
+            group = self._groups.get(request.replica)
+        if group is None or group.name != request.group or group.failed:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"weight group {request.group} is not joined: join again")
+        group.send(pub)
+        return pub.plan(self.epoch)
+
+    def Report(self, request, context):
+        with self._cond:
+            version = request.version if request.epoch == self.epoch else -1
+            self._replicas[request.replica] = (version, time.monotonic())
+            self._cond.notify_all()
+        return pb.ReportAck()
+
+    def _fresh(self, fresh_seconds: float) -> list[pb.ReplicaVersion]:
+        now = time.monotonic()
+        fresh = fresh_seconds or 1e9
+        return [pb.ReplicaVersion(replica=r, version=v) for r, (v, t) in self._replicas.items()
+                if now - t <= fresh]
+
+    def Status(self, request, context):
+        deadline = time.monotonic() + request.wait_seconds
+        with self._cond:
+            while request.wait and not self._closing:
+                replicas = self._fresh(request.fresh_seconds)
+                if (self.version >= request.wait_version and replicas
+                        and min(r.version for r in replicas) >= request.wait_version):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.5))
+            return pb.StatusResponse(version=self.version, epoch=self.epoch,
+                                     replicas=self._fresh(request.fresh_seconds))
