@@ -135,7 +135,7 @@ def images(version: str) -> dict[str, Image]:
     return {
         "runtime": Image(
             name="runtime", tags=(f"rljob/runtime:{version}-cpu",), flavor="cpu",
-            # the pods' user on CPU (builders._non_root_pod), with a home for caches
+            # the pods' user on CPU (rljob.api.builders._non_root_pod), with a home for caches
             uid=1000, home="/home/rljob",
             # storage-unit pods can run this image too (transferQueue.redis.image)
             apt=("redis-server",), examples=True,

@@ -19,9 +19,8 @@ import grpc
 import kopf
 from pydantic import ValidationError
 
-from rljob.api import GROUP, PLURAL, VERSION, RLJob
+from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 
-from . import builders
 from . import metrics
 from .autoscaler import Memory, observe
 from .kube import Kube

@@ -10,9 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from rljob.api import GROUP, PLURAL, VERSION
-
-from . import builders
+from rljob.api import GROUP, PLURAL, VERSION, builders
 
 FIELD_MANAGER = "rljob-operator"
 log = logging.getLogger("rljob_operator.kube")

@@ -13,9 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rljob import preflight
-from rljob.api import RLJob
-
-from . import builders
+from rljob.api import RLJob, builders
 
 
 def now_utc() -> datetime:

@@ -120,7 +120,7 @@ def render(
                                   help="Namespace of the objects (default: the file's, or default)."),
 ) -> None:
     """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
-    from rljob_operator.builders import build_all, new_password, to_yaml
+    from .api.builders import build_all, new_password, to_yaml
 
     job = _load_job(file)
     if namespace:

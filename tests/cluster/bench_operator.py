@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, config
 
 from rljob.api import RLJob
-from rljob_operator import builders as b
+from rljob.api import builders as b
 from tests.cluster.controlplane import REPO, ControlPlane, gotools_bin
 from tests.cluster.operator_harness import (
     CHART, OPERATOR_NS, RELEASE, OperatorProcess, helm, service_account_kubeconfig, wait_for)

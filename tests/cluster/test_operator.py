@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from rljob.api.validation import load_rljob
-from rljob_operator import builders as b
+from rljob.api import builders as b
 from rljob_operator.autoscaler import predicted_change
 from tests.cluster.operator_harness import (
     OPERATOR_NS,

@@ -26,3 +26,20 @@ def test_the_client_does_not_load_the_server():
     loaded = _loaded("from rljob.transferqueue import TransferQueueClient")
     assert "rljob.transferqueue.wire" in loaded
     assert "rljob.transferqueue.service" not in loaded
+
+
+def test_the_runtime_never_imports_the_operator():
+    """The operator imports the runtime (the contract, the builders, the planner),
+    never the other way round."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "runtime" / "rljob"
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(root)}: {n}" for n in names
+                      if n.split(".")[0] == "rljob_operator"]
+    assert found == []

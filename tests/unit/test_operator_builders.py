@@ -1,4 +1,4 @@
-"""The operator's pure builders: RLJob → Kubernetes objects, no cluster."""
+"""The pure builders (rljob.api.builders): RLJob → Kubernetes objects, no cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from rljob.api.spec import WandbSpec
 from rljob.api.validation import load_rljob
-from rljob_operator import builders as b
+from rljob.api import builders as b
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -227,7 +227,7 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
 
 
 def test_runtime_image_replaces_only_the_default_image():
-    from rljob_operator.builders import build_trainer_pod, with_runtime_image
+    from rljob.api.builders import build_trainer_pod, with_runtime_image
 
     job = load_rljob(str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"))
     assert job.spec.image == "rljob/runtime:0.1.0"  # names none: the default

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rljob.api.validation import load_rljob
-from rljob_operator import builders as b
+from rljob.api import builders as b
 from rljob_operator.autoscaler import Memory, observe, predicted_change
 from rljob_operator.reconcile import choose_rollouts_to_remove, plan
 

@@ -1,7 +1,8 @@
 """RLJob → Kubernetes objects, as pure functions.
 
-The operator's handlers call these and create-or-patch the result; `rljob
-render` prints the same objects. Nothing here talks to a cluster, so every
+The operator's handlers (`rljob_operator`) call these and create-or-patch the
+result; `rljob render` prints the same objects. They live with the contract, so
+the runtime never imports the operator (the operator imports the runtime). Nothing here talks to a cluster, so every
 object the operator creates is unit-tested without one.
 
 Children of RLJob NAME (deterministic names, all owned by the RLJob):
