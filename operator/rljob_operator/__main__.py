@@ -53,10 +53,8 @@ def main(
 ) -> None:
     """Reconcile RLJobs into TransferQueue, rollout and trainer pods."""
     import kopf
-    from prometheus_client import start_http_server
 
-    from .handlers import Operator, configure, register
-    from .kube import NoCluster, connection_info, ensure_peering, load_config
+    from .kube import NoCluster, ensure_peering, load_config
 
     if log_format not in ("json", "plain"):
         raise typer.BadParameter("use json or plain", param_hint="--log-format")
@@ -66,17 +64,42 @@ def main(
     except NoCluster as exc:
         typer.echo(f"rljob-operator: {exc}", err=True)
         raise typer.Exit(2) from None
-    kopf.configure(verbose=log_level.upper() == "DEBUG",
-                   log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL,
-                   log_refkey="rljob" if log_format == "json" else None)
-    logging.getLogger().setLevel(log_level.upper())
-    logging.getLogger("rljob.operator").info("cluster: %s", source)
+    _configure_logging(log_level, log_format, source, created)
+    registry = _registry(interval, workers, metrics_port)
+    kopf.run(
+        registry=registry,
+        clusterwide=not namespace,
+        namespaces=namespace,
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
+    )
+
+
+def _configure_logging(level: str, fmt: str, source: str, created: list[str]) -> None:
+    import kopf
+
+    kopf.configure(verbose=level.upper() == "DEBUG",
+                   log_format=kopf.LogFormat.JSON if fmt == "json" else kopf.LogFormat.FULL,
+                   log_refkey="rljob" if fmt == "json" else None)
+    logging.getLogger().setLevel(level.upper())
+    log = logging.getLogger("rljob.operator")
+    log.info("cluster: %s", source)
     if created:
-        logging.getLogger("rljob.operator").info("created peering object(s): %s",
-                                                 ", ".join(created))
+        log.info("created peering object(s): %s", ", ".join(created))
+
+
+def _registry(interval: float, workers: int, metrics_port: int):
+    """The operator's handlers, its settings at start-up and its cluster login."""
+    import kopf
+    from prometheus_client import start_http_server
+
+    from .handlers import Operator, configure, register
+    from .kube import connection_info
+
     registry = kopf.OperatorRegistry()
-    operator = Operator()
-    register(registry, operator, interval)
+    register(registry, Operator(), interval)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_):
@@ -88,15 +111,7 @@ def main(
     def login(settings: kopf.OperatorSettings, **_):
         return connection_info(settings.networking.trust_env)
 
-    kopf.run(
-        registry=registry,
-        clusterwide=not namespace,
-        namespaces=namespace,
-        standalone=peering is None,
-        peering_name=peering,
-        priority=priority,
-        liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
-    )
+    return registry
 
 
 def run() -> None:

@@ -176,7 +176,7 @@ def plan(
     """Split NPUs between rollout and training (StreamRL Algorithm 1)."""
     import json
 
-    from .planner.allocation import Allocation, allocate_cross, allocate_single
+    from .planner.allocation import Allocation
     from .planner.scaling import gain_of_one_more_replica
 
     job, model = _job_model(file, profile)
@@ -184,31 +184,8 @@ def plan(
     current = Allocation(spec.rollout.replicas, spec.rollout.replicas * model.npus_per_replica,
                          spec.trainer.world_size, model.tgen(spec.rollout.replicas),
                          model.ttrain(spec.trainer.world_size))
-    # rollout and trainer on different accelerators (rollout.accelerator /
-    # trainer.accelerator): two pools, never one to split (StreamRL §2.3)
-    heterogeneous = spec.accelerator_for("rollout") != spec.accelerator_for("trainer")
-    if heterogeneous and npus and not cross:
-        typer.echo(f"{file}: rollout and trainer run on different accelerators: give their "
-                   "pools with --cross ROLLOUT,TRAINER instead of --npus", err=True)
-        raise typer.Exit(2)
-    if heterogeneous and not cross:
-        cross = f"{current.rollout_npus},{current.trainer_npus}"
-    try:
-        if cross:
-            try:
-                rpool, tpool = (int(x) for x in cross.split(","))
-            except ValueError:
-                typer.echo("--cross takes two NPU counts: ROLLOUT,TRAINER (e.g. 32,16)", err=True)
-                raise typer.Exit(2) from None
-            best = allocate_cross(rpool, tpool, model.npus_per_replica,
-                                  model.trainer_sizes(tpool), model.tgen, model.ttrain)
-        else:
-            total = npus or current.npus
-            best = allocate_single(total, model.npus_per_replica, model.trainer_sizes(total),
-                                   model.tgen, model.ttrain)
-    except ValueError as exc:
-        typer.echo(f"{file}: {exc}", err=True)
-        raise typer.Exit(1) from None
+    cross = _plan_pools(file, spec, current, npus, cross)
+    best = _best_allocation(file, model, npus or current.npus, cross)
 
     def row(a: Allocation) -> dict:
         return {"rollout_replicas": a.rollout_replicas, "rollout_npus": a.rollout_npus,
@@ -226,7 +203,46 @@ def plan(
                         "max_output_tokens": model.workload.max_output}}
     if json_out:
         typer.echo(json.dumps(out, indent=2))
-        return
+    else:
+        _print_plan(job, model, out, cross)
+
+
+def _plan_pools(file: Path, spec, current, npus: int | None, cross: str | None) -> str | None:
+    """--cross as given; the job's own two pools when rollout and trainer run on
+    different accelerators (rollout.accelerator / trainer.accelerator): never one
+    pool to split (StreamRL §2.3)."""
+    if spec.accelerator_for("rollout") == spec.accelerator_for("trainer") or cross:
+        return cross
+    if npus:
+        typer.echo(f"{file}: rollout and trainer run on different accelerators: give their "
+                   "pools with --cross ROLLOUT,TRAINER instead of --npus", err=True)
+        raise typer.Exit(2)
+    return f"{current.rollout_npus},{current.trainer_npus}"
+
+
+def _best_allocation(file: Path, model, total: int, cross: str | None):
+    """StreamRL's Algorithm 1 over one pool of `total`, or over the two pools of
+    `cross` (ROLLOUT,TRAINER)."""
+    from .planner.allocation import allocate_cross, allocate_single
+
+    try:
+        if not cross:
+            return allocate_single(total, model.npus_per_replica, model.trainer_sizes(total),
+                                   model.tgen, model.ttrain)
+        try:
+            rpool, tpool = (int(x) for x in cross.split(","))
+        except ValueError:
+            typer.echo("--cross takes two NPU counts: ROLLOUT,TRAINER (e.g. 32,16)", err=True)
+            raise typer.Exit(2) from None
+        return allocate_cross(rpool, tpool, model.npus_per_replica,
+                              model.trainer_sizes(tpool), model.tgen, model.ttrain)
+    except ValueError as exc:
+        typer.echo(f"{file}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _print_plan(job, model, out: dict, cross: str | None) -> None:
+    spec = job.spec
     units = {"cpu": "core", "gpu": "GPU"}
     unit = units.get(spec.accelerator_for("trainer").type, "NPU")
     r_unit = units.get(spec.accelerator_for("rollout").type, "NPU")

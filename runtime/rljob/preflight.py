@@ -15,6 +15,7 @@ problems end the job as Failed/PreflightFailed with the lines as the message.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -92,96 +93,111 @@ def _model_dir(spec, in_pod: bool = False) -> Path | None:
     return Path(path)
 
 
-def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[str]:
-    """Every problem of `job` (paths already resolved) that shows on this machine;
-    `in_pod`: in one of the job's pods, where the PVCs are mounted."""
-    spec = job.spec
-    problems: list[str] = []
-    where = f" (relative paths are read from {base})" if base else ""
-    model_here = in_pod or not spec.model.pvc
-    dataset_here = in_pod or not spec.dataset.pvc
-
-    # the model's config: its context length, and that the directory is one
-    context = None
+def _check_model(spec, where: str, in_pod: bool, problems: list[str]) -> int | None:
+    """The model directory and its config.json; its context length (None when the
+    model is not here or has none)."""
     model_dir = _model_dir(spec, in_pod)
-    if model_dir is not None:
-        config = model_dir / "config.json"
-        if not model_dir.is_dir():
-            problems.append(f"model.path: {model_dir} is not a directory{where}; give a "
-                            "model directory, random:DIR (a transformers config to "
-                            "initialise randomly) or a hub id org/name")
-        elif not config.is_file():
-            problems.append(f"model.path: {model_dir} has no config.json: give a directory "
-                            "saved by transformers (save_pretrained)")
-        else:
-            try:
-                cfg = json.loads(config.read_text())
-                context = cfg.get("max_position_embeddings")
-            except (OSError, ValueError) as exc:
-                problems.append(f"model.path: {config} is not valid JSON: {exc}")
+    if model_dir is None:
+        return None
+    config = model_dir / "config.json"
+    if not model_dir.is_dir():
+        problems.append(f"model.path: {model_dir} is not a directory{where}; give a "
+                        "model directory, random:DIR (a transformers config to "
+                        "initialise randomly) or a hub id org/name")
+    elif not config.is_file():
+        problems.append(f"model.path: {model_dir} has no config.json: give a directory "
+                        "saved by transformers (save_pretrained)")
+    else:
+        try:
+            return json.loads(config.read_text()).get("max_position_embeddings")
+        except (OSError, ValueError) as exc:
+            problems.append(f"model.path: {config} is not valid JSON: {exc}")
+    return None
 
-    tok = None
+
+def _check_tokenizer(spec, where: str, model_here: bool, problems: list[str]):
+    """The tokenizer, loaded when it is here (None otherwise, or when it fails)."""
     tok_path = spec.model.tokenizer_path
     tok_dir = Path(tok_path.removeprefix(RANDOM))
-    hub = _hub_id(tok_path)
     if tok_path.startswith(BUILTIN) or (model_here and tok_dir.is_dir()):
         try:
             from .inputs.models import load_tokenizer
 
-            tok = load_tokenizer(spec.model)
+            return load_tokenizer(spec.model)
         except Exception as exc:  # noqa: BLE001 - transformers' many ways to fail
             field = "model.tokenizer" if spec.model.tokenizer else "model.path"
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             problems.append(f"{field}: cannot load a tokenizer from {tok_path}: {first}; set "
                             "model.tokenizer (builtin:char, or a directory with tokenizer "
                             "files)")
-    elif spec.model.tokenizer and model_here and not hub:
+    elif spec.model.tokenizer and model_here and not _hub_id(tok_path):
         problems.append(f"model.tokenizer: {tok_dir} is not a directory{where}")
+    return None
 
-    examples = None
-    if dataset_here:
-        from .inputs.data import load_examples
 
-        try:
-            examples = load_examples(spec.dataset)
-        except ValueError as exc:
-            msg = str(exc)
-            if "does not exist" in msg:
-                msg += f"{where}; give the JSONL or Parquet file of prompts"
-            problems.append(msg.replace("dataset.path ", "dataset.path: ", 1))
+def _check_dataset(spec, where: str, problems: list[str]):
+    """The dataset's examples (None when it cannot be read)."""
+    from .inputs.data import load_examples
 
     try:
-        from .reward import get_reward
+        return load_examples(spec.dataset)
+    except ValueError as exc:
+        msg = str(exc)
+        if "does not exist" in msg:
+            msg += f"{where}; give the JSONL or Parquet file of prompts"
+        problems.append(msg.replace("dataset.path ", "dataset.path: ", 1))
+    return None
 
-        import os
 
-        if os.getcwd() not in sys.path:  # the workers (python -m rljob) import from here
-            sys.path.insert(0, os.getcwd())
+def _check_reward(spec, problems: list[str]) -> None:
+    """The reward resolves to a callable, imported as the workers import it (python -m
+    rljob runs from the current directory)."""
+    from .reward import get_reward
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
         get_reward(spec.reward.name)
     except ValueError as exc:
         problems.append(f"reward.name: {exc}")
 
+
+def _check_context(spec, context: int, tok, examples, problems: list[str]) -> None:
+    """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
+    from .inputs.data import render_prompt
+
+    longest = max(len(tok.encode(render_prompt(tok, e.prompt)))
+                  for e in examples[:PROMPTS_CHECKED])
+    need = longest + spec.rollout.max_new_tokens
+    if longest >= context:
+        problems.append(
+            f"dataset.path: the longest prompt is {longest} tokens, but the model has "
+            f"{context} positions (max_position_embeddings): shorten the prompts or use "
+            "a model with a longer context")
+    elif need > context:
+        problems.append(
+            f"rollout.maxNewTokens: {spec.rollout.max_new_tokens} new tokens after the "
+            f"longest prompt ({longest} tokens) need {need} positions, but the model has "
+            f"{context} (max_position_embeddings); set rollout.maxNewTokens to at most "
+            f"{max(context - longest, 0)}")
+
+
+def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[str]:
+    """Every problem of `job` (paths already resolved) that shows on this machine;
+    `in_pod`: in one of the job's pods, where the PVCs are mounted."""
     from .trainer.sinks import wandb_problems
 
+    spec = job.spec
+    problems: list[str] = []
+    where = f" (relative paths are read from {base})" if base else ""
+    context = _check_model(spec, where, in_pod, problems)
+    tok = _check_tokenizer(spec, where, in_pod or not spec.model.pvc, problems)
+    examples = (_check_dataset(spec, where, problems)
+                if in_pod or not spec.dataset.pvc else None)
+    _check_reward(spec, problems)
     problems += wandb_problems(spec)
-
     if context and tok is not None and examples:
-        from .inputs.data import render_prompt
-
-        longest = max(len(tok.encode(render_prompt(tok, e.prompt)))
-                      for e in examples[:PROMPTS_CHECKED])
-        need = longest + spec.rollout.max_new_tokens
-        if longest >= context:
-            problems.append(
-                f"dataset.path: the longest prompt is {longest} tokens, but the model has "
-                f"{context} positions (max_position_embeddings): shorten the prompts or use "
-                "a model with a longer context")
-        elif need > context:
-            problems.append(
-                f"rollout.maxNewTokens: {spec.rollout.max_new_tokens} new tokens after the "
-                f"longest prompt ({longest} tokens) need {need} positions, but the model has "
-                f"{context} (max_position_embeddings); set rollout.maxNewTokens to at most "
-                f"{max(context - longest, 0)}")
+        _check_context(spec, context, tok, examples, problems)
     return problems
 
 

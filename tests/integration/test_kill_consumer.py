@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rljob.transferqueue import Task, TransferQueueClient, tensor
+from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 from tests.integration.conftest import TQServer
 
 HERE = Path(__file__).parent
@@ -26,8 +26,8 @@ def test_sigkilled_consumer_loses_nothing_and_duplicates_nothing(redis_units, tm
     server = TQServer(redis_units, lease_seconds=1.5)
     try:
         with TransferQueueClient(server.address) as c:
-            c.register(Task("driver", (), [tensor("payload", "int64")]),
-                       Task("train", ["payload"]))
+            c.register(TaskSpec("driver", (), [tensor("payload", "int64")]),
+                       TaskSpec("train", ["payload"]))
             for step in range(ROWS // 32):
                 n0 = step * 32
                 c.put(step, {"payload": [np.full(1024, n0 + i, np.int64) for i in range(32)]})

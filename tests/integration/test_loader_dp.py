@@ -8,7 +8,7 @@ import numpy as np
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rljob.transferqueue import Task, TransferQueueClient, tensor
+from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 from tests.integration.conftest import PASSWORD, TQServer, free_port
 
 
@@ -34,7 +34,7 @@ def test_one_rank_claims_and_every_rank_gets_the_same_batches(redis_units, tmp_p
     server = TQServer(redis_units)
     try:
         with TransferQueueClient(server.address) as c:
-            c.register(Task("driver", (), [tensor("ids", "int64")]), Task("train", ["ids"]))
+            c.register(TaskSpec("driver", (), [tensor("ids", "int64")]), TaskSpec("train", ["ids"]))
             c.put(0, {"ids": [np.arange(i + 1, dtype=np.int64) for i in range(24)]})
             out = str(tmp_path / "seen")
             mp.spawn(_rank, args=(2, free_port(), server.address, out), nprocs=2, join=True)

@@ -14,13 +14,13 @@ import grpc
 import numpy as np
 import pytest
 
-from rljob.transferqueue import Task, TransferQueueClient, tensor
+from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 from rljob.transferqueue.proto import transferqueue_pb2 as pb
 from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
 from tests.integration.conftest import TQServer
 
-PRODUCER = Task("producer", (), [tensor("tok", "int32")])
-CONSUMER = Task("consumer", ["tok"])
+PRODUCER = TaskSpec("producer", (), [tensor("tok", "int32")])
+CONSUMER = TaskSpec("consumer", ["tok"])
 
 
 def claim_latencies(address: str, n: int) -> list[float]:

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rljob.transferqueue import (
     AsyncTransferQueueClient,
-    Task,
+    TaskSpec,
     TransferQueueClient,
     TransferQueueError,
     json_column,
@@ -28,10 +28,10 @@ from rljob.transferqueue.schema import ColumnError
 from rljob.transferqueue.storage.base import cell_key
 from tests.integration.conftest import TQServer
 
-DRIVER = Task("driver", (), [json_column("prompt"), tensor("prompt_ids", "int32")])
-ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"), scalar("reward"),
+DRIVER = TaskSpec("driver", (), [json_column("prompt"), tensor("prompt_ids", "int32")])
+ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"), scalar("reward"),
                                            tensor("logp", "float32")])
-TRAIN = Task("train", ["response_ids", "reward"])
+TRAIN = TaskSpec("train", ["response_ids", "reward"])
 
 
 def prompts(n):
@@ -92,7 +92,7 @@ def test_round_trip_streams_rows_through_tasks_and_clears(server, redis_units):
 
 def test_tasks_are_independent(tq):
     with TransferQueueClient(tq.address) as c:
-        c.register(DRIVER, Task("a", ["prompt"]), Task("b", ["prompt"]))
+        c.register(DRIVER, TaskSpec("a", ["prompt"]), TaskSpec("b", ["prompt"]))
         c.put(0, prompts(6))
         got_a = c.claim("a", 10)
         got_b = c.claim("b", 10)
@@ -164,7 +164,7 @@ def test_unacked_rows_return_after_the_lease_and_acked_never_do(redis_units):
     server = TQServer(redis_units, lease_seconds=1.0)
     try:
         with TransferQueueClient(server.address) as c:
-            c.register(DRIVER, Task("t", ["prompt"]))
+            c.register(DRIVER, TaskSpec("t", ["prompt"]))
             c.put(0, prompts(4))
             first = c.claim("t", 4)
             c.ack(first, first.indices[:2])
@@ -182,7 +182,7 @@ def test_unacked_rows_return_after_the_lease_and_acked_never_do(redis_units):
 
 def test_long_poll_claim_wakes_on_write(tq):
     with TransferQueueClient(tq.address) as c:
-        c.register(DRIVER, Task("t", ["prompt"]))
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
         result = {}
 
         def consumer():
@@ -216,10 +216,10 @@ def test_bad_requests_get_clear_errors_and_change_nothing(redis_units):
             with pytest.raises(ColumnError, match="larger than max_row_bytes=1024"):
                 c.put(0, {"prompt": ["x"], "prompt_ids": [np.zeros(1000, np.int32)]})
             with pytest.raises(TransferQueueError, match="already declared as tensor") as err:
-                c.register(Task("other", (), [scalar("response_ids", "int64")]))
+                c.register(TaskSpec("other", (), [scalar("response_ids", "int64")]))
             assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
             with pytest.raises(TransferQueueError, match="consumes undeclared column"):
-                c.register(Task("late", ["missing_col"]))
+                c.register(TaskSpec("late", ["missing_col"]))
             with pytest.raises(TransferQueueError, match="unknown row index"):
                 c.write([999], {"reward": [1.0]})
             after = c.stats()
@@ -268,7 +268,7 @@ def test_async_client_round_trip(tq):
 
 def test_cells_shard_over_units_by_index(tq, redis_units):
     with TransferQueueClient(tq.address) as c:
-        c.register(DRIVER, Task("t", ["prompt"]))
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
         idx = c.put(7, prompts(4))
         job = c._data.job
         for i in idx:
@@ -279,7 +279,7 @@ def test_cells_shard_over_units_by_index(tq, redis_units):
 
 def test_a_client_learns_columns_registered_by_another(tq):
     with TransferQueueClient(tq.address) as early, TransferQueueClient(tq.address) as late:
-        late.register(DRIVER, Task("t", ["prompt"]))
+        late.register(DRIVER, TaskSpec("t", ["prompt"]))
         late.put(0, prompts(2))
         b = early.claim_get("t", 2, ["prompt"])  # registered after `early` connected
         assert b.data["prompt"] == ["p0", "p1"]
@@ -289,7 +289,7 @@ def test_non_blocking_puts_surface_refusals_on_flush(redis_units):
     server = TQServer(redis_units, max_row_bytes=1024)
     try:
         with TransferQueueClient(server.address) as c:
-            c.register(DRIVER, Task("t", ["prompt"]))
+            c.register(DRIVER, TaskSpec("t", ["prompt"]))
             assert len(c.put(0, prompts(4), wait=False)) == 4
             c.flush()
             assert c.stats().rows == 4
@@ -307,7 +307,7 @@ def test_session_reconnects_after_a_controller_restart(redis_units):
     server = TQServer(redis_units)
     port = server.port
     c = TransferQueueClient(server.address)
-    c.register(DRIVER, Task("t", ["prompt"]))
+    c.register(DRIVER, TaskSpec("t", ["prompt"]))
     c.put(0, prompts(1))
     assert len(c.claim("t", 1)) == 1
     stopper = threading.Timer(0.5, server.stop)
@@ -322,7 +322,7 @@ def test_session_reconnects_after_a_controller_restart(redis_units):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in proc.stdout.readline()
-        c.register(DRIVER, Task("t", ["prompt"]))
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
         assert len(c.put(0, prompts(2))) == 2
         assert len(c.claim("t", 2)) == 2
     finally:
@@ -335,7 +335,7 @@ def test_stream_loader_prefetches_and_gives_back_on_early_exit(tq):
     from rljob.transferqueue.loader import stream_loader
 
     with TransferQueueClient(tq.address) as c:
-        c.register(DRIVER, Task("t", ["prompt"]))
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
         c.put(0, prompts(12))
         seen = []
         for batch in stream_loader(c, "t", ["prompt"], 4, prefetch=2, wait=0.5):
@@ -361,7 +361,7 @@ def test_a_replaced_controller_stops_at_its_next_write(redis_units):
     old = TQServer(redis_units, job=job)
     try:
         with TransferQueueClient(old.address) as c:
-            c.register(DRIVER, Task("t", ["prompt"]))
+            c.register(DRIVER, TaskSpec("t", ["prompt"]))
             c.put(0, prompts(2))
         new = TQServer(redis_units, job=job)
         try:
@@ -371,7 +371,7 @@ def test_a_replaced_controller_stops_at_its_next_write(redis_units):
             assert "a newer controller took the table over" in old.proc.stdout.read()
             with TransferQueueClient(new.address) as c:
                 assert c.stats().rows == 2
-                c.register(DRIVER, Task("t", ["prompt"]))
+                c.register(DRIVER, TaskSpec("t", ["prompt"]))
                 assert len(c.put(1, prompts(3))) == 3
                 assert len(c.claim("t", 5)) == 5
         finally:

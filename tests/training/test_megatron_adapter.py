@@ -17,7 +17,7 @@ mcore = pytest.importorskip("megatron.core", reason="megatron-core is the npu ex
 
 from rljob.api.spec import ModelSpec  # noqa: E402
 from rljob.inputs.models import build_model, load_tokenizer  # noqa: E402
-from rljob.trainer.megatron_engine import MegatronEngine, hf_to_mcore, mcore_to_hf  # noqa: E402
+from rljob.trainer.mcore import MegatronEngine, hf_to_mcore, mcore_to_hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def _tiny_state():
 
 
 def test_tensor_parallel_shards_split_and_join_back():
-    from rljob.trainer.megatron_engine import shard_tp, unshard_tp
+    from rljob.trainer.mcore import shard_tp, unshard_tp
 
     cfg, state = _tiny_state()
     full = hf_to_mcore(state, cfg)
@@ -91,7 +91,7 @@ def test_tensor_parallel_shards_split_and_join_back():
 def _load_tp_rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from rljob.trainer.megatron_engine import shard_tp, unshard_tp
+    from rljob.trainer.mcore import shard_tp, unshard_tp
 
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -50,7 +50,23 @@ def test_the_workers_register_every_engine_the_spec_offers():
 def test_base_modules_import_no_backend():
     code = ("import sys, rljob.rollout.engine, rljob.trainer.policy; "
             "print('rljob.rollout.vllm_engine' in sys.modules, "
-            "'rljob.trainer.megatron_engine' in sys.modules)")
+            "'rljob.trainer.mcore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_storage_backends_join_by_decorator_and_an_unknown_one_is_named():
+    from rljob.transferqueue.storage import BACKENDS, StorageUnit, connect, register_backend
+    from rljob.transferqueue.storage.memory import RemoteMemoryUnit
+    from rljob.transferqueue.storage.redis_unit import RedisUnit
+
+    assert set(BACKENDS) == {"memory", "redis"}
+    assert BACKENDS.get("redis") is RedisUnit and BACKENDS.get("memory") is RemoteMemoryUnit
+    with pytest.raises(ValueError, match="storage backend 'redis' is registered already"):
+        register_backend("redis")(type("Other", (StorageUnit,), {}))
+    with pytest.raises(TypeError, match="is not a StorageUnit"):
+        register_backend("plain")(dict)
+    with pytest.raises(ValueError, match="storage backend 'etcd' is not available here: "
+                                         "use one of memory, redis"):
+        connect("etcd", "etcd://x")

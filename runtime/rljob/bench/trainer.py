@@ -1,6 +1,6 @@
 """`rljob bench trainer`: the trainer's optimizer step on one device, for each
 trainer engine side by side: `torch` (a transformers model, `policy.py`) and
-`megatron` (a Megatron-core GPTModel, `megatron_engine.py`).
+`megatron` (a Megatron-core GPTModel, `mcore.py`).
 
 Each engine's policy is made as the trainer worker makes it (`make_policy`, then
 `freeze_reference` and `make_optimizer`: float32 master weights, the passes under

@@ -162,13 +162,13 @@ def _consumer(address: str, password: str, task: str, total_rows: int, done, col
 def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consumers: int,
                tag: str) -> float:
     """MB/s of rows written by one producer and read by `consumers` processes, end to end."""
-    from ..transferqueue import Task, TransferQueueClient, tensor
+    from ..transferqueue import TaskSpec, TransferQueueClient, tensor
 
     ctx = mp.get_context("spawn")
     task = f"consume-{tag}"
     col = f"payload_{tag}"
     with TransferQueueClient(address, password) as c:
-        c.register(Task(f"produce-{tag}", (), [tensor(col, "uint8")]), Task(task, [col]))
+        c.register(TaskSpec(f"produce-{tag}", (), [tensor(col, "uint8")]), TaskSpec(task, [col]))
         rows = [np.frombuffer(np.random.bytes(row_bytes), np.uint8) for _ in range(ROWS_PER_BATCH)]
         total = batches * ROWS_PER_BATCH
         done = ctx.Value("q", 0)
@@ -211,11 +211,11 @@ def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
 
 
 def claim_latency(address: str, password: str, consumers: int = 8, claims: int = 150) -> list[float]:
-    from ..transferqueue import Task, TransferQueueClient, tensor
+    from ..transferqueue import TaskSpec, TransferQueueClient, tensor
 
     ctx = mp.get_context("spawn")
     with TransferQueueClient(address, password) as c:
-        c.register(Task("lat-producer", (), [tensor("tok", "int32")]), Task("lat", ["tok"]))
+        c.register(TaskSpec("lat-producer", (), [tensor("tok", "int32")]), TaskSpec("lat", ["tok"]))
         need = consumers * (claims + 1) * 8
         for start in range(0, need, 1024):
             c.put(start // 1024, {"tok": [np.arange(16, dtype=np.int32)] * min(1024, need - start)})

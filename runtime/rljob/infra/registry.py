@@ -1,5 +1,5 @@
 """A registry of classes by name, for extension points that backends join by
-decorator (rollout engines, trainer engines): it type-checks what it is given,
+decorator (rollout engines, trainer engines, storage backends): it type-checks what it is given,
 refuses a second class under a taken name, and names the choices when asked for
 one it does not have."""
 

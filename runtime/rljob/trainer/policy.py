@@ -1,7 +1,7 @@
 """The trainer's model behind one small interface, so the GRPO step in the
 worker is the same for `trainer.engine: torch` (a transformers model, DDP over
 every rank) and `trainer.engine: megatron` (a Megatron-core GPTModel under
-tensor parallelism, DDP over the data-parallel group; `megatron_engine.py`).
+tensor parallelism, DDP over the data-parallel group; `mcore.py`).
 Engines join `TRAINER_ENGINES` by decorator; this module imports none of them.
 
 Every method that says "collective" must be called on every rank.

@@ -48,7 +48,7 @@ from ..workflow.tasks import tasks_for, train_reads
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from .algorithms import grpo_loss, group_advantages, make_batch
 from .lineage import Lineage
-from . import megatron_engine  # noqa: F401 - registers trainer.engine megatron
+from . import mcore  # noqa: F401 - registers trainer.engine megatron
 from .policy import make_policy
 from .sinks import open_sinks
 

@@ -15,12 +15,12 @@ import importlib
 _EXPORTS = {
     "AsyncTransferQueueClient": ".client",
     "Batch": ".client",
-    "Task": ".client",
     "TransferQueueClient": ".client",
     "TransferQueueError": ".client",
     "ColumnSpec": ".schema",
     "json_column": ".schema",
     "scalar": ".schema",
+    "TaskSpec": ".schema",
     "tensor": ".schema",
 }
 __all__ = sorted(_EXPORTS)

@@ -23,10 +23,10 @@ import redis
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .policies import get_claim_policy
-from .schema import ColumnError, ColumnSpec, decode, encode, storage_column
+from .schema import ColumnError, ColumnSpec, TaskSpec, decode, encode, storage_column
 from .session import AsyncSession, SyncSession
 from .storage import StorageUnit, connect
-from .wire import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY_PB, column_from_pb, column_to_pb
+from .wire import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY_PB, column_from_pb, task_to_pb
 
 RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
 _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
@@ -67,19 +67,6 @@ def _unit_errors(unit: int) -> Iterator[None]:
                                  f"storage unit {unit} is unreachable: {exc}") from None
     except grpc.RpcError as exc:  # a memory unit is served by the controller
         raise _wrap(exc) from None
-
-
-@dataclass(frozen=True)
-class Task:
-    """What a task consumes and produces (registration)."""
-
-    name: str
-    consumes: Sequence[str] = ()
-    produces: Sequence[ColumnSpec] = ()
-
-    def to_pb(self) -> pb.TaskSpec:
-        return pb.TaskSpec(name=self.name, consumes=list(self.consumes),
-                           produces=[column_to_pb(c) for c in self.produces])
 
 
 @dataclass
@@ -285,9 +272,9 @@ class TransferQueueClient:
     def columns(self) -> dict[str, ColumnSpec]:
         return self._data.columns
 
-    def register(self, *tasks: Task) -> None:
+    def register(self, *tasks: TaskSpec) -> None:
         resp = self._call(self._stub.RegisterTasks,
-                          pb.RegisterTaskRequest(tasks=[t.to_pb() for t in tasks]))
+                          pb.RegisterTaskRequest(tasks=[task_to_pb(t) for t in tasks]))
         self._data.set_columns(resp.columns)
 
     def allocate(self, partition: int, count: int, group_size: int = 1) -> pb.AllocateResponse:
@@ -475,9 +462,9 @@ class AsyncTransferQueueClient:
         except grpc.RpcError as exc:
             raise _wrap(exc) from None
 
-    async def register(self, *tasks: Task) -> None:
+    async def register(self, *tasks: TaskSpec) -> None:
         resp = await self._call(self._stub.RegisterTasks,
-                                pb.RegisterTaskRequest(tasks=[t.to_pb() for t in tasks]))
+                                pb.RegisterTaskRequest(tasks=[task_to_pb(t) for t in tasks]))
         self._data.set_columns(resp.columns)
 
     async def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .policies import CLAIM_POLICIES, ReadyView
-from .schema import ColumnSpec, storage_column
+from .schema import ColumnSpec, TaskSpec, storage_column
 
 
 class ControllerError(Exception):
@@ -76,13 +76,6 @@ def check_lease_seconds(value: float) -> float:
         raise ControllerError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
                       f"got {value!r}: a claim must expire so a dead consumer's rows come back")
     return float(value)
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    consumes: frozenset[str]
-    produces: tuple[ColumnSpec, ...] = ()
 
 
 @dataclass

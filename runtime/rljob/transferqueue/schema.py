@@ -52,6 +52,20 @@ class ColumnSpec:
         return f"{self.kind}[{self.dtype}]({shape})" if self.kind == "tensor" else f"scalar[{self.dtype}]"
 
 
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's registration: the columns it consumes (a row is ready for it once all
+    of them are written) and the columns it produces."""
+
+    name: str
+    consumes: frozenset[str] = frozenset()
+    produces: tuple[ColumnSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "consumes", frozenset(self.consumes))
+        object.__setattr__(self, "produces", tuple(self.produces))
+
+
 def tensor(name: str, dtype: str, *trailing: int) -> ColumnSpec:
     return ColumnSpec(name, "tensor", dtype, tuple(trailing))
 

@@ -27,13 +27,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from .controller import ClaimRequest, Cleared, Controller, Limits, TaskSpec, ControllerError
+from .controller import ClaimRequest, Cleared, Controller, ControllerError, Limits
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError
 from .storage.base import StorageUnit, connect
 from .storage.memory import MemoryUnit
-from .wire import GRPC_OPTIONS, POLICY, STALE, column_from_pb, column_to_pb
+from .wire import GRPC_OPTIONS, POLICY, STALE, column_to_pb, task_from_pb
 
 log = logging.getLogger("rljob.transferqueue")
 
@@ -226,9 +226,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     # ---- controller operations (shared by unary RPCs and sessions) ----------
     async def _register(self, request):
-        specs = [TaskSpec(t.name, frozenset(t.consumes),
-                          tuple(column_from_pb(c) for c in t.produces))
-                 for t in request.tasks]
+        specs = [task_from_pb(t) for t in request.tasks]
         self.controller.register(specs)
         await self._signal()
         return pb.RegisterTaskResponse(

@@ -5,7 +5,7 @@ proto, column specs to and from the proto."""
 from __future__ import annotations
 
 from .proto import transferqueue_pb2 as pb
-from .schema import ColumnError, ColumnSpec
+from .schema import ColumnError, ColumnSpec, TaskSpec
 
 KIND_TO_PB = {"tensor": pb.TENSOR, "scalar": pb.SCALAR, "json": pb.JSON}
 PB_TO_KIND = {v: k for k, v in KIND_TO_PB.items()}
@@ -34,3 +34,12 @@ def column_from_pb(c: pb.ColumnSpec) -> ColumnSpec:
     if c.kind not in PB_TO_KIND:
         raise ColumnError(f"column {c.name!r}: kind must be TENSOR, SCALAR or JSON")
     return ColumnSpec(c.name, PB_TO_KIND[c.kind], c.dtype, tuple(c.trailing_shape))
+
+
+def task_to_pb(t: TaskSpec) -> pb.TaskSpec:
+    return pb.TaskSpec(name=t.name, consumes=sorted(t.consumes),
+                       produces=[column_to_pb(c) for c in t.produces])
+
+
+def task_from_pb(t: pb.TaskSpec) -> TaskSpec:
+    return TaskSpec(t.name, frozenset(t.consumes), tuple(column_from_pb(c) for c in t.produces))

@@ -16,29 +16,29 @@ critic  : response_ids, reward → values, advantages, returns (float32, one per
 
 from __future__ import annotations
 
-from ..transferqueue import Task, json_column, scalar, tensor
+from ..transferqueue import TaskSpec, json_column, scalar, tensor
 
-DRIVER = Task("driver", (), [json_column("prompt"), json_column("answer"),
+DRIVER = TaskSpec("driver", (), [json_column("prompt"), json_column("answer"),
                              tensor("prompt_ids", "int32"), scalar("slot", "int32"),
                              scalar("released_at", "float64")])
-ROLLOUT = Task("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
+ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            tensor("rollout_logp", "float32"),
                                            scalar("reward", "float32"),
                                            json_column("reward_error"),
                                            scalar("started_at", "float64"),
                                            scalar("finished_at", "float64"),
                                            scalar("weights_epoch", "int64")])
-TRAIN = Task("train", ["response_ids", "reward"])
+TRAIN = TaskSpec("train", ["response_ids", "reward"])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
 # sample (its prompt, and its response length from the row's metadata)
-LENGTHS = Task("lengths", ["response_ids"])
+LENGTHS = TaskSpec("lengths", ["response_ids"])
 # algorithm ppo: the critic scores each finished sample (values, GAE) as it arrives,
 # and the actor update waits for its advantages
-CRITIC = Task("critic", ["response_ids", "reward"], [tensor("values", "float32"),
+CRITIC = TaskSpec("critic", ["response_ids", "reward"], [tensor("values", "float32"),
                                                     tensor("advantages", "float32"),
                                                     tensor("returns", "float32"),
                                                     scalar("critic_version", "int64")])
-TRAIN_PPO = Task("train", ["response_ids", "reward", "advantages"])
+TRAIN_PPO = TaskSpec("train", ["response_ids", "reward", "advantages"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 

@@ -1,6 +1,7 @@
 """Storage units: where cells live. One small interface, one module per backend.
 
-A backend registers a `connect(address, **options)` factory under its name;
+A backend is a StorageUnit class that joins the registry by decorator
+(`@register_backend("redis")`, constructed with its address and options);
 clients open units by the (backend, address) pairs the controller hands out.
 """
 

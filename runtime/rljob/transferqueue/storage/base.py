@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+from ...infra.registry import Registry
 
 Buffer = bytes | bytearray | memoryview
 
@@ -37,20 +39,11 @@ class StorageUnit(ABC):
         pass
 
 
-BACKENDS: dict[str, Callable[..., StorageUnit]] = {}
-
-
-def register_backend(name: str, factory: Callable[..., StorageUnit]) -> None:
-    if not callable(factory):
-        raise TypeError(f"storage backend {name!r}: the factory must be callable")
-    if BACKENDS.get(name, factory) is not factory:
-        raise ValueError(f"storage backend {name!r} is already registered")
-    BACKENDS[name] = factory
+# backends join by decorator (`@register_backend("redis")` on a StorageUnit class
+# whose constructor takes the unit's address and the client's options)
+BACKENDS: Registry[type[StorageUnit]] = Registry("storage backend", StorageUnit)
+register_backend = BACKENDS.register
 
 
 def connect(backend: str, address: str, **options) -> StorageUnit:
-    try:
-        factory = BACKENDS[backend]
-    except KeyError:
-        raise ValueError(f"unknown storage backend {backend!r}: one of {sorted(BACKENDS)}") from None
-    return factory(address, **options)
+    return BACKENDS.get(backend)(address, **options)

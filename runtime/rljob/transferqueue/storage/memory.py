@@ -45,6 +45,7 @@ class MemoryUnit(StorageUnit):
         return len(self._cells)
 
 
+@register_backend("memory")
 class RemoteMemoryUnit(StorageUnit):
     """A memory unit in another process, over the StorageService gRPC API."""
 
@@ -85,5 +86,3 @@ class RemoteMemoryUnit(StorageUnit):
 
     def close(self) -> None:
         self._channel.close()
-
-register_backend("memory", RemoteMemoryUnit)

@@ -58,6 +58,7 @@ class _ZeroCopyConnection(Connection):
             raise
 
 
+@register_backend("redis")
 class RedisUnit(StorageUnit):
     backend = "redis"
 
@@ -123,5 +124,3 @@ class RedisUnit(StorageUnit):
     def close(self) -> None:
         self.client.close()
 
-
-register_backend("redis", RedisUnit)

@@ -1,4 +1,4 @@
-"""Megatron-core trainer engine (`trainer.engine: megatron`), for NPU (torch_npu +
+"""The Megatron-core adapter: the trainer engine `trainer.engine: megatron`, for NPU (torch_npu +
 MindSpeed) and GPU, written against mcore's public API and imported lazily
 (`pip install 'rljob[npu]'`).
 
