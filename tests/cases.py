@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# every example job: each must validate offline, on the real apiserver and in the planner
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 TEN_LINE_YAML = """\
 apiVersion: rljob.dev/v1alpha1

@@ -19,6 +19,10 @@ app = typer.Typer(
 )
 
 DEFAULT_CRD_PATH = Path("crds/rljob.yaml")
+# arguments and options that several commands take, declared once
+JOB_FILE = typer.Argument(..., help="RLJob YAML.")
+PROFILE = typer.Option(None, help="Measured profile JSON (else analytic figures).")
+JSON_OUT = typer.Option(False, "--json", help="Print one JSON object.")
 DEBUG = {"on": False}
 
 
@@ -115,7 +119,7 @@ def validate(
 
 @app.command()
 def render(
-    file: Path = typer.Argument(..., help="RLJob YAML."),
+    file: Path = JOB_FILE,
     namespace: str = typer.Option(None, "--namespace", "-n",
                                   help="Namespace of the objects (default: the file's, or default)."),
 ) -> None:
@@ -164,14 +168,14 @@ def _job_model(path: Path, profile: Path | None):
 
 @app.command()
 def plan(
-    file: Path = typer.Argument(..., help="RLJob YAML."),
+    file: Path = JOB_FILE,
     npus: int = typer.Option(None, help="Accelerators (NPUs, GPUs; cores on CPU) to split "
                              "between rollout and training (default: what the job asks "
                              "for now)."),
     cross: str = typer.Option(None, help="Separate pools 'ROLLOUT,TRAINER' (e.g. two "
                               "datacenters) instead of one --npus pool."),
-    profile: Path = typer.Option(None, help="Measured profile JSON (else analytic figures)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    profile: Path = PROFILE,
+    json_out: bool = JSON_OUT,
 ) -> None:
     """Split NPUs between rollout and training (StreamRL Algorithm 1)."""
     import json
@@ -274,15 +278,15 @@ def _print_table(title: str, columns, rows, width: int) -> None:
 
 @app.command()
 def simulate(
-    file: Path = typer.Argument(..., help="RLJob YAML."),
+    file: Path = JOB_FILE,
     out: Path = typer.Option(Path("simulate.png"), "--out", "-o", help="Gantt chart PNG."),
     steps: int = typer.Option(20, help="Steps to simulate."),
     tail_sigma: float = typer.Option(0.6, help="Log-normal sigma of per-sample generation "
                                      "time (0 = every sample alike)."),
     weight_sync_seconds: float = typer.Option(None, help="Weight transfer time per step "
                                               "(default: model bytes at 10 GB/s)."),
-    profile: Path = typer.Option(None, help="Measured profile JSON (else analytic figures)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    profile: Path = PROFILE,
+    json_out: bool = JSON_OUT,
 ) -> None:
     """Simulate the job's pipeline in sync, periodic and async modes; write a Gantt PNG."""
     import json
@@ -393,7 +397,7 @@ def bench_transferqueue(
 @bench_app.command("dispatch")
 def bench_dispatch(
     seeds: int = typer.Option(5, help="Synthetic steps per scenario."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """Makespan of random vs skew-aware vs oracle dispatch on a long-tail workload."""
     from .bench import dispatch as bench
@@ -417,7 +421,7 @@ def bench_workflow(
                              "`pip install trl`)."),
     algorithm: str = typer.Option("grpo", help="grpo, or ppo (the same job trained with a "
                                   "critic streaming through its own task)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
     speedups, bounds."""
@@ -438,7 +442,7 @@ def bench_engines(
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1,
                                      help="rollout.maxNumSeqs of the job."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """The same small job with the hf and the vllm rollout engine: generated tokens/s,
     weight-update seconds, steps/s."""
@@ -456,7 +460,7 @@ def bench_optimisations(
     config: list[str] = typer.Option([], "--config", metavar="NAME",
                                      help="Run only these configurations (repeat)."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """The papers' mechanisms on a long-tailed task, each off and on side by side:
     skew-aware dispatch (and an oracle ranker), arrival-order micro-batches, StreamRL's
@@ -472,7 +476,7 @@ def bench_weights(
                                "are printed."),
     layers: int = typer.Option(None, min=1, help="Transformer layers (Qwen2-0.5B: 24)."),
     dtype: str = typer.Option("bfloat16", help="The weights' dtype."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """One weight version to a replica in another process over grpc and collective
     (gloo): publish, transfer and update seconds side by side."""
@@ -498,7 +502,7 @@ def bench_trainer(
                                     help="Samples per micro-batch."),
     micro_batches: int = typer.Option(2, "--micro-batches", min=1,
                                       help="Micro-batches per optimizer step."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JSON_OUT,
 ) -> None:
     """The trainer's GRPO step with each trainer engine (torch, megatron) side by side:
     step seconds, trained tokens/s, peak device memory, optimizer state."""
@@ -617,7 +621,7 @@ def worker_preflight(
 
 @app.command()
 def run(
-    file: Path = typer.Argument(..., help="RLJob YAML."),
+    file: Path = JOB_FILE,
     max_steps: int = typer.Option(None, "--max-steps", help="Override algorithm.maxSteps."),
     run_dir: Path = typer.Option(None, help="Run directory (default runs/NAME-TIMESTAMP)."),
     resume: Path = typer.Option(None, help="Continue the run in this directory from its "

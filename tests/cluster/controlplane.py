@@ -50,6 +50,13 @@ def gotools_bin() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
+def log_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a process's log ("" before it writes one)."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,10 +189,7 @@ class ControlPlane:
         return proc
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.workdir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def start(self, timeout: float = 120) -> ControlPlane:
         started = time.monotonic()

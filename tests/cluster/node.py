@@ -45,7 +45,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.controlplane import ControlPlane, free_port
+from tests.cluster.controlplane import ControlPlane, free_port, log_tail
 from images import oci
 
 APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack")
@@ -310,10 +310,7 @@ class Node:
         return proc
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = self.workdir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.workdir / f"{name}.log", lines)
 
     def _check_alive(self) -> None:
         for name, p in self.procs.items():

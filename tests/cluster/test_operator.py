@@ -27,9 +27,8 @@ from tests.cluster.operator_harness import (
     service_account_kubeconfig,
     wait_for,
 )
+from tests.cases import EXAMPLES, REPO
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from rljob.api import RLJob
 from rljob.api.validation import check_document
-from tests.cases import INVALID, TEN_LINE_YAML, minimal
+from tests.cases import EXAMPLES, INVALID, TEN_LINE_YAML, minimal
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,10 +16,8 @@ from rljob.api.validation import (
     check_text,
     load_rljob,
 )
-from tests.cases import INVALID, TEN_LINE_YAML, minimal
+from tests.cases import EXAMPLES, INVALID, REPO, TEN_LINE_YAML, minimal
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 def test_ten_line_yaml_is_valid_with_defaults():

@@ -76,6 +76,16 @@ class JobMetricsStore:
     latest: pb.JobMetrics = field(default_factory=pb.JobMetrics)
 
 
+def _unary_rpc(op: str):
+    """A unary RPC that runs the controller operation `op` (a method's name) through
+    `_unary`: refusals become gRPC statuses, changes are journaled before the answer."""
+    async def rpc(self, request, context):
+        return await self._unary(getattr(self, op), request, context)
+
+    rpc.__name__ = op
+    return rpc
+
+
 class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServiceServicer):
     def __init__(self, job: str, units: list[UnitConfig], lease_seconds: float = 60.0,
                  max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, public_address: str = "",
@@ -350,35 +360,16 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                  columns=[column_to_pb(c) for c in self.controller.columns.values()],
                                  max_row_bytes=self.max_row_bytes, table_id=self.table_id)
 
-    async def RegisterTasks(self, request, context):
-        return await self._unary(self._register, request, context)
-
-    async def Allocate(self, request, context):
-        return await self._unary(self._allocate, request, context)
-
-    async def Reserve(self, request, context):
-        return await self._unary(self._reserve, request, context)
-
-    async def NotifyWritten(self, request, context):
-        return await self._unary(self._notify, request, context)
-
-    async def Claim(self, request, context):
-        return await self._unary(self._claim, request, context)
-
-    async def Ack(self, request, context):
-        return await self._unary(self._ack, request, context)
-
-    async def Release(self, request, context):
-        return await self._unary(self._release, request, context)
-
-    async def ReleaseConsumer(self, request, context):
-        return await self._unary(self._release_consumer, request, context)
-
-    async def Regenerate(self, request, context):
-        return await self._unary(self._regenerate, request, context)
-
-    async def Extend(self, request, context):
-        return await self._unary(self._extend, request, context)
+    RegisterTasks = _unary_rpc("_register")
+    Allocate = _unary_rpc("_allocate")
+    Reserve = _unary_rpc("_reserve")
+    NotifyWritten = _unary_rpc("_notify")
+    Claim = _unary_rpc("_claim")
+    Ack = _unary_rpc("_ack")
+    Release = _unary_rpc("_release")
+    ReleaseConsumer = _unary_rpc("_release_consumer")
+    Regenerate = _unary_rpc("_regenerate")
+    Extend = _unary_rpc("_extend")
 
     async def ReportMetrics(self, request, context):
         latest = pb.JobMetrics()
