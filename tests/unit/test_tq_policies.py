@@ -36,6 +36,21 @@ def test_group_orders_take_whole_groups_longest_or_shortest_first():
     assert claimed(table(lengths), 8, "group_longest_first", token_budget=100) == [2, 3]
 
 
+def test_group_orders_finish_the_older_step_first():
+    # step 0: groups of 3+3 and 5+5; step 1 (released too, as in async): 40+30 and 20+25
+    c, _ = make()
+    c.allocate(0, 4, group_size=2)
+    c.allocate(1, 4, group_size=2)
+    c.notify_written(list(range(8)), ["prompt"], lengths=[3, 3, 5, 5, 40, 30, 20, 25])
+    assert claimed(c, 2, "group_longest_first") == [2, 3]
+    assert claimed(c, 4, "group_longest_first") == [0, 1, 4, 5]
+    c, _ = make()
+    c.allocate(0, 4, group_size=2)
+    c.allocate(1, 4, group_size=2)
+    c.notify_written(list(range(8)), ["prompt"], lengths=[30, 30, 5, 5, 1, 1, 20, 25])
+    assert claimed(c, 6, "group_shortest_first") == [2, 3, 0, 1, 4, 5]
+
+
 def test_incomplete_groups_wait():
     c, _ = make()
     c.allocate(0, 4, group_size=2)

@@ -182,23 +182,28 @@ class ShortestFirst(ClaimPolicy):
 
 @claim_policy
 class GroupLongestFirst(ClaimPolicy):
-    """Whole groups, the longest (predicted output length) first: skew-aware dispatch's
-    long-tail replicas (StreamRL Algorithm 2), and with one replica the longest
-    processing time first order that lets a batch of long groups run together."""
+    """Whole groups of the oldest partition (step) first and, within it, the longest
+    (predicted output length) first: skew-aware dispatch's long-tail replicas
+    (StreamRL Algorithm 2), and with one replica the longest processing time first
+    order that lets a batch of long groups run together. A newer step's groups wait
+    for the older step's (the trainer takes the steps in order)."""
 
     name = "group_longest_first"
 
     def pick(self, view, count, token_budget):
-        groups = sorted(view.whole_groups(), key=view.length, reverse=True)
+        groups = sorted(view.whole_groups(),
+                        key=lambda g: (view.rows[g[0]].partition, -view.length(g)))
         return take_groups(groups, view, count, token_budget)
 
 
 @claim_policy
 class GroupShortestFirst(ClaimPolicy):
-    """Whole groups, the shortest first: the regular replicas of skew-aware dispatch."""
+    """Whole groups of the oldest partition first, the shortest first within it: the
+    regular replicas of skew-aware dispatch."""
 
     name = "group_shortest_first"
 
     def pick(self, view, count, token_budget):
-        groups = sorted(view.whole_groups(), key=view.length)
+        groups = sorted(view.whole_groups(),
+                        key=lambda g: (view.rows[g[0]].partition, view.length(g)))
         return take_groups(groups, view, count, token_budget)
