@@ -111,6 +111,15 @@ INVALID = [
     Invalid("megatron-on-cpu", {"spec": {"trainer": {"engine": "megatron"}}},
             'spec.trainer.engine: Invalid value: "object": trainer.engine megatron needs '
             "accelerator.type ascend or gpu"),
+    Invalid("packing-on-megatron",
+            {"spec": {**ASCEND, "trainer": {"engine": "megatron", "packing": "sequences"}}},
+            'spec.trainer.packing: Invalid value: "object": trainer.packing needs '
+            "trainer.engine: torch"),
+    Invalid("collective-across-kinds",
+            {"spec": {**ASCEND, "workflow": {"weightTransport": "collective"},
+                      "rollout": {"accelerator": {"type": "gpu"}}}},
+            'spec.workflow.weightTransport: Invalid value: "object": workflow.weightTransport '
+            "collective needs the trainer and the rollouts on one accelerator kind"),
     Invalid("queue-without-volcano", {"spec": {"scheduling": {"queue": "research"}}},
             'spec.scheduling.queue: Invalid value: "object": scheduling.queue needs '
             "scheduling.schedulerName: volcano"),

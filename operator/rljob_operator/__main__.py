@@ -6,16 +6,11 @@ import logging
 
 import typer
 
+from rljob.infra.cliutil import plain_metavars, version_callback
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,  # click's plain help: no type tags
                   context_settings={"help_option_names": ["-h", "--help"]})
-
-
-def _version(show: bool) -> None:
-    if show:
-        from rljob import __version__
-
-        typer.echo(f"rljob-operator {__version__}")
-        raise typer.Exit()
 
 
 @app.command()
@@ -48,7 +43,8 @@ def main(
     log_level: str = typer.Option("INFO", envvar="RLJOB_OPERATOR_LOG_LEVEL"),
     log_format: str = typer.Option("json", envvar="RLJOB_OPERATOR_LOG_FORMAT",
                                    help="json (structured) or plain."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+    version: bool = typer.Option(False, "--version", is_eager=True,
+                                 callback=version_callback("rljob-operator"),
                                  help="Print the version and exit."),
 ) -> None:
     """Reconcile RLJobs into TransferQueue, rollout and trainer pods."""
@@ -115,7 +111,11 @@ def _registry(interval: float, workers: int, metrics_port: int):
 
 
 def run() -> None:
-    app()
+    import typer.main
+
+    cmd = typer.main.get_command(app)
+    plain_metavars(cmd)
+    cmd(prog_name="rljob-operator")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -25,15 +27,26 @@ class NoCluster(Exception):
     """No cluster to talk to: one line saying what was tried and what to pass."""
 
 
+# what loading a file that is no usable kubeconfig raises (missing, unreadable, not
+# YAML, YAML of another shape)
+UNUSABLE_KUBECONFIG = (config.ConfigException, OSError, yaml.YAMLError, TypeError,
+                       ValueError, KeyError, AttributeError)
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> str:
     """The client's cluster: `kubeconfig` (and `context`) when given, else the pod's
     service account when in a pod, else $KUBECONFIG or ~/.kube/config. Says which."""
     if kubeconfig or context:
         try:
             config.load_kube_config(config_file=kubeconfig, context=context)
-        except (config.ConfigException, OSError) as exc:
+        except UNUSABLE_KUBECONFIG as exc:
             raise NoCluster(f"--kubeconfig {kubeconfig or '(default)'}"
-                            f"{f' --context {context}' if context else ''}: {exc}") from None
+                            f"{f' --context {context}' if context else ''}: {_line(exc)}"
+                            ) from None
         return f"kubeconfig {kubeconfig or '(default)'}"
     try:
         config.load_incluster_config()
@@ -42,9 +55,9 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> st
         pass
     try:
         config.load_kube_config()
-    except (config.ConfigException, OSError) as exc:
+    except UNUSABLE_KUBECONFIG as exc:
         raise NoCluster("no cluster to talk to: not in a pod (no service account) and no "
-                        f"usable kubeconfig ({exc}); pass --kubeconfig FILE or set "
+                        f"usable kubeconfig ({_line(exc)}); pass --kubeconfig FILE or set "
                         "KUBECONFIG") from None
     return "kubeconfig (default)"
 
@@ -78,6 +91,11 @@ def ensure_peering(name: str, namespaces: list[str]) -> list[str]:
                                 "(helm upgrade ... --set peering.enabled=true installs them)"
                                 ) from None
             raise
+        except urllib3.exceptions.HTTPError as exc:  # no answer at all
+            host = client.Configuration.get_default_copy().host
+            raise NoCluster(f"cannot reach the cluster at {host}: {type(exc).__name__}; "
+                            "check --kubeconfig / --context and that the apiserver is up"
+                            ) from None
     return created
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from . import __version__
+from .infra.cliutil import plain_metavars, version_callback
 
 app = typer.Typer(
     name="rljob",
@@ -26,10 +27,7 @@ JSON_OUT = typer.Option(False, "--json", help="Print one JSON object.")
 DEBUG = {"on": False}
 
 
-def _print_version(show: bool) -> None:
-    if show:
-        typer.echo(f"rljob {__version__}")
-        raise typer.Exit()
+_print_version = version_callback("rljob")
 
 
 @app.callback()
@@ -45,8 +43,8 @@ def _root(
 
 @app.command()
 def version() -> None:
-    """Print the rljob version."""
-    typer.echo(__version__)
+    """Print the rljob version (as --version does)."""
+    _print_version(True)
 
 
 @app.command()
@@ -694,32 +692,6 @@ def run(
         raise typer.Exit(status)
 
 
-def _plain_metavars(cmd) -> None:
-    """Help in the conventional form: `FILE`, `--max-steps N`, `--run-dir PATH`, flags
-    bare (instead of type tags such as `<int>`, `{file}`, `<list[str]>`)."""
-    names = {"int": "N", "float": "X", "Path": "PATH", "str": "TEXT"}
-    for p in cmd.params:
-        kind = getattr(p, "param_type_name", "")
-        if kind == "argument":
-            name = p.name.upper() + ("..." if p.nargs != 1 else "")
-            p.metavar = name
-            p._usage_display_name = lambda name=name: name
-            p.display_type_rich = lambda ctx: None
-        elif kind == "option" and not p.is_flag and p.metavar is None:
-            desc = getattr(p, "type_descriptor", None)  # typer's; absent from older ones
-            if desc is None:
-                continue
-            if desc.is_choice:
-                p.metavar = "|".join(str(c) for c in desc.choices or ())
-            else:
-                ann = getattr(desc.annotation, "__name__", "")
-                p.metavar = names.get(ann) or p.name.upper()
-            if desc.is_list:
-                p.metavar = p.name.upper()
-    for sub in getattr(cmd, "commands", {}).values():
-        _plain_metavars(sub)
-
-
 def main() -> None:
     """`rljob`: an unexpected error ends in one line and exit 1 (`--debug`: the whole
     traceback); the pods' `rljob worker ...` keep their tracebacks for the logs."""
@@ -728,7 +700,7 @@ def main() -> None:
     import typer.main
 
     cmd = typer.main.get_command(app)
-    _plain_metavars(cmd)
+    plain_metavars(cmd)
     try:
         cmd(prog_name="rljob")
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, not a traceback

@@ -25,7 +25,9 @@ def test_version_and_short_help(tmp_path):
     out = operator("--version", home=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == f"rljob-operator {__version__}"
     out = operator("-h", home=tmp_path)
-    assert out.returncode == 0 and "--kubeconfig" in out.stdout and "--context" in out.stdout
+    assert out.returncode == 0 and "--kubeconfig FILE" in out.stdout and "--context" in out.stdout
+    assert "--priority N" in out.stdout and "--namespace NAMESPACE" in out.stdout
+    assert "<" not in out.stdout, "type tags in the help"
 
 
 def test_no_cluster_is_one_line_naming_the_fix(tmp_path):
@@ -41,3 +43,30 @@ def test_a_missing_kubeconfig_file_is_named(tmp_path):
     out = operator("--kubeconfig", str(tmp_path / "nope.yaml"), home=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert f"--kubeconfig {tmp_path / 'nope.yaml'}" in out.stderr
+
+
+def test_a_malformed_kubeconfig_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clusters: [\n  - {name: a\n")
+    out = operator("--kubeconfig", str(bad), home=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"rljob-operator: --kubeconfig {bad}")
+
+
+def test_an_unreachable_cluster_is_one_line_naming_it(tmp_path):
+    from tests.cluster.controlplane import free_port
+
+    port = free_port()  # nothing listens there
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    out = operator("--kubeconfig", str(cfg), "--peering", "p", home=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert f"127.0.0.1:{port}" in out.stderr and "cannot reach" in out.stderr

@@ -109,3 +109,73 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
     assert "advantages" in train_reads(Spec(ppo)) and "advantages" not in train_reads(Spec(grpo))
     with pytest.raises(ValueError, match="groupSize"):
         AlgorithmSpec(name="grpo", group_size=1)
+
+
+def _value_model(seed: int = 0):
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rljob.trainer.critic import ValueModel
+    from tests.cases import REPO
+
+    cfg = json.loads((REPO / "examples/models/tiny-qwen2/config.json").read_text())
+    torch.manual_seed(seed)
+    lm = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    model = ValueModel(lm)
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # values away from zero
+    return model
+
+
+def _scored(model, n: int = 8):
+    """Samples as the critic scores them: its own values now, returns of 1."""
+    from rljob.trainer.algorithms import make_batch
+    from rljob.trainer.critic import response_values
+
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for _ in range(n):
+        prompt = torch.randint(3, 20, (4,), generator=gen).tolist()
+        response = torch.randint(3, 20, (3,), generator=gen).tolist()
+        mb = make_batch([prompt], [response], 0)
+        with torch.no_grad():
+            v = response_values(model, mb)[0, mb.mask[0].nonzero().squeeze(1)]
+        samples.append({"prompt": prompt, "response": response, "values": v,
+                        "returns": torch.ones_like(v)})
+    return samples
+
+
+def test_the_critic_steps_per_micro_batch_so_value_clip_bounds_the_later_ones():
+    from rljob.trainer.critic import fit_values
+
+    results = {}
+    for clip in (1e-4, 1e9):
+        model = _value_model()
+        samples = _scored(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        loss, clipped = fit_values(model, opt, samples, 4, 0, "cpu", clip, 0.0)
+        results[clip] = (clipped, model.head.weight.detach().clone())
+    # the first micro-batch's values are the scored ones (nothing clipped); the second's
+    # moved with the first step, and a tight clip holds them back
+    assert 0.0 < results[1e-4][0] <= 0.5 and results[1e9][0] == 0.0
+    assert not torch.equal(results[1e-4][1], results[1e9][1])
+
+
+def test_a_resumed_critic_never_restores_past_the_actors_step(tmp_path):
+    from rljob.infra.rundir import RunDir
+    from rljob.trainer.critic import checkpoint_to_restore, checkpoints_to_drop
+
+    run = RunDir(tmp_path)
+    run.critic_checkpoints.mkdir(parents=True)
+    for v in (48, 49, 50, 51, 52, 53):
+        run.critic_checkpoint(v).write_bytes(b"")
+    files = run.critic_checkpoint_files()
+    assert checkpoint_to_restore(files, 50).name == "step-50.pt"
+    assert checkpoint_to_restore(files, 100).name == "step-53.pt"
+    assert checkpoint_to_restore(files, 10) is None
+    # saved 53 with the actor's newest checkpoint at 50: back to 50 stays
+    assert [f.name for f in checkpoints_to_drop(files, 53, [0, 50])] == ["step-48.pt",
+                                                                         "step-49.pt"]
+    # a fresh run's version 49 drops what an earlier life left beyond it
+    assert [f.name for f in checkpoints_to_drop(files, 49, [50, 100])] == [
+        "step-50.pt", "step-51.pt", "step-52.pt", "step-53.pt"]

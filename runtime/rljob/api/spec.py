@@ -635,4 +635,16 @@ class RLJobSpec(ApiModel):
             or s.trainer.engine == "torch",
             field_path=".trainer.engine",
         ),
+        Rule(
+            cel="self.workflow.weightTransport != 'collective' || "
+            "(has(self.trainer.accelerator) ? self.trainer.accelerator.type : "
+            "self.accelerator.type) == (has(self.rollout.accelerator) ? "
+            "self.rollout.accelerator.type : self.accelerator.type)",
+            message="workflow.weightTransport collective needs the trainer and the rollouts "
+            "on one accelerator kind (a process group spans one collective library); set "
+            "weightTransport: grpc or auto",
+            check=lambda s: s.workflow.weight_transport != "collective"
+            or s.accelerator_for("trainer").type == s.accelerator_for("rollout").type,
+            field_path=".workflow.weightTransport",
+        ),
     )

@@ -58,7 +58,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     """PPO's clipped value loss, ½·max((V − R)², (clip(V, V_old ± c) − R)²) per token,
     averaged per response and summed over the step's responses / their number
     (micro-batch sums equal the full batch's); [B, T] each. Returns the loss and
-    the share of tokens where the clipped term was the larger."""
+    the share of tokens the clip held back (the clipped term the larger)."""
     mask = mask.float()
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     plain_sq, clipped_sq = (values - returns) ** 2, (clipped - returns) ** 2
@@ -66,7 +66,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     tokens = mask.sum(1).clamp(min=1)
     loss = ((per_token * mask).sum(1) / tokens).sum() / responses_in_step
     with torch.no_grad():
-        frac = float(((clipped_sq > plain_sq).float() * mask).sum() / mask.sum().clamp(min=1))
+        held = ((values - old_values).abs() > clip) & (clipped_sq > plain_sq)
+        frac = float((held.float() * mask).sum() / mask.sum().clamp(min=1))
     return loss, frac
 
 

@@ -5,10 +5,12 @@ It pulls each finished sample (response_ids and reward written) as soon as it
 exists, computes its values V(s_t) over the response tokens, GAE advantages and
 returns (`algorithms.gae`), and writes them back as the row's `values`,
 `advantages`, `returns` and `critic_version`; the actor's `train` task waits for
-`advantages`. Once every sample of step t is scored the critic takes its own
-optimizer step on them (PPO's clipped value loss, micro-batches in slot order),
-becoming version t + 1, checkpoints itself and only then acks the step's rows: a
-critic that dies re-scores what its last checkpoint had not learnt from.
+`advantages`. Once every sample of step t is scored the critic learns from them,
+an optimizer step per micro-batch (`samplesPerMicroBatch`, in slot order) on PPO's
+clipped value loss: from the second micro-batch on its values have moved from the
+ones it scored with, and `valueClip` bounds how far each may go. It becomes version
+t + 1, checkpoints itself and only then acks the step's rows: a critic that dies
+re-scores what its last checkpoint had not learnt from.
 
 Versions follow the policy's: step t's samples are all scored by critic t, in
 every workflow mode, and each sample is scored with the samples of its group (a
@@ -21,7 +23,10 @@ their step.
 The critic runs on rank 0 of the trainer, in its process and on its device (a
 thread: the value model is as big as the policy, and its passes release the
 interpreter while torch computes), initialised from the policy's weights after
-warm-up with a zeroed value head. Its checkpoints are `checkpoints/critic/step-N.pt`.
+warm-up with a zeroed value head. Its checkpoints are `checkpoints/critic/step-N.pt`,
+kept back to the actor's newest checkpoint: a resumed trainer at step s restores the
+critic of version s (never one that learnt from steps the actor has not), and a run
+that does not resume starts a fresh critic.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import numpy as np
 import torch
 
 from ..api.spec import RLJobSpec
-from ..infra.rundir import PARTIAL, RunDir
+from ..infra.rundir import PARTIAL, RunDir, step_of
 from ..transferqueue import TransferQueueClient, TransferQueueError
 from ..transferqueue.client import Batch
 from ..transferqueue.loader import LeaseKeeper
@@ -43,7 +48,51 @@ from ..workflow.tasks import CRITIC_READS
 from .algorithms import gae, make_batch, outcome_rewards, value_loss
 
 log = logging.getLogger("rljob.critic")
-KEEP_CHECKPOINTS = 2
+
+
+def checkpoint_to_restore(files: list, at_most: int):
+    """The newest of the critic's checkpoint `files` (oldest first) whose version is
+    at most the actor's step `at_most`, or None (pure)."""
+    fit = [f for f in files if step_of(f) <= at_most]
+    return fit[-1] if fit else None
+
+
+def checkpoints_to_drop(files: list, version: int, actor_steps: list[int]) -> list:
+    """Which critic checkpoints to delete once version `version` is saved: those of
+    later versions (an earlier life's) and those older than the actor's newest
+    checkpoint at or below `version` (a resume never goes back further) (pure)."""
+    floor = max((s for s in actor_steps if s <= version), default=0)
+    return [f for f in files if step_of(f) > version or step_of(f) < floor]
+
+
+def fit_values(model: ValueModel, opt, samples: list[dict], micro: int, pad_id: int,
+               device, clip: float, max_grad_norm: float) -> tuple[float, float]:
+    """PPO's value update over one step's scored samples: an optimizer step per
+    micro-batch of `micro` samples, each on the clipped value loss against the values
+    the samples were scored with. Returns the mean loss and the clipped share of
+    tokens."""
+    model.train()
+    loss_sum = clip_sum = 0.0
+    for start in range(0, len(samples), micro):
+        chunk = samples[start:start + micro]
+        mb = make_batch([s["prompt"] for s in chunk], [s["response"] for s in chunk],
+                        pad_id).to(device)
+        opt.zero_grad()
+        values = response_values(model, mb)
+        old = torch.zeros_like(values)
+        returns = torch.zeros_like(values)
+        for k, s in enumerate(chunk):
+            pos = mb.mask[k].nonzero().squeeze(1)
+            old[k, pos] = s["values"].to(values.device)
+            returns[k, pos] = s["returns"].to(values.device)
+        loss, frac = value_loss(values, old, returns, mb.mask, clip, len(chunk))
+        loss.backward()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
+        loss_sum += float(loss.detach()) * len(chunk) / len(samples)
+        clip_sum += frac * len(chunk) / len(samples)
+    return loss_sum, clip_sum
 
 
 class ValueModel(torch.nn.Module):
@@ -78,7 +127,7 @@ class Critic:
         self.pad_id, self.run, self.version = pad_id, run, version
         algo = spec.algorithm
         self.n, self.mb, self.g = algo.samples_per_step, algo.micro_samples, algo.group_size
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=0.0)
         if opt_state is not None:
             self.opt.load_state_dict(opt_state)
         self.keeper = LeaseKeeper(tq)
@@ -92,19 +141,21 @@ class Critic:
     # ---- life ------------------------------------------------------------------
     @classmethod
     def restore(cls, spec: RLJobSpec, lm: torch.nn.Module, device, tq: TransferQueueClient,
-                pad_id: int, run: RunDir | None, at_least: int) -> Critic:
-        """From the newest critic checkpoint, else a fresh head on `lm` (the policy's
-        weights); it starts at the trainer's step if that is further on (a table that
-        was lost starts again there)."""
+                pad_id: int, run: RunDir | None, start: int, resume: bool) -> Critic:
+        """With `resume`: from the newest critic checkpoint of a version at most the
+        trainer's step `start`; else (or without one) a fresh head on `lm` (the
+        policy's weights). It starts at the trainer's step if that is further on (a
+        table that was lost starts again there)."""
         model = ValueModel(lm)
         version, opt_state = 0, None
-        found = run.critic_checkpoint_files() if run else []
-        if found:
-            ck = torch.load(found[-1], weights_only=True, map_location="cpu")
+        found = (checkpoint_to_restore(run.critic_checkpoint_files(), start)
+                 if run and resume else None)
+        if found is not None:
+            ck = torch.load(found, weights_only=True, map_location="cpu")
             model.load_state_dict(ck["model"])
             version, opt_state = ck["version"], ck["optimizer"]
-            log.info("critic: resumed at version %d from %s", version, found[-1])
-        return cls(spec, model, device, tq, pad_id, run, max(version, at_least), opt_state)
+            log.info("critic: resumed at version %d from %s", version, found)
+        return cls(spec, model, device, tq, pad_id, run, max(version, start), opt_state)
 
     def start(self, steps: int) -> Critic:
         self._thread = threading.Thread(target=self._run, args=(steps,), name="rljob-critic",
@@ -207,29 +258,11 @@ class Critic:
         return out
 
     def _learn(self, t: int, samples: list[dict]) -> None:
-        """One optimizer step of the value loss over the step's samples, checkpoint, ack."""
+        """The value update over the step's samples (`fit_values`), checkpoint, ack."""
         algo = self.spec.algorithm
-        self.model.train()
-        self.opt.zero_grad()
-        t0, loss_sum, clip_sum = time.time(), 0.0, 0.0
-        for start in range(0, len(samples), self.mb):
-            chunk = samples[start:start + self.mb]
-            mb = make_batch([s["prompt"] for s in chunk], [s["response"] for s in chunk],
-                            self.pad_id).to(self.device)
-            values = response_values(self.model, mb)
-            old = torch.zeros_like(values)
-            returns = torch.zeros_like(values)
-            for k, s in enumerate(chunk):
-                pos = mb.mask[k].nonzero().squeeze(1)
-                old[k, pos] = s["values"].to(values.device)
-                returns[k, pos] = s["returns"].to(values.device)
-            loss, frac = value_loss(values, old, returns, mb.mask, algo.value_clip, len(samples))
-            loss.backward()
-            loss_sum += float(loss.detach())
-            clip_sum += frac * len(chunk) / len(samples)
-        if algo.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
-        self.opt.step()
+        t0 = time.time()
+        loss_sum, clip_sum = fit_values(self.model, self.opt, samples, self.mb, self.pad_id,
+                                        self.device, algo.value_clip, algo.max_grad_norm)
         self.version = t + 1
         self._checkpoint()
         by_lease: dict[str, list[int]] = defaultdict(list)
@@ -261,7 +294,8 @@ class Critic:
         torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                     "version": self.version}, tmp)
         tmp.rename(path)
-        for old in self.run.critic_checkpoint_files()[:-KEEP_CHECKPOINTS]:
+        for old in checkpoints_to_drop(self.run.critic_checkpoint_files(), self.version,
+                                       self.run.checkpoint_steps()):
             old.unlink(missing_ok=True)
 
 

@@ -362,7 +362,7 @@ class TrainerWorker:
             if spec.algorithm.name == "ppo":
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
-                                            self.steps)
+                                            self.steps, self.resume)
             self.sinks = open_sinks(spec, self.run_dir, self.start, self.prom)
         self.version = self.checkpointed = self.start
         return self
@@ -525,7 +525,7 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         worker.close()
 
 
-def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps):
+def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps, resume):
     """ppo: the critic (critic.py) on this rank's device, from the policy's weights
     (`state`: Hugging Face names, after warm-up) or its own checkpoint."""
     from .critic import Critic
@@ -533,7 +533,7 @@ def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps)
     lm = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=torch.float32)
     lm.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     critic = Critic.restore(spec, lm, torch_device, TransferQueueClient(tq_address),
-                            tok.pad_token_id, run, at_least=start)
+                            tok.pad_token_id, run, start=start, resume=resume)
     log.info("critic: scoring from step %d on %s", critic.version + 1, torch_device)
     return critic.start(steps)
 
