@@ -604,7 +604,7 @@ def worker_preflight(
     reward, context length); exit 3 with the problems as the termination message."""
     from . import preflight
 
-    problems = preflight.check(_load_job(job), in_pod=True)
+    problems = preflight.check(_load_job(job), volumes_here=True)
     for p in problems:
         typer.echo(p, err=True)
     if not problems:
@@ -641,7 +641,8 @@ def run(
 
     source = RunDir(resume).job_file if resume else file
     job = _local_job(source)
-    problems = preflight(job, source.resolve().parent)
+    # a local run reads every path here, a PVC's too
+    problems = preflight(job, source.resolve().parent, volumes_here=True)
     if problems:  # before anything starts
         for p in problems:
             typer.echo(f"{source}: {p}", err=True)

@@ -6,10 +6,12 @@ field, what is wrong (with the numbers) and the fix.
 
 Relative paths in a job file are read from the file's directory
 (`resolve_paths`); a model or tokenizer given as a hub id (`org/name`, not a
-directory here) and anything on a PVC (`model.pvc`, `dataset.pvc`: paths inside
-the pods) are left to the pods. There, `rljob worker preflight` runs the same
-checks with the job's volumes mounted (`in_pod`), before the trainer starts: its
-problems end the job as Failed/PreflightFailed with the lines as the message.
+directory here) and, for `rljob validate`, anything on a PVC (`model.pvc`,
+`dataset.pvc`: paths inside the pods) are left to the pods. There, `rljob worker
+preflight` runs the same checks with the job's volumes mounted (`volumes_here`),
+before the trainer starts: its problems end the job as Failed/PreflightFailed with
+the lines as the message. `rljob run` reads every path on this machine, a PVC's
+too, and checks them all.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ PROMPTS_CHECKED = 2000
 
 
 def _hub_id(value: str, base: Path | None = None) -> bool:
-    """`org/name` that is no path here (from `base`, else as given): fetched where the
-    job runs."""
-    return bool(HUB_ID.match(value)) and not ((base / value) if base else Path(value)).exists()
+    """`org/name` that is no path here (from `base`, else as given) and whose `org` is no
+    directory here either (`models/missing` beside a `models/` directory is a local path
+    that is missing): fetched where the job runs."""
+    path = (base / value) if base else Path(value)
+    return bool(HUB_ID.match(value)) and not path.exists() and not path.parent.is_dir()
 
 
 def _local(value: str, base: Path) -> str:
@@ -80,11 +84,11 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
     return job.model_copy(update={"spec": new_spec})
 
 
-def _model_dir(spec, in_pod: bool = False) -> Path | None:
+def _model_dir(spec, volumes_here: bool = False) -> Path | None:
     """The directory holding the model's config.json here (None: a hub id, or a PVC
     outside the pods)."""
     path = spec.model.path
-    if spec.model.pvc and not in_pod:
+    if spec.model.pvc and not volumes_here:
         return None
     if path.startswith(RANDOM):
         return Path(path.removeprefix(RANDOM))
@@ -93,10 +97,11 @@ def _model_dir(spec, in_pod: bool = False) -> Path | None:
     return Path(path)
 
 
-def _check_model(spec, where: str, in_pod: bool, problems: list[str]) -> int | None:
+def _check_model(spec, where: str, volumes_here: bool,
+                 problems: list[str]) -> int | None:
     """The model directory and its config.json; its context length (None when the
     model is not here or has none)."""
-    model_dir = _model_dir(spec, in_pod)
+    model_dir = _model_dir(spec, volumes_here)
     if model_dir is None:
         return None
     config = model_dir / "config.json"
@@ -182,18 +187,19 @@ def _check_context(spec, context: int, tok, examples, problems: list[str]) -> No
             f"{max(context - longest, 0)}")
 
 
-def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[str]:
+def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> list[str]:
     """Every problem of `job` (paths already resolved) that shows on this machine;
-    `in_pod`: in one of the job's pods, where the PVCs are mounted."""
+    `volumes_here`: paths on the job's PVCs are readable here too (in one of its pods,
+    where they are mounted; or a local run, which reads every path on this machine)."""
     from .trainer.sinks import wandb_problems
 
     spec = job.spec
     problems: list[str] = []
     where = f" (relative paths are read from {base})" if base else ""
-    context = _check_model(spec, where, in_pod, problems)
-    tok = _check_tokenizer(spec, where, in_pod or not spec.model.pvc, problems)
+    context = _check_model(spec, where, volumes_here, problems)
+    tok = _check_tokenizer(spec, where, volumes_here or not spec.model.pvc, problems)
     examples = (_check_dataset(spec, where, problems)
-                if in_pod or not spec.dataset.pvc else None)
+                if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
@@ -204,21 +210,31 @@ def check(job: RLJob, base: Path | None = None, in_pod: bool = False) -> list[st
 def check_text_here(text: str, base: Path) -> list[str]:
     """`check` for every RLJob document of a file whose relative paths are read from
     `base`; a document that does not fit the schema is skipped (its problems are
-    the schema's), one that only breaks cross-field rules is checked too."""
+    the schema's), one that only breaks cross-field rules or has unknown fields (left
+    out here) is checked too."""
     from pydantic import ValidationError
 
     from .api.base import DEFER_RULES
-    from .api.validation import RLJobError, parse_documents
+    from .api.validation import RLJobError, parse_documents, without_unknown
 
     problems = []
     try:
         docs = parse_documents(text, str(base))
     except RLJobError:
         return []
+    def parse(doc) -> RLJob:
+        return RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
+                                         context={DEFER_RULES: True})
+
     for i, doc in enumerate(docs, 1):
         try:
-            job = RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
-                                            context={DEFER_RULES: True})
+            try:
+                job = parse(doc)
+            except ValidationError as exc:  # unknown fields only: the rest is checked too
+                unknown = [e for e in exc.errors() if e["type"] == "extra_forbidden"]
+                if not unknown or not isinstance(doc, dict):
+                    raise
+                job = parse(without_unknown(doc, unknown))
         except ValidationError:
             continue
         job = resolve_paths(job, base)

@@ -85,7 +85,7 @@ def test_validate_reports_every_problem_on_this_machine_at_once(tmp_path):
 def test_validate_suggests_the_field_an_unknown_one_meant(tmp_path):
     bad = _job(tmp_path, "  model: {path: 'random:x'}\n  dataset: {path: d.jsonl}\n"
                          "  algorithm: {learningRate: 1.0e-5, maxstep: 3, num_generations: 4}\n")
-    out = rljob("validate", str(bad))
+    out = rljob("validate", "--cluster", str(bad))  # the schema's problems only
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f'{bad}: unknown field "spec.algorithm.learningRate" (did you mean "lr"?)',
@@ -201,3 +201,42 @@ def test_wandb_online_without_a_key_is_refused_before_start(tmp_path):
         f"{job}: logging.wandb: mode online needs a W&B API key: set WANDB_API_KEY (on a "
         "cluster: logging.wandb.apiKeySecret), run `wandb login`, or use mode: offline"]
     assert rljob("validate", str(job), env={**env, "WANDB_API_KEY": "x" * 40}).returncode == 0
+
+
+def test_validate_reports_the_rest_beside_unknown_fields_and_each_bad_input(tmp_path):
+    """An unknown field does not hide the other problems; a later dataset row without
+    the keys, a local model path that is missing beside its directory, and a reward
+    module that breaks on import each get their line."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n\n'
+                                           '{"prompt": "2+2="}\n')
+    (tmp_path / "badreward.py").write_text("def score(:\n")
+    job = _job(tmp_path, "  model: {path: models/nothere, tokenizer: 'builtin:char'}\n"
+                         "  dataset: {path: data/d.jsonl}\n"
+                         "  reward: {name: 'badreward:score'}\n"
+                         "  algorithm: {learningRate: 1.0e-5, groupSize: 1}\n")
+    out = rljob("validate", str(job), cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = [line.removeprefix(f"{job}: ") for line in out.stderr.strip().splitlines()]
+    assert lines[0] == 'unknown field "spec.algorithm.learningRate" (did you mean "lr"?)'
+    assert lines[1].startswith("spec.algorithm.groupSize: Invalid value")
+    assert lines[2].startswith(f"model.path: {tmp_path / 'models/nothere'} is not a directory")
+    assert lines[3] == (f"dataset.path: '{tmp_path / 'data/d.jsonl'}' line 3 has no key "
+                        "'answer' (the first row has it): every row needs dataset.promptKey "
+                        "and dataset.answerKey")
+    assert lines[4].startswith("reward.name: reward 'badreward:score': cannot import "
+                               "'badreward' (SyntaxError: ")
+    assert len(lines) == 5
+
+
+def test_run_checks_paths_on_a_pvc_too(tmp_path):
+    """A local run reads every path on this machine: a PVC's path that is not here is
+    refused before anything starts (validate leaves it to the pods)."""
+    job = _job(tmp_path, "  model: {path: 'random:" + str(REPO / "examples/models/tiny-qwen2")
+               + "', tokenizer: 'builtin:char'}\n"
+               "  dataset: {path: /data/none.jsonl, pvc: datasets}\n")
+    out = rljob("run", str(job), "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 1 and "dataset.path: '/data/none.jsonl' does not exist" in out.stderr
+    assert not (tmp_path / "run").exists()
+    assert "/data/none.jsonl" not in rljob("validate", str(job)).stderr

@@ -9,6 +9,7 @@ cluster with the CRD installed (and the other way round).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass
@@ -264,12 +265,29 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
                      else None)
             problems.append(Problem(index, _describe(err),
                                     f'(did you mean "{meant}"?)' if meant else ""))
+        if unknown:  # and what the rest of the document has wrong, in the same run
+            seen = {p.text for p in problems}
+            problems += [p for p in check_document(without_unknown(doc, unknown), index)
+                         if p.text not in seen]
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
         problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}',
                                 failure.rule.hint(failure.obj)))
     return problems
+
+
+def without_unknown(doc: dict, unknown: list[dict]) -> dict:
+    """A copy of `doc` without the fields pydantic's `extra_forbidden` errors name (pure)."""
+    out = copy.deepcopy(doc)
+    for err in unknown:
+        *parents, key = err["loc"]
+        node: Any = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return out
 
 
 def parse_documents(text: str, source: str) -> list[Any]:

@@ -30,13 +30,15 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
             rows = pq.read_table(path).to_pylist()
         except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet
             raise ValueError(f"dataset.path {spec.path!r} is not valid parquet: {exc}") from None
+        where = [f"row {n}" for n in range(1, len(rows) + 1)]
     else:
-        rows = []
+        rows, where = [], []
         try:
             with path.open(encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     if not line.strip():
                         continue
+                    where.append(f"line {number}")
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
@@ -46,16 +48,32 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
             raise ValueError(f"dataset.path {spec.path!r} cannot be read as JSONL: {exc}") from None
     if not rows:
         raise ValueError(f"dataset.path {spec.path!r} has no rows")
+    _check_rows(spec, rows, where)
+    return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key])) for r in rows]
+
+
+def _check_rows(spec: DatasetSpec, rows: list, where: list[str]) -> None:
+    """Every row an object with the prompt and answer keys; the first that is not is
+    named by its line (JSONL) or row (Parquet)."""
     if not isinstance(rows[0], dict):
         raise ValueError(f"dataset.path {spec.path!r}: rows must be JSON objects, the first "
                          f"is a {type(rows[0]).__name__}")
-    missing = [k for k in (spec.prompt_key, spec.answer_key) if k not in rows[0]]
+    keys = (spec.prompt_key, spec.answer_key)
+    missing = [k for k in keys if k not in rows[0]]
     if missing:
         raise ValueError(f"dataset.path {spec.path!r}: rows have no key "
                          f"{', '.join(repr(k) for k in missing)} (their keys: "
                          f"{', '.join(sorted(rows[0]))}); set dataset.promptKey / "
                          "dataset.answerKey to the prompt's and the answer's keys")
-    return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key])) for r in rows]
+    for row, at in zip(rows, where):
+        if not isinstance(row, dict):
+            raise ValueError(f"dataset.path {spec.path!r} {at} is a {type(row).__name__}, "
+                             "not an object: every row needs the prompt and answer keys")
+        missing = [k for k in keys if k not in row]
+        if missing:
+            raise ValueError(f"dataset.path {spec.path!r} {at} has no key "
+                             f"{', '.join(repr(k) for k in missing)} (the first row has "
+                             "it): every row needs dataset.promptKey and dataset.answerKey")
 
 
 def render_prompt(tokenizer, prompt: str) -> str:

@@ -32,8 +32,9 @@ def get_reward(name: str) -> RewardFn:
     module_name, func_name = name.split(":", 1)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"reward {name!r}: cannot import {module_name!r} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - a user's module: missing, or broken on import
+        raise ValueError(f"reward {name!r}: cannot import {module_name!r} "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise ValueError(f"reward {name!r}: {module_name} has no function {func_name!r}")
