@@ -63,6 +63,9 @@ INVALID = [
     Invalid("grpo-group-of-one", {"spec": {"algorithm": {"groupSize": 1}}},
             'spec.algorithm.groupSize: Invalid value: "object": algorithm.groupSize must be at '
             "least 2 when algorithm.name is grpo"),
+    Invalid("critic-fields-in-grpo", {"spec": {"algorithm": {"gamma": 0.99}}},
+            'spec.algorithm.name: Invalid value: "object": algorithm.gamma, lambda, valueClip '
+            "and criticLr are the critic's"),
     Invalid("micro-batch-does-not-divide",
             {"spec": {"algorithm": {"promptsPerStep": 3, "groupSize": 4,
                                     "samplesPerMicroBatch": 5}}},

@@ -251,7 +251,8 @@ def _print_plan(job, model, out: dict, cross: str | None) -> None:
     pools = f"; separate pools {cross.replace(',', ' + ')}" if cross else ""
     _print_table(
         f"{job.metadata.name}: rollout/trainer split ({model.source}; trainer gangs fill "
-        f"one node or whole nodes of {spec.trainer.npus_per_node} {unit}s{pools})",
+        f"one node or whole nodes of {spec.trainer.npus_per_node} {unit}"
+        f"{'s' if spec.trainer.npus_per_node != 1 else ''}{pools})",
         ("", "rollout", f"trainer {unit}s", "Tgen s", "Ttrain s", "step s", "idle",
          "δ′ of +1 replica s"),
         [(name, f"{r['rollout_replicas']} × {model.npus_per_replica} {r_unit}",
@@ -400,7 +401,8 @@ def bench_dispatch(
     """Makespan of random vs skew-aware vs oracle dispatch on a long-tail workload."""
     from .bench import dispatch as bench
 
-    _report(bench, bench.run(seeds), json_out)
+    _report(bench, bench.run(seeds, progress=lambda line: typer.echo(line, err=True)),
+            json_out)
 
 
 @bench_app.command("workflow")
@@ -460,9 +462,10 @@ def bench_optimisations(
     keep: Path = typer.Option(None, help="Keep the run directories here."),
     json_out: bool = JSON_OUT,
 ) -> None:
-    """The papers' mechanisms on a long-tailed task, each off and on side by side:
-    skew-aware dispatch (and an oracle ranker), arrival-order micro-batches, StreamRL's
-    ablation (sync, + skew-aware, + streaming, + async)."""
+    """The papers' mechanisms, each off and on side by side: skew-aware dispatch (and an
+    oracle ranker; one and two replicas), arrival-order micro-batches, StreamRL's ablation
+    (sync, + skew-aware, + streaming, + async), sequence packing, shared-prompt attention
+    and the token-balanced data-parallel split."""
     from .bench import optimisations as bench
 
     _report(bench, bench.run(steps, rounds, keep, config or None), json_out)

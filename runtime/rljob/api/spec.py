@@ -79,6 +79,11 @@ class DatasetSpec(ApiModel):
     )
 
 
+# algorithm.gamma, lambda, valueClip, criticLr as a grpo job may carry them (their
+# defaults: the CEL rule below spells them too)
+PPO_ONLY_DEFAULTS = (1.0, 0.95, 0.2, 1e-5)
+
+
 class AlgorithmSpec(ApiModel):
     name: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm.")
     group_size: int | None = Field(
@@ -152,6 +157,15 @@ class AlgorithmSpec(ApiModel):
         return self.step_prompts * self.group_size
 
     rules = (
+        Rule(
+            cel="self.name == 'ppo' || (self.gamma == 1.0 && self.lambda == 0.95 && "
+            "self.valueClip == 0.2 && self.criticLr == 0.00001)",
+            message="algorithm.gamma, lambda, valueClip and criticLr are the critic's: a grpo "
+            "job has none and would ignore them; leave them out or set algorithm.name: ppo",
+            check=lambda a: a.name == "ppo" or (a.gamma, a.lam, a.value_clip, a.critic_lr)
+            == PPO_ONLY_DEFAULTS,
+            field_path=".name",
+        ),
         Rule(
             cel="self.name != 'grpo' || !has(self.groupSize) || self.groupSize >= 2",
             message="algorithm.groupSize must be at least 2 when algorithm.name is grpo "
@@ -447,8 +461,8 @@ class TrainerSpec(ApiModel):
 
     def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
         """The order in force in workflow `mode` with `rollout.dispatch` (auto resolved:
-        `rljob bench optimisations` measured arrival 1.15x the steps/s of slot order in
-        periodic mode with skew-aware dispatch)."""
+        arrival where `rljob bench optimisations` measures it faster than slot order,
+        periodic mode with skew-aware dispatch; the figure is in the README)."""
         if self.micro_batch_order != "auto":
             return self.micro_batch_order
         return "arrival" if mode == "async" or dispatch == "skew_aware" else "slot"

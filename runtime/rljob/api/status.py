@@ -39,8 +39,11 @@ class ProgressStatus(ApiModel):
     reward_mean: float | None = None
     tokens_per_second: float = Field(0.0, ge=0, description="Generated tokens per second.")
     samples_per_second: float = Field(0.0, ge=0, description="Trained samples per second.")
-    gen_seconds: float = Field(0.0, ge=0, description="Tgen: wall time to produce one step.")
-    train_seconds: float = Field(0.0, ge=0, description="Ttrain: wall time of one step.")
+    gen_seconds: float = Field(0.0, ge=0, description="Tgen: seconds the rollouts spent "
+                               "generating the step (the union of its groups' generation "
+                               "spans; the wait before a replica began is not in it).")
+    train_seconds: float = Field(0.0, ge=0, description="Ttrain: seconds the trainer spent "
+                                 "computing the step (the union of its compute spans).")
     last_updated_time: datetime | None = None
 
 

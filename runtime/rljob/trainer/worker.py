@@ -3,9 +3,11 @@
 Rank 0 claims each step's samples from TransferQueue and broadcasts them over
 the gloo/hccl group; every rank trains its shard of each micro-batch with DDP
 (gradients synchronised on the step's last micro-batch only). Micro-batches are
-cut in the step's slot order, whatever order samples arrive in, so a streamed
-step (periodic/async) makes exactly the update a whole-batch step (sync) makes
-from the same samples.
+cut in the step's slot order (`trainer.microBatchOrder: slot`), whatever order
+samples arrive in, so a streamed step (periodic) makes exactly the update a
+whole-batch step (sync) makes from the same samples; or in the order samples
+arrive (`arrival`: a slow early group no longer holds up the rest), which sums
+the same gradients in another order (equal to sync within float rounding).
 
 The tri-model of a micro-step: the policy (with grad), the old policy that
 produced each sample and the frozen reference. For on-policy samples (version
