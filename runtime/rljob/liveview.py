@@ -4,6 +4,7 @@ and the run's summary. The figures come from `progress` (pure)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -27,6 +28,15 @@ class RunView:
         self.runner, self.job, self.console = runner, job, console
         self.warmup, self.started = warmup, started
 
+    def warm(self) -> dict | None:
+        """The trainer's warm-up progress so far (None before its first report)."""
+        if not self.warmup:
+            return None
+        try:
+            return json.loads(RunDir(self.runner.run_dir).warmup_progress.read_text())
+        except (OSError, ValueError):
+            return None
+
     def open(self):
         if self.console.is_terminal:
             return Live(self.render(), console=self.console, refresh_per_second=2)
@@ -40,7 +50,8 @@ class RunView:
         t = Table(title=progress.header(
             f"{self.job.metadata.name} · {spec.workflow.mode} · {spec.rollout.replicas} "
             f"rollout · {spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
-            self.warmup, time.monotonic() - self.started, sum(runner.restarts.values())))
+            self.warmup, time.monotonic() - self.started, sum(runner.restarts.values()),
+            self.warm()))
         for col in COLUMNS:
             t.add_column(col, justify="right")
         smooth = progress.smoothed([m["reward_mean"] for m in ms])
@@ -96,7 +107,8 @@ class PlainLines:
         self.events = len(runner.events)
         if not ms and now - self.said >= 30:
             self.said = now
-            console.print(f"{progress.phase(ms, runner.steps, self.view.warmup)} · elapsed "
+            phase = progress.phase(ms, runner.steps, self.view.warmup, self.view.warm())
+            console.print(f"{phase} · elapsed "
                           f"{progress.clock(now - started)}", highlight=False)
 
     def __enter__(self) -> PlainLines:

@@ -35,10 +35,18 @@ def eta(metrics: list[dict], total: int) -> float | None:
     return max(total - metrics[-1]["step"], 0) * pace
 
 
-def phase(metrics: list[dict], total: int, warmup_steps: int) -> str:
+def phase(metrics: list[dict], total: int, warmup_steps: int, warm: dict | None = None) -> str:
+    """RL step n/N once steps come; before, the supervised warm-up's n/N and loss
+    (`warm`: the trainer's warmup.json) or start-up."""
     if metrics:
         return f"RL step {metrics[-1]['step']}/{total}"
-    return f"warm-up ({warmup_steps} steps) and start-up" if warmup_steps else "start-up"
+    if not warmup_steps:
+        return "start-up"
+    if not warm:
+        return f"start-up, then warm-up ({warmup_steps} steps)"
+    if warm["step"] >= warm["of"]:
+        return f"warm-up done (loss {warm['loss']:.3f}), start-up of RL step 1"
+    return f"warm-up {warm['step']}/{warm['of']} (loss {warm['loss']:.3f})"
 
 
 def _num(v, fmt: str) -> str:
@@ -58,9 +66,9 @@ def step_line(metrics: list[dict], total: int, elapsed: float) -> str:
 
 
 def header(name: str, metrics: list[dict], total: int, warmup_steps: int, elapsed: float,
-           restarts: int = 0) -> str:
+           restarts: int = 0, warm: dict | None = None) -> str:
     """The live view's line above its table."""
-    parts = [name, phase(metrics, total, warmup_steps), f"elapsed {clock(elapsed)}",
+    parts = [name, phase(metrics, total, warmup_steps, warm), f"elapsed {clock(elapsed)}",
              f"ETA {clock(eta(metrics, total))}"]
     if metrics:
         parts.append(f"reward (smoothed) {smoothed([x['reward_mean'] for x in metrics])[-1]:.3f}")

@@ -63,6 +63,11 @@ class RunDir:
         return self.root / "wandb-run-id"
 
     @property
+    def warmup_progress(self) -> Path:
+        """The supervised warm-up's progress ({"step", "of", "loss"}), for the live view."""
+        return self.root / "warmup.json"
+
+    @property
     def final(self) -> Path:
         return self.root / "final"
 

@@ -20,6 +20,7 @@ sampling (the behaviour policy itself, no second forward).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from ..api.spec import RLJobSpec
 from ..inputs.data import load_examples, render_prompt
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
-from ..infra.rundir import RunDir
+from ..infra.rundir import PARTIAL, RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
@@ -264,8 +265,9 @@ class StepSource:
                 log.warning("could not release a batch of step %d: %s", self.step, exc)
 
 
-def warm_up(policy, tok, spec: RLJobSpec) -> float:
-    """Supervised steps on prompt → answer (teacher forcing) for random-init models."""
+def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
+    """Supervised steps on prompt → answer (teacher forcing) for random-init models;
+    `report(step, steps, loss)` hears every tenth step and the last."""
     steps = spec.model.warmup_steps
     if steps == 0:
         return 0.0
@@ -274,7 +276,7 @@ def warm_up(policy, tok, spec: RLJobSpec) -> float:
     rng = np.random.default_rng(spec.algorithm.seed)
     batch = 64
     loss = torch.tensor(0.0)
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
         prompts = [tok.encode(render_prompt(tok, examples[i].prompt)) for i in picked]
         answers = [tok.encode(examples[i].answer, add_special_tokens=False) + [tok.eos_token_id]
@@ -285,7 +287,25 @@ def warm_up(policy, tok, spec: RLJobSpec) -> float:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if report is not None and (step % 10 == 0 or step == steps):
+            report(step, steps, float(loss.detach()))
     return float(loss.detach())
+
+
+def warmup_reporter(run: RunDir | None):
+    """`warm_up`'s report as the run directory's warmup.json (None: nowhere)."""
+    if run is None:
+        return None
+
+    def report(step: int, steps: int, loss: float) -> None:
+        tmp = run.warmup_progress.with_name(run.warmup_progress.name + PARTIAL)
+        try:
+            tmp.write_text(json.dumps({"step": step, "of": steps, "loss": loss}))
+            tmp.replace(run.warmup_progress)
+        except OSError as exc:  # progress only: the warm-up goes on
+            log.debug("warm-up progress not written: %s", exc)
+
+    return report
 
 
 class TrainerWorker:
@@ -343,7 +363,8 @@ class TrainerWorker:
                                        spec.weight_transport)
         if self.start == 0 and ref_state is None:
             with self.spans.span("train", -1):
-                warm_loss = warm_up(self.policy, self.tok, spec)
+                warm_loss = warm_up(self.policy, self.tok, spec,
+                                    warmup_reporter(self.run_dir) if rank == 0 else None)
             if rank == 0 and spec.model.warmup_steps:
                 log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps,
                          warm_loss)
