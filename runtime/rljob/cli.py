@@ -304,7 +304,8 @@ def simulate(
              "speedup_vs_sync": r.throughput / base, "bubble_ratio": r.bubble_ratio,
              "max_staleness": max(r.staleness, default=0)} for r in results]
     window = max(r.makespan for r in results)  # one time axis, every mode to its end
-    plot_gantt(results, str(out), window=window)
+    plot_gantt(results, str(out), window=window,
+               title=f"{job.metadata.name}: simulated pipeline, {steps} steps ({model.source})")
     if json_out:
         typer.echo(json.dumps({"job": job.metadata.name, "modes": rows, "gantt": str(out)},
                               indent=2))

@@ -114,8 +114,8 @@ def run_panels(spans: list[Span], name: str, ratio: float, window: int = 3
 
 
 def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
-               window: float | None = None) -> None:
-    """One timeline per panel; spans' times are shifted to start at 0."""
+               window: float | None = None, title: str | None = None) -> None:
+    """One timeline per panel; spans' times are shifted to start at 0; `title` over all."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,9 +124,9 @@ def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
     fig, axes = plt.subplots(len(panels), 1, squeeze=False,
                              figsize=(12, 1.2 + 1.5 * sum(max(1, len({s.worker for s in sp})) * 0.45
                                                           for _, sp in panels)))
-    for ax, (title, spans) in zip(axes[:, 0], panels):
+    for ax, (heading, spans) in zip(axes[:, 0], panels):
         if not spans:
-            ax.set_title(title + " (no spans)")
+            ax.set_title(heading + " (no spans)")
             continue
         t0 = min(s.start for s in spans)
         horizon = window or max(s.end for s in spans) - t0
@@ -139,12 +139,14 @@ def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
                     ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=color, label=kind)
         ax.set_yticks(range(len(workers)), workers)
         ax.set_xlim(0, horizon)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(heading, fontsize=10)
     labels = {}
     for ax in axes[:, 0]:
         h, lab = ax.get_legend_handles_labels()
         labels.update(zip(lab, h))
     fig.legend(labels.values(), labels.keys(), loc="upper right", ncol=4, fontsize=8)
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     axes[-1, 0].set_xlabel("seconds")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)

@@ -260,7 +260,8 @@ def compare_modes(base: PipelineConfig, modes=(("sync", True), ("periodic", True
     return out
 
 
-def plot_gantt(results: list[SimResult], path: str, window: float | None = None) -> None:
+def plot_gantt(results: list[SimResult], path: str, window: float | None = None,
+               title: str | None = None) -> None:
     """One timeline per simulated pipeline: replicas' generate spans, the trainer's
     train / optimizer / weight-sync spans; gaps are bubbles."""
     panels = []
@@ -271,4 +272,4 @@ def plot_gantt(results: list[SimResult], path: str, window: float | None = None)
             label += ", no streaming"
         panels.append((f"{label}: {res.throughput:.2f} samples/s, bubble ratio "
                        f"{res.bubble_ratio:.0%}", res.spans))
-    _plot_panels(panels, path, window)
+    _plot_panels(panels, path, window, title)
