@@ -265,10 +265,10 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
                      else None)
             problems.append(Problem(index, _describe(err),
                                     f'(did you mean "{meant}"?)' if meant else ""))
-        if unknown:  # and what the rest of the document has wrong, in the same run
+        rest = without_unknown(doc, unknown) if unknown else doc
+        if rest != doc:  # and what the rest of the document has wrong, in the same run
             seen = {p.text for p in problems}
-            problems += [p for p in check_document(without_unknown(doc, unknown), index)
-                         if p.text not in seen]
+            problems += [p for p in check_document(rest, index) if p.text not in seen]
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
