@@ -79,9 +79,17 @@ class DatasetSpec(ApiModel):
     )
 
 
-# algorithm.gamma, lambda, valueClip, criticLr as a grpo job may carry them (their
-# defaults: the CEL rule below spells them too)
-PPO_ONLY_DEFAULTS = (1.0, 0.95, 0.2, 1e-5)
+# the critic's fields (wire name, attribute, default): their defaults are the fields'
+# and the only values a grpo job may carry (the rule below, CEL and Python)
+CRITIC_FIELDS = (("gamma", "gamma", 1.0), ("lambda", "lam", 0.95),
+                 ("valueClip", "value_clip", 0.2), ("criticLr", "critic_lr", 1e-5))
+_CRITIC_DEFAULT = {attr: default for _, attr, default in CRITIC_FIELDS}
+
+
+def _cel_number(x: float) -> str:
+    """A CEL double literal without an exponent (0.00001, not 1e-05)."""
+    text = f"{x:.12f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
 
 
 class AlgorithmSpec(ApiModel):
@@ -92,18 +100,18 @@ class AlgorithmSpec(ApiModel):
     )
     lr: float = Field(1e-6, gt=0, le=1, description="Actor learning rate.")
     gamma: float = Field(
-        1.0, ge=0, le=1, description="ppo: discount of GAE (per response token)."
+        _CRITIC_DEFAULT["gamma"], ge=0, le=1, description="ppo: discount of GAE (per response token)."
     )
     lam: float = Field(
-        0.95, ge=0, le=1, alias="lambda",
+        _CRITIC_DEFAULT["lam"], ge=0, le=1, alias="lambda",
         description="ppo: λ of GAE (1: Monte-Carlo returns, 0: one-step TD).",
     )
     value_clip: float = Field(
-        0.2, gt=0, description="ppo: the critic's values move at most this far from the "
+        _CRITIC_DEFAULT["value_clip"], gt=0, description="ppo: the critic's values move at most this far from the "
         "values that scored the sample (clipped value loss).",
     )
     critic_lr: float = Field(
-        1e-5, gt=0, le=1, description="ppo: the critic's learning rate.",
+        _CRITIC_DEFAULT["critic_lr"], gt=0, le=1, description="ppo: the critic's learning rate.",
     )
     kl_coef: float = Field(
         0.001, ge=0, description="Weight of the k3 KL estimate to the reference policy."
@@ -158,12 +166,13 @@ class AlgorithmSpec(ApiModel):
 
     rules = (
         Rule(
-            cel="self.name == 'ppo' || (self.gamma == 1.0 && self.lambda == 0.95 && "
-            "self.valueClip == 0.2 && self.criticLr == 0.00001)",
+            cel="self.name == 'ppo' || (" + " && ".join(
+                f"self.{wire} == {_cel_number(default)}" for wire, _, default in CRITIC_FIELDS)
+            + ")",
             message="algorithm.gamma, lambda, valueClip and criticLr are the critic's: a grpo "
             "job has none and would ignore them; leave them out or set algorithm.name: ppo",
-            check=lambda a: a.name == "ppo" or (a.gamma, a.lam, a.value_clip, a.critic_lr)
-            == PPO_ONLY_DEFAULTS,
+            check=lambda a: a.name == "ppo" or all(
+                getattr(a, attr) == default for _, attr, default in CRITIC_FIELDS),
             field_path=".name",
         ),
         Rule(
