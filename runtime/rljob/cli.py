@@ -434,6 +434,31 @@ def bench_workflow(
             json_out)
 
 
+@bench_app.command("offpolicy")
+def bench_offpolicy(
+    file: Path = JOB_FILE,
+    steps: int = typer.Option(None, min=1, help="Steps per run (default: the job's "
+                              "algorithm.maxSteps)."),
+    last: int = typer.Option(30, min=1, help="The reward compared is the mean of this many "
+                             "last steps."),
+    seeds: int = typer.Option(1, min=1, help="Runs per configuration, each with its own "
+                              "algorithm.seed; their means are printed."),
+    temperature: float = typer.Option(None, help="rollout.temperature of every run."),
+    top_p: float = typer.Option(None, "--top-p", help="rollout.topP of every run."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The job in sync, then async(1) and async(2) under each offPolicyCorrection (none,
+    tis, mis): the reward of the last steps next to sync's, the clipped share, the
+    importance weights and the engine mismatch."""
+    from .bench import offpolicy as bench
+
+    job = _local_job(file)
+    _report(bench, bench.run(job, str(file), steps, last, seeds, temperature, top_p,
+                             keep=keep, progress=lambda line: typer.echo(line, err=True)),
+            json_out)
+
+
 @bench_app.command("engines")
 def bench_engines(
     steps: int = typer.Option(20, min=5, help="Steps per engine (the first 3 are not "

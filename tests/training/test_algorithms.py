@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from rljob.api.spec import ModelSpec
 from rljob.inputs.models import build_model, load_tokenizer
-from rljob.trainer.algorithms import (
-    grpo_loss,
-    group_advantages,
-    k3_kl,
-    make_batch,
-    token_logprobs,
-)
+from rljob.api.spec import AlgorithmSpec
+from rljob.trainer.algorithms import PolicyInputs, group_advantages, k3_kl, policy_loss
+from rljob.trainer.batch import make_batch, token_logprobs
 
 SPEC = ModelSpec(path="random:examples/models/tiny-qwen2", tokenizer="builtin:char",
                  dtype="float32")
@@ -47,6 +44,17 @@ def _samples(tok, n=8):
     return prompts, responses, group_advantages(rewards, groups)
 
 
+def on_policy_loss(logp, ref_logp, adv, mask, responses_in_step, kl_coef=0.05):
+    """The default policy loss of samples the step's own weights made, whose rollout
+    log-probs equal the trainer's."""
+    algo = AlgorithmSpec.model_validate({"name": "ppo", "groupSize": 1, "klCoef": kl_coef,
+                                         "promptsPerStep": responses_in_step,
+                                         "samplesPerMicroBatch": 1})
+    fresh = torch.ones(logp.shape[0], dtype=torch.bool)
+    return policy_loss(algo)(PolicyInputs(logp, logp.detach(), logp.detach(), ref_logp, adv,
+                                          mask, fresh))
+
+
 def _grads(model, tok, prompts, responses, adv, chunks):
     model.zero_grad()
     ref = copy.deepcopy(model)
@@ -56,7 +64,7 @@ def _grads(model, tok, prompts, responses, adv, chunks):
         logp = token_logprobs(model, b)
         with torch.no_grad():
             ref_logp = token_logprobs(ref, b) - 0.1  # a reference that differs
-        parts = grpo_loss(logp, logp.detach(), ref_logp, adv[idx], b.mask, 0.2, 0.05, n)
+        parts = on_policy_loss(logp, ref_logp, adv[idx], b.mask, n)
         parts.loss.backward()
     return [p.grad.clone() for p in model.parameters()]
 
@@ -76,23 +84,37 @@ def test_on_policy_ratio_is_one_and_the_surrogate_follows_the_advantage():
     prompts, responses, adv = _samples(tok, 4)
     b = make_batch(prompts, responses, tok.pad_token_id)
     logp = token_logprobs(model, b)
-    parts = grpo_loss(logp, logp.detach(), logp.detach(), adv, b.mask, 0.2, 0.0, 4)
+    parts = on_policy_loss(logp, logp.detach(), adv, b.mask, 4, kl_coef=0.0)
     assert parts.kl == 0 and parts.clip_frac == 0
+    figures = parts.stats.figures()
+    assert figures["is_weight_mean"] == figures["is_weight_max"] == figures["is_ess"] == 1.0
+    assert figures["logp_mismatch_mean"] == figures["is_capped"] == 0.0
     assert abs(float(parts.loss.detach()) + float(adv.sum()) / 4) < 1e-5  # -Σ A / N at ratio 1
 
 
-def test_rollout_logprobs_match_the_trainers_for_the_same_weights():
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
+def test_rollout_logprobs_match_the_trainers_for_the_same_weights(temperature, top_p):
+    """One definition: the hf engine's log-prob of a sampled token and the trainer's
+    are the same number at any temperature and top-p (the tempered, nucleus-
+    renormalised distribution), and differ from the model's plain softmax."""
     from rljob.rollout.engine import HFEngine, SamplingParams
+    from rljob.sampling import TokenDistribution
 
     tok, model = tiny()
-    gen = HFEngine(model, tok).generate([tok.encode("12+30=")],
-                                        SamplingParams(n=4, max_new_tokens=5, seed=1))[0]
-    b = make_batch([tok.encode("12+30=")] * 4, [g.response_ids for g in gen], tok.pad_token_id)
+    params = SamplingParams(n=8, max_new_tokens=8, seed=1, temperature=temperature,
+                            top_p=top_p)
+    gen = HFEngine(model, tok).generate([tok.encode("12+30=")], params)[0]
+    b = make_batch([tok.encode("12+30=")] * 8, [g.response_ids for g in gen], tok.pad_token_id)
     with torch.no_grad():
-        logp = token_logprobs(model, b)
+        logp = token_logprobs(model, b, TokenDistribution(temperature, top_p))
+        plain = token_logprobs(model, b)
+    worst = 0.0
     for i, g in enumerate(gen):
         got = logp[i][b.mask[i].bool()]
-        assert torch.allclose(got, torch.tensor(g.logprobs), atol=1e-4)
+        worst = max(worst, float((got - torch.tensor(g.logprobs)).abs().max()))
+    assert worst < 1e-4
+    if (temperature, top_p) != (1.0, 1.0):
+        assert float((logp - plain).abs().max()) > 1e-2
 
 
 def test_right_padding_changes_no_logprob_of_a_real_token():
@@ -133,12 +155,13 @@ def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
 
 
 def test_seeded_sampling_follows_the_distribution():
-    from rljob.rollout.engine import seeded_sample
+    from rljob.sampling import TokenDistribution, seeded_sample
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(40_000, 1)
     u = torch.rand(40_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    freq = torch.bincount(seeded_sample(logits, u, 1.0, 1.0), minlength=4) / 40_000
+    freq = torch.bincount(seeded_sample(logits, u, TokenDistribution()), minlength=4) / 40_000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.01)
     # top-p 0.75: the nucleus is {0.5, 0.3}, renormalised
-    freq = torch.bincount(seeded_sample(logits, u, 1.0, 0.75), minlength=4) / 40_000
+    freq = torch.bincount(seeded_sample(logits, u, TokenDistribution(1.0, 0.75)),
+                          minlength=4) / 40_000
     assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01)

@@ -9,7 +9,7 @@ import torch
 from rljob.api.spec import RLJobSpec
 from rljob.infra.device import resolve
 from rljob.inputs.models import build_model, load_tokenizer
-from rljob.trainer.algorithms import make_batch, token_logprobs
+from rljob.trainer.batch import make_batch, token_logprobs
 from rljob.trainer.policy import TorchPolicy
 
 SPEC = RLJobSpec.model_validate({

@@ -6,7 +6,7 @@ import torch
 
 from rljob.api.spec import ModelSpec
 from rljob.inputs.models import build_model, load_tokenizer
-from rljob.trainer.algorithms import make_batch, token_logprobs
+from rljob.trainer.batch import make_batch, token_logprobs
 from rljob.trainer.packing import pack, packed_logprobs
 
 SPEC = ModelSpec(path="random:examples/models/tiny-qwen2", tokenizer="builtin:char",

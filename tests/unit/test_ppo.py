@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec
-from rljob.trainer.algorithms import gae, grpo_loss, outcome_rewards, value_loss
+from rljob.trainer.algorithms import PolicyInputs, gae, outcome_rewards, policy_loss, value_loss
 from rljob.workflow.tasks import tasks_for, train_reads
 
 
@@ -29,7 +29,20 @@ def test_gae_with_gamma_and_lambda_one_is_the_return_minus_the_value():
     assert torch.allclose(adv0, torch.tensor([-0.1 - 0.3, 0.7 + 0.1, 0.2 - 0.7, 2.0 - 0.2]))
 
 
-def _direct_surrogate(logp, old, ref, adv, mask, eps, beta, n):
+def grpo_loss(logp, old, ref, adv, mask, eps, beta, responses_in_step, correction="none",
+              cap=None, behaviour=None):
+    """The job's policy loss (`algorithm.offPolicyCorrection`) of stale samples whose
+    rollout log-probs are `behaviour` (none: also PPO's old policy) and whose
+    proximal log-probs are `old`."""
+    algo = AlgorithmSpec.model_validate({
+        "name": "ppo", "clipRatio": eps, "klCoef": beta, "promptsPerStep": responses_in_step,
+        "samplesPerMicroBatch": 1, "offPolicyCorrection": correction, "importanceCap": cap})
+    stale = torch.zeros(logp.shape[0], dtype=torch.bool)
+    return policy_loss(algo)(PolicyInputs(logp, old, old if behaviour is None else behaviour,
+                                          ref, adv, mask, stale))
+
+
+def _direct_surrogate(logp, old, ref, adv, mask, eps, beta, n, weight=None):
     total = 0.0
     for i in range(logp.shape[0]):
         terms = []
@@ -38,6 +51,8 @@ def _direct_surrogate(logp, old, ref, adv, mask, eps, beta, n):
                 ratio = torch.exp(logp[i, t] - old[i, t])
                 a = adv[i, t]
                 s = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+                if weight is not None:
+                    s = weight(i, t) * s
                 d = ref[i, t] - logp[i, t]
                 terms.append(s + beta * (torch.exp(d) - d - 1))
         total = total + torch.stack(terms).mean()
@@ -62,6 +77,72 @@ def test_the_token_level_surrogate_and_its_gradient_equal_a_direct_computation()
     a = grpo_loss(logp, old, ref, per_response, mask, 0.2, 0.05, 6).loss
     b = grpo_loss(logp, old, ref, per_response[:, None].expand(3, 5), mask, 0.2, 0.05, 6).loss
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_decoupled_ppo_clips_against_the_proximal_policy_and_weights_by_the_behaviours(
+        correction):
+    """tis/mis: r = π/π_prox clipped, each token times w = π_prox/μ, truncated at the
+    cap (tis) or left out above it (mis); the figures count the capped tokens."""
+    g = torch.Generator().manual_seed(1)
+    logp = torch.randn(3, 5, generator=g).requires_grad_()
+    prox = logp.detach() + 0.3 * torch.randn(3, 5, generator=g)
+    behaviour = prox + torch.randn(3, 5, generator=g)  # some weights far above the cap
+    ref = logp.detach() + 0.1 * torch.randn(3, 5, generator=g)
+    adv = torch.randn(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    cap = 1.5
+    w = torch.exp(prox - behaviour)
+    assert ((w > cap) & mask.bool()).any() and ((w <= cap) & mask.bool()).any()
+    capped = ((lambda i, t: torch.clamp(w[i, t], max=cap)) if correction == "tis"
+              else (lambda i, t: w[i, t] * (w[i, t] <= cap)))
+    parts = grpo_loss(logp, prox, ref, adv, mask, 0.2, 0.05, 6, correction, cap, behaviour)
+    direct = _direct_surrogate(logp, prox, ref, adv, mask, 0.2, 0.05, 6, weight=capped)
+    (grad,) = torch.autograd.grad(parts.loss, logp)
+    (direct_grad,) = torch.autograd.grad(direct, logp)
+    assert torch.allclose(parts.loss, direct, atol=1e-6)
+    assert torch.allclose(grad, direct_grad, atol=1e-6)
+    figures = parts.stats.figures()
+    on = mask.bool()
+    assert figures["is_capped"] == pytest.approx(float((w[on] > cap).float().mean()))
+    assert figures["is_weight_max"] == pytest.approx(float(w[on].max()))
+    assert figures["is_ess"] == pytest.approx(float(w[on].sum() ** 2 / (on.sum() * (w[on] ** 2).sum())))
+    assert figures["logp_mismatch_mean"] is None  # no fresh sample: nothing to compare
+
+
+def test_the_engine_mismatch_is_measured_on_fresh_samples_only():
+    from rljob.trainer.algorithms import off_policy_stats
+
+    prox = torch.zeros(2, 3)
+    behaviour = torch.tensor([[0.1, -0.2, 9.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    x = PolicyInputs(prox, prox, behaviour, prox, torch.zeros(2), mask,
+                     torch.tensor([True, False]))
+    _, stats = off_policy_stats(x, 2.0)
+    figures = stats.figures()
+    assert figures["logp_mismatch_mean"] == pytest.approx(0.15)  # row 0's two tokens
+    assert figures["logp_mismatch_max"] == pytest.approx(0.2)
+    assert stats.tokens == 5
+
+
+def test_a_mismatch_far_out_of_line_says_so_in_one_line():
+    from rljob.trainer.worker import mismatch_alert
+
+    assert mismatch_alert(None) is None and mismatch_alert(2e-6) is None
+    line = mismatch_alert(0.8)
+    assert "\n" not in line and "0.8 nats" in line and "tokenizer" in line
+    assert mismatch_alert(float("nan")) is not None
+
+
+def test_off_policy_correction_rules():
+    assert AlgorithmSpec().off_policy_correction == "tis" and AlgorithmSpec().cap == 2.0
+    with pytest.raises(ValueError, match="importanceCap caps the importance weights"):
+        AlgorithmSpec.model_validate({"offPolicyCorrection": "none", "importanceCap": 3})
+    assert AlgorithmSpec.model_validate({"offPolicyCorrection": "mis", "importanceCap": 3}).cap == 3
+    with pytest.raises(ValueError):
+        AlgorithmSpec.model_validate({"importanceCap": 1.0})  # a cap must be above 1
+    with pytest.raises(ValueError):
+        AlgorithmSpec.model_validate({"offPolicyCorrection": "ppo"})
 
 
 def test_the_clipped_value_loss_equals_a_direct_computation_and_splits_exactly():
@@ -129,7 +210,7 @@ def _value_model(seed: int = 0):
 
 def _scored(model, n: int = 8):
     """Samples as the critic scores them: its own values now, returns of 1."""
-    from rljob.trainer.algorithms import make_batch
+    from rljob.trainer.batch import make_batch
     from rljob.trainer.critic import response_values
 
     gen = torch.Generator().manual_seed(1)

@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's 
 from rljob.api.spec import ModelSpec, RolloutSpec  # noqa: E402
 from rljob.inputs.models import build_model, load_tokenizer
 from rljob.rollout.engine import SamplingParams
-from rljob.trainer.algorithms import make_batch, token_logprobs
+from rljob.trainer.batch import make_batch, token_logprobs
 
 MODEL = ModelSpec(path="random:examples/models/tiny-qwen2", tokenizer="builtin:char",
                   dtype="float32")

@@ -92,6 +92,10 @@ def _cel_number(x: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
+# algorithm.name → its advantage estimator (trainer/algorithms.py registers them)
+ADVANTAGE_ESTIMATOR_OF = {"grpo": "grpo", "ppo": "gae"}
+
+
 class AlgorithmSpec(ApiModel):
     name: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm.")
     group_size: int | None = Field(
@@ -117,6 +121,20 @@ class AlgorithmSpec(ApiModel):
         0.001, ge=0, description="Weight of the k3 KL estimate to the reference policy."
     )
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")
+    off_policy_correction: Literal["none", "tis", "mis"] = Field(
+        "tis",
+        description="How the loss corrects for samples the trainer's weights did not make "
+        "(stale async samples, and the rollout engine's numerics). tis: decoupled PPO, "
+        "the clip taken against the trainer's own log-probs at the start of the step and "
+        "each token weighted by the behaviour-to-trainer importance weight, truncated at "
+        "importanceCap; mis: the same, a token whose weight is above importanceCap left "
+        "out; none: PPO's clip against the rollout's log-probs for stale samples, no "
+        "weight.",
+    )
+    importance_cap: float | None = Field(
+        None, gt=1, le=1000,
+        description="tis/mis: the cap on a token's importance weight (default 2).",
+    )
     max_grad_norm: float = Field(
         1.0, ge=0, le=1e6,
         description="Gradients are scaled down to this global L2 norm before each optimizer "
@@ -151,6 +169,17 @@ class AlgorithmSpec(ApiModel):
         return data
 
     @property
+    def cap(self) -> float:
+        """The importance-weight cap of tis/mis (importanceCap, or 2)."""
+        return self.importance_cap or 2.0
+
+    @property
+    def advantage_estimator(self) -> str:
+        """The advantage estimator `name` means (trainer/algorithms.py): grpo's
+        group-relative one, ppo's GAE over a critic."""
+        return ADVANTAGE_ESTIMATOR_OF[self.name]
+
+    @property
     def step_prompts(self) -> int:
         """Prompts per step (promptsPerStep, or its old name globalBatchSize; 32)."""
         return self.prompts_per_step or self.global_batch_size or 32
@@ -174,6 +203,14 @@ class AlgorithmSpec(ApiModel):
             check=lambda a: a.name == "ppo" or all(
                 getattr(a, attr) == default for _, attr, default in CRITIC_FIELDS),
             field_path=".name",
+        ),
+        Rule(
+            cel="!has(self.importanceCap) || self.offPolicyCorrection != 'none'",
+            message="algorithm.importanceCap caps the importance weights of "
+            "offPolicyCorrection tis or mis; offPolicyCorrection none has none and would "
+            "ignore it: leave it out or set offPolicyCorrection: tis",
+            check=lambda a: a.importance_cap is None or a.off_policy_correction != "none",
+            field_path=".importanceCap",
         ),
         Rule(
             cel="self.name != 'grpo' || !has(self.groupSize) || self.groupSize >= 2",

@@ -111,14 +111,14 @@ def synthetic_step(step: int, prompts: int, group: int, prompt_len: int, respons
     """One step's samples in slot order, made by this step's weights (on-policy):
     random ids in [3, vocab), random rewards and each group's advantages, as
     `StepSource` hands them to the trainer."""
-    from ..trainer.algorithms import group_advantages
+    from ..trainer.algorithms import GroupRelative
     from ..trainer.worker import Sample
 
     samples = []
     for p in range(prompts):
         prompt = rng.integers(3, vocab, prompt_len).tolist()
         rewards = rng.random(group)
-        adv = group_advantages(torch.tensor(rewards), torch.zeros(group, dtype=torch.long))
+        adv = GroupRelative.of_group([float(r) for r in rewards])
         for i in range(group):
             samples.append(Sample(
                 slot=p * group + i, group=p, version=step, prompt_ids=prompt,

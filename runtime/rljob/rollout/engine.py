@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..infra.registry import Registry
+from ..sampling import TokenDistribution, sampled_logprobs, seeded_sample
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class SamplingParams:
     # other prompts generated in the same batch (overrides `seed`)
     seeds: tuple[int, ...] | None = None
 
+    @property
+    def distribution(self) -> TokenDistribution:
+        return TokenDistribution(self.temperature, self.top_p)
+
     def prompt_seeds(self, count: int) -> list[int | None]:
         if self.seeds is not None:
             if len(self.seeds) != count:
@@ -41,7 +46,7 @@ class SamplingParams:
 @dataclass
 class Generation:
     response_ids: list[int]
-    logprobs: list[float]  # per response token, under the sampling distribution
+    logprobs: list[float]  # per response token, under the sampling distribution (sampling.py)
 
 
 class RolloutEngine(ABC):
@@ -91,22 +96,6 @@ class RolloutEngine(ABC):
         """Stop the engine's own processes, if it has any."""
 
 
-def seeded_sample(logits, uniforms, temperature: float, top_p: float):
-    """Sample one token per row by inverse CDF: row i takes the first token whose
-    cumulative probability (after temperature and top-p) exceeds uniforms[i], so a
-    row's draw depends on its own uniform only, not on the other rows of the batch."""
-    import torch
-
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the nucleus (at least one)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
-    cdf = probs.cumsum(-1)
-    target = uniforms.to(cdf.device, cdf.dtype).unsqueeze(-1) * cdf[..., -1:]
-    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
-
-
 ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngine)
 register_engine = ENGINES.register
 
@@ -115,15 +104,14 @@ class _SeededSampler:
     """A logits processor that samples itself (per-row uniforms drawn from each
     prompt's seed) and hands `generate` a one-hot choice to take greedily."""
 
-    def __init__(self, uniforms, width: int, temperature: float, top_p: float):
-        self.uniforms, self.width = uniforms, width
-        self.temperature, self.top_p = temperature, top_p
+    def __init__(self, uniforms, width: int, dist: TokenDistribution):
+        self.uniforms, self.width, self.dist = uniforms, width, dist
 
     def __call__(self, input_ids, scores):
         import torch
 
         t = input_ids.shape[1] - self.width
-        tok = seeded_sample(scores, self.uniforms[:, t], self.temperature, self.top_p)
+        tok = seeded_sample(scores, self.uniforms[:, t], self.dist)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
 
@@ -176,7 +164,8 @@ class HFEngine(RolloutEngine):
                 gen.manual_seed(seed)
             uniforms.append(torch.rand(params.n, params.max_new_tokens, generator=gen,
                                        dtype=torch.float64))
-        sampler = _SeededSampler(torch.cat(uniforms), width, params.temperature, params.top_p)
+        dist = params.distribution
+        sampler = _SeededSampler(torch.cat(uniforms), width, dist)
         device = next(self.model.parameters()).device
         # n rows per prompt (prompt-major), as the uniforms are laid out
         ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
@@ -185,21 +174,36 @@ class HFEngine(RolloutEngine):
                 input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
                 logits_processor=LogitsProcessorList([sampler]),
                 max_new_tokens=params.max_new_tokens,
-                pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
-                output_logits=True)
-        new = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu() / params.temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+                pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
+        new = out.sequences[:, width:].cpu().tolist()
         results: list[list[Generation]] = []
-        for i in range(len(prompts)):
-            group = []
-            for j in range(params.n):
-                row = i * params.n + j
-                toks = new[row].tolist()
-                end = toks.index(eos) + 1 if eos in toks else len(toks)
-                group.append(Generation(toks[:end], logp[row, :end].tolist()))
-            results.append(group)
+        for i, prompt in enumerate(prompts):
+            responses = []
+            for toks in new[i * params.n:(i + 1) * params.n]:
+                responses.append(toks[:toks.index(eos) + 1] if eos in toks else toks)
+            results.append([Generation(r, lp) for r, lp in
+                             zip(responses, self.group_logprobs(prompt, responses, dist))])
         return results
+
+    def group_logprobs(self, prompt: list[int], responses: list[list[int]],
+                       dist: TokenDistribution) -> list[list[float]]:
+        """The log-probs of a group's sampled tokens under the distribution they were
+        drawn from (sampling.py), from one forward of the group alone: the numbers
+        depend on the group only, not on the other groups generated beside it, so a
+        sample streamed in a small batch (periodic) carries the same bits as in a
+        whole-step batch (sync) and the trainer's update from them is the same."""
+        torch = self.torch
+        rows = [prompt + r for r in responses]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, :len(r)] = torch.tensor(r)  # right-padded: causal attention keeps pads out
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            logits = self.model(input_ids=ids.to(device)).logits[:, :-1]
+            logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).cpu()
+        start = len(prompt) - 1  # the position that predicts the first response token
+        return [logp[k, start:start + len(r)].tolist() for k, r in enumerate(responses)]
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,

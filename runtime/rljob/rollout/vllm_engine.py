@@ -51,6 +51,10 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         "seed": seed,
         "worker_extension_cls": EXTENSION,
         "hf_overrides": {"vocab_size": vocab_size},
+        # a sampled token's log-prob after temperature and top-p (renormalised over
+        # the nucleus): the distribution it was drawn from, as the trainer and the
+        # hf engine define it (sampling.py); vLLM's default is the raw softmax
+        "logprobs_mode": "processed_logprobs",
     }
     if random_init:
         args["load_format"] = "dummy"
@@ -132,7 +136,8 @@ class VLLMEngine(RolloutEngine):
                 self._idle.notify_all()
         group = []
         for c in sorted(final.outputs, key=lambda c: c.index):
-            # logprobs=0: each position holds the sampled token's own log-prob
+            # logprobs=0: each position holds the sampled token's own log-prob, under
+            # the sampling distribution (logprobs_mode processed_logprobs)
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
             group.append(Generation(list(c.token_ids), lps))
         return group, version, epoch

@@ -1,22 +1,93 @@
-"""GRPO and PPO losses and advantages (pure torch).
+"""The RL objective by name (pure torch): advantage estimators and policy losses
+join registries, the trainer looks them up (`algorithm.name` names the estimator,
+`algorithm.offPolicyCorrection` the loss) and never branches on the algorithm.
 
-Per token t of response i: ratio = exp(logp − old_logp); the clipped surrogate
-−min(ratio·A, clip(ratio, 1 ± ε)·A); plus β times the k3 estimate of
-KL(π‖π_ref) = exp(ref − logp) − (ref − logp) − 1 (Periodic Asynchrony eq. 3).
-GRPO's A is the response's group-relative reward (one per response); PPO's is
-GAE over the critic's values (one per token). The critic's loss is PPO's clipped
-value loss. A response's loss is its token mean; the step's loss is the sum over
-responses divided by the number of responses in the step, so summing micro-batch
-gradients gives exactly the full-batch gradient however the step is split.
+Advantage estimators (`ADVANTAGE_ESTIMATORS`): `grpo`, a response's reward
+normalised within its group, one per response, computed by the trainer when a
+group is complete; `gae`, generalised advantage estimation over a critic's
+values, one per token, computed by PPO's critic (critic.py) as it scores each
+sample. The critic's own loss is PPO's clipped value loss (`value_loss`).
+
+Policy losses (`POLICY_LOSSES`, by `algorithm.offPolicyCorrection`). Three policies meet in a step: the behaviour
+policy μ that sampled a token (its log-prob travels in the row, `rollout_logp`:
+the rollout engine's weights and numerics), the proximal policy π_prox (the
+trainer's recomputation with the weights at the start of the step: one optimizer
+step per step, so it is the current forward, detached) and the policy π_θ being
+updated. Per response token, with A its advantage and ε `clipRatio`:
+
+- `none`: PPO against an "old" policy that is the
+  proximal one for a fresh sample (made by the step's own weights) and the
+  behaviour one for a stale sample: −min(r·A, clip(r, 1 ± ε)·A), r = π_θ/π_old.
+- `tis` and `mis` (AReaL's decoupled PPO): the clip is taken against the
+  proximal policy, r = π_θ/π_prox, and every token is weighted by the
+  behaviour→proximal importance weight w = π_prox/μ, which corrects both the
+  staleness of async samples and the rollout engine's numerical mismatch:
+  −w̄·min(r·A, clip(r, 1 ± ε)·A) with w̄ = min(w, C) (tis, truncated importance
+  sampling) or w̄ = w where w ≤ C and 0 where it is above (mis, masked).
+
+Both add β times the k3 estimate of KL(π‖π_ref) = exp(ref − logp) − (ref − logp) − 1
+(Periodic Asynchrony eq. 3). A response's loss is its token mean; the step's loss
+is the sum over responses divided by the number of responses in the step, so
+summing micro-batch gradients gives exactly the full-batch gradient however the
+step is split. Each loss also returns the sums a step's off-policy figures are
+made of (`OffPolicyStats`): the importance weights' mean, max, capped share and
+effective sample size, and the behaviour/proximal log-prob gap of fresh samples
+(the engine mismatch: both are the same weights, so only numerics separate them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 import torch
 
-from .packing import Packed, pack, packed_logprobs
+from ..infra.registry import Registry
+
+
+# ---- advantage estimators ---------------------------------------------------
+class AdvantageEstimator(ABC):
+    """How a sample's advantage is made. `per_token`: one per response token (else
+    one per response); `critic`: a critic scores every sample (its values) before
+    the trainer may take it."""
+
+    per_token: bool = False
+    critic: bool = False
+
+
+ADVANTAGE_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry(
+    "advantage estimator", AdvantageEstimator)
+register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
+
+
+@register_advantage_estimator("grpo")
+class GroupRelative(AdvantageEstimator):
+    """GRPO: (r − mean of its group) / (std of its group + eps), one per response."""
+
+    @staticmethod
+    def of_group(rewards: list[float]) -> list[float]:
+        return group_advantages(torch.tensor(rewards),
+                                torch.zeros(len(rewards), dtype=torch.long)).tolist()
+
+
+@register_advantage_estimator("gae")
+class GeneralisedAdvantage(AdvantageEstimator):
+    """PPO: GAE over the critic's values of a response scored as a whole (its reward
+    on the last token)."""
+
+    per_token = True
+    critic = True
+
+    @staticmethod
+    def of_response(reward: float, values: torch.Tensor, gamma: float,
+                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns) over the response's tokens."""
+        return gae(outcome_rewards(reward, values.numel()), values, gamma, lam)
+
+
+def advantage_estimator(algorithm_spec) -> type[AdvantageEstimator]:
+    """The estimator a job's `algorithm` section names."""
+    return ADVANTAGE_ESTIMATORS.get(algorithm_spec.advantage_estimator)
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -77,85 +148,156 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1
 
 
+# ---- policy losses ------------------------------------------------------------
+@dataclass
+class OffPolicyStats:
+    """Sums over a micro-batch's response tokens; `merge` adds micro-batches and
+    `figures` makes the step's metrics of them."""
+
+    tokens: float = 0.0
+    weight_sum: float = 0.0  # w = π_prox/μ, uncapped
+    weight_sq_sum: float = 0.0
+    weight_max: float = 0.0
+    capped: float = 0.0  # tokens with w above the cap (truncated or masked)
+    fresh_tokens: float = 0.0  # of samples the step's own weights made
+    mismatch_sum: float = 0.0  # |log μ − log π_prox| over fresh tokens
+    mismatch_max: float = 0.0
+
+    def merge(self, other: OffPolicyStats) -> OffPolicyStats:
+        return OffPolicyStats(
+            self.tokens + other.tokens, self.weight_sum + other.weight_sum,
+            self.weight_sq_sum + other.weight_sq_sum, max(self.weight_max, other.weight_max),
+            self.capped + other.capped, self.fresh_tokens + other.fresh_tokens,
+            self.mismatch_sum + other.mismatch_sum, max(self.mismatch_max, other.mismatch_max))
+
+    def figures(self) -> dict[str, float | None]:
+        """The step's off-policy metrics (metrics.jsonl keys); None where undefined."""
+        n, f = self.tokens, self.fresh_tokens
+        return {
+            "is_weight_mean": self.weight_sum / n if n else None,
+            "is_weight_max": self.weight_max if n else None,
+            "is_capped": self.capped / n if n else None,
+            # Kish's effective sample size of the weights, as a share of the tokens
+            "is_ess": (self.weight_sum ** 2 / (n * self.weight_sq_sum)
+                       if n and self.weight_sq_sum > 0 else None),
+            "logp_mismatch_mean": self.mismatch_sum / f if f else None,
+            "logp_mismatch_max": self.mismatch_max if f else None,
+        }
+
+
 @dataclass
 class LossParts:
     loss: torch.Tensor
     pg: float
     kl: float
     clip_frac: float
-
-
-def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor,
-              advantages: torch.Tensor, mask: torch.Tensor, clip_ratio: float, kl_coef: float,
-              responses_in_step: int) -> LossParts:
-    """logp, old_logp, ref_logp, mask: [B, T] over response tokens; advantages: [B]
-    (one per response: GRPO) or [B, T] (one per token: PPO)."""
-    mask = mask.float()
-    ratio = torch.exp(logp - old_logp)
-    a = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    surrogate = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_ratio, 1 + clip_ratio) * a)
-    kl = k3_kl(logp, ref_logp)
-    per_token = surrogate + kl_coef * kl
-    tokens = mask.sum(1).clamp(min=1)
-    per_response = (per_token * mask).sum(1) / tokens
-    loss = per_response.sum() / responses_in_step
-    with torch.no_grad():
-        clipped = ((ratio - 1).abs() > clip_ratio).float()
-        n = mask.sum().clamp(min=1)
-        return LossParts(loss, float(((surrogate * mask).sum(1) / tokens).mean()),
-                         float((kl * mask).sum() / n), float((clipped * mask).sum() / n))
+    stats: OffPolicyStats = field(default_factory=OffPolicyStats)
 
 
 @dataclass
-class TokenBatch:
-    """Right-padded prompt+response sequences; `mask` marks response tokens of
-    `input_ids[:, 1:]`."""
+class PolicyInputs:
+    """A micro-batch's log-probs, [B, T] over response positions (mask 1 on the
+    response tokens): `logp` the policy's (with grad), `proximal` the same detached,
+    `behaviour` the rollout's, `ref` the reference's; `fresh` [B] bool: made by the
+    weights of this step; `advantages` [B] or [B, T]."""
 
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    mask: torch.Tensor  # [B, L-1]: 1 where the next token is a response token
-    # trainer.packing: the same samples as one packed sequence (packing.py); the
-    # log-probs come back in this padded layout
-    packed: Packed | None = None
-
-    def to(self, device) -> TokenBatch:
-        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
-                     self.mask.to(device),
-                     self.packed.to(device) if self.packed is not None else None)
+    logp: torch.Tensor
+    proximal: torch.Tensor
+    behaviour: torch.Tensor
+    ref: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    fresh: torch.Tensor
 
 
-def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-               packing: str = "none") -> TokenBatch:
-    batch = _padded(prompts, responses, pad_id)
-    if packing != "none":
-        batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
-                            pad_id=pad_id)
-    return batch
+class PolicyLoss(ABC):
+    """A policy loss over one micro-batch (`PolicyInputs`), made from the job's
+    `algorithm` section."""
+
+    def __init__(self, algorithm_spec):
+        self.clip_ratio = algorithm_spec.clip_ratio
+        self.kl_coef = algorithm_spec.kl_coef
+        self.cap = algorithm_spec.cap
+        self.responses_in_step = algorithm_spec.samples_per_step
+
+    @abstractmethod
+    def __call__(self, x: PolicyInputs) -> LossParts:
+        """The micro-batch's share of the step's loss and its figures."""
+
+    def _assemble(self, x: PolicyInputs, ratio: torch.Tensor, weight: torch.Tensor | None,
+                  stats: OffPolicyStats) -> LossParts:
+        """−w̄·min(r·A, clip(r)·A) + β·KL, averaged per response, summed over the step."""
+        mask = x.mask.float()
+        a = x.advantages.unsqueeze(1) if x.advantages.dim() == 1 else x.advantages
+        eps = self.clip_ratio
+        surrogate = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - eps, 1 + eps) * a)
+        if weight is not None:
+            surrogate = weight * surrogate
+        kl = k3_kl(x.logp, x.ref)
+        per_token = surrogate + self.kl_coef * kl
+        tokens = mask.sum(1).clamp(min=1)
+        per_response = (per_token * mask).sum(1) / tokens
+        loss = per_response.sum() / self.responses_in_step
+        with torch.no_grad():
+            clipped = ((ratio - 1).abs() > eps).float()
+            n = mask.sum().clamp(min=1)
+            return LossParts(loss, float(((surrogate * mask).sum(1) / tokens).mean()),
+                             float((kl * mask).sum() / n), float((clipped * mask).sum() / n),
+                             stats)
 
 
-def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
-    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
-    length = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), length), dtype=torch.long)
-    mask = torch.zeros((len(seqs), length - 1), dtype=torch.float32)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        s = seqs[i]
-        ids[i, :len(s)] = torch.tensor(s)
-        attn[i, :len(s)] = 1
-        mask[i, len(p) - 1:len(s) - 1] = 1  # positions predicting the response tokens
-    return TokenBatch(ids, attn, mask)
+def off_policy_stats(x: PolicyInputs, cap: float) -> tuple[torch.Tensor, OffPolicyStats]:
+    """The behaviour→proximal importance weights [B, T] and their sums."""
+    with torch.no_grad():
+        mask = x.mask.bool()
+        gap = (x.proximal - x.behaviour).masked_fill(~mask, 0.0)
+        weight = torch.exp(gap).masked_fill(~mask, 0.0)
+        w = weight[mask]
+        fresh = mask & x.fresh.unsqueeze(1)
+        mismatch = gap.abs()[fresh]
+        stats = OffPolicyStats(
+            float(w.numel()), float(w.sum()), float((w * w).sum()),
+            float(w.max()) if w.numel() else 0.0, float((w > cap).sum()),
+            float(mismatch.numel()), float(mismatch.sum()),
+            float(mismatch.max()) if mismatch.numel() else 0.0)
+    return weight, stats
 
 
-def token_logprobs(model, batch: TokenBatch) -> torch.Tensor:
-    """log π(next token) at every position: [B, L-1].
+POLICY_LOSSES: Registry[type[PolicyLoss]] = Registry("policy loss", PolicyLoss)
+register_policy_loss = POLICY_LOSSES.register
 
-    Sequences are right-padded, so under causal attention no real token ever
-    sees a pad: the padding mask changes nothing where `mask` is 1, and leaving
-    it out lets attention take its plain causal path (no 4-D mask built per
-    call). A packed batch runs as its one packed sequence (packing.py)."""
-    if batch.packed is not None:
-        return packed_logprobs(model, batch.packed, tuple(batch.mask.shape))
-    logits = model(input_ids=batch.input_ids).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+@register_policy_loss("none")
+class ClippedLoss(PolicyLoss):
+    """offPolicyCorrection none: PPO's clip against the sample's own version (the
+    proximal policy for fresh samples, the behaviour policy for stale ones)."""
+
+    def __call__(self, x: PolicyInputs) -> LossParts:
+        _, stats = off_policy_stats(x, self.cap)
+        old = torch.where(x.fresh.unsqueeze(1), x.proximal, x.behaviour)
+        return self._assemble(x, torch.exp(x.logp - old), None, stats)
+
+
+@register_policy_loss("tis")
+class TruncatedImportanceLoss(PolicyLoss):
+    """Decoupled PPO, the importance weight truncated at the cap."""
+
+    def __call__(self, x: PolicyInputs) -> LossParts:
+        weight, stats = off_policy_stats(x, self.cap)
+        return self._assemble(x, torch.exp(x.logp - x.proximal),
+                              weight.clamp(max=self.cap), stats)
+
+
+@register_policy_loss("mis")
+class MaskedImportanceLoss(PolicyLoss):
+    """Decoupled PPO, a token whose importance weight is above the cap left out."""
+
+    def __call__(self, x: PolicyInputs) -> LossParts:
+        weight, stats = off_policy_stats(x, self.cap)
+        return self._assemble(x, torch.exp(x.logp - x.proximal),
+                              weight * (weight <= self.cap), stats)
+
+
+def policy_loss(algorithm_spec) -> PolicyLoss:
+    """The loss a job's `algorithm` section names, made for it."""
+    return POLICY_LOSSES.get(algorithm_spec.off_policy_correction)(algorithm_spec)

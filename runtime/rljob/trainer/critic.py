@@ -3,7 +3,7 @@
 
 It pulls each finished sample (response_ids and reward written) as soon as it
 exists, computes its values V(s_t) over the response tokens, GAE advantages and
-returns (`algorithms.gae`), and writes them back as the row's `values`,
+returns (the `gae` advantage estimator, algorithms.py), and writes them back as the row's `values`,
 `advantages`, `returns` and `critic_version`; the actor's `train` task waits for
 `advantages`. Once every sample of step t is scored the critic learns from them,
 an optimizer step per micro-batch (`samplesPerMicroBatch`, in slot order) on PPO's
@@ -45,7 +45,8 @@ from ..transferqueue import TransferQueueClient, TransferQueueError
 from ..transferqueue.client import Batch
 from ..transferqueue.loader import LeaseKeeper
 from ..workflow.tasks import CRITIC_READS
-from .algorithms import gae, make_batch, outcome_rewards, value_loss
+from .algorithms import advantage_estimator, value_loss
+from .batch import make_batch
 
 log = logging.getLogger("rljob.critic")
 
@@ -127,6 +128,7 @@ class Critic:
         self.pad_id, self.run, self.version = pad_id, run, version
         algo = spec.algorithm
         self.n, self.mb, self.g = algo.samples_per_step, algo.micro_samples, algo.group_size
+        self.estimator = advantage_estimator(algo)  # gae: per token, from the values
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=algo.critic_lr, weight_decay=0.0)
         if opt_state is not None:
             self.opt.load_state_dict(opt_state)
@@ -242,8 +244,8 @@ class Critic:
             for k, i in enumerate(members):
                 pos = mb.mask[k].nonzero().squeeze(1)
                 v = values[k, pos].float().cpu()
-                adv, ret = gae(outcome_rewards(float(d["reward"][i]), len(pos)), v,
-                               algo.gamma, algo.lam)
+                adv, ret = self.estimator.of_response(float(d["reward"][i]), v,
+                                                      algo.gamma, algo.lam)
                 out[int(d["slot"][i])] = {"prompt": prompts[k], "response": responses[k],
                                           "index": batch.rows[i].index, "lease": batch.lease,
                                           "values": v, "advantages": adv, "returns": ret}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling import PLAIN, TokenDistribution, sampled_logprobs
 from .policy import Policy, register_trainer_engine
 
 
@@ -248,18 +249,25 @@ def load_mcore_state(model, state: dict[str, torch.Tensor]) -> None:
                          f"unexpected {unexpected[:4]}")
 
 
-def mcore_token_logprobs(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """log π(next token) per position of right-padded sequences, as the torch
-    engine's `token_logprobs`: causal attention alone keeps every real token off
-    the pads, and the vocab-parallel cross entropy sums over the tp shards."""
+def mcore_token_logprobs(model, input_ids: torch.Tensor,
+                         dist: TokenDistribution = PLAIN) -> torch.Tensor:
+    """log π(next token) per position of right-padded sequences under the sampling
+    distribution `dist`, as the torch engine's `token_logprobs`: causal attention
+    alone keeps every real token off the pads. Without top-p the vocab-parallel
+    cross entropy of the tempered logits sums over the tp shards; a top-p nucleus
+    needs the whole vocabulary, so its logits are gathered from the shards first."""
     from megatron.core import tensor_parallel
 
     length = input_ids.shape[1]
     position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
     causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
     logits = model(input_ids, position_ids.expand_as(input_ids), causal[None, None])
+    logits, targets = logits[:, :-1].float(), input_ids[:, 1:].contiguous()
+    if dist.truncated:
+        whole = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+        return sampled_logprobs(whole, targets, dist)
     nll = tensor_parallel.vocab_parallel_cross_entropy(
-        logits[:, :-1].float().contiguous(), input_ids[:, 1:].contiguous())
+        (logits / dist.temperature).contiguous(), targets)
     return -nll
 
 
@@ -322,8 +330,8 @@ class MegatronPolicy(Policy):
             p.requires_grad_(False)
         self.ref = ref
 
-    def _logprobs(self, model, batch) -> torch.Tensor:
-        return mcore_token_logprobs(model, batch.input_ids)
+    def _logprobs(self, model, batch, dist) -> torch.Tensor:
+        return mcore_token_logprobs(model, batch.input_ids, dist)
 
     def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
         """Collective over the first data-parallel replica's tensor-parallel group:

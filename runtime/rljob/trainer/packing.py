@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling import PLAIN, TokenDistribution, sampled_logprobs
+
 LAYOUTS = ("none", "sequences", "shared_prompt")
 
 
@@ -122,14 +124,15 @@ def pack(prompts: list[list[int]], responses: list[list[int]], share: bool,
                   sum(seg_len))
 
 
-def packed_logprobs(model, packed: Packed, shape: tuple[int, int]) -> torch.Tensor:
-    """log π of every response token from one forward of the packed rows, in the
-    padded layout `shape` ([B, L-1]; zero where no response token is)."""
+def packed_logprobs(model, packed: Packed, shape: tuple[int, int],
+                    dist: TokenDistribution = PLAIN) -> torch.Tensor:
+    """log π of every response token (under the sampling distribution `dist`) from
+    one forward of the packed rows, in the padded layout `shape` ([B, L-1]; zero
+    where no response token is)."""
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask).logits
     logits = logits.reshape(-1, logits.shape[-1])[packed.predictors]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    picked = logp.gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1)
+    picked = sampled_logprobs(logits, packed.targets, dist)
     out = torch.zeros(shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((packed.rows, packed.cols), picked)
 

@@ -26,7 +26,8 @@ from ..api.spec import RLJobSpec
 from ..infra.device import Device
 from ..inputs.models import build_model
 from ..infra.registry import Registry
-from .algorithms import TokenBatch, token_logprobs
+from ..sampling import PLAIN, TokenDistribution
+from .batch import TokenBatch, token_logprobs
 
 
 def compute_dtype(spec: RLJobSpec, device: Device) -> torch.dtype:
@@ -51,7 +52,7 @@ class Policy:
     data_world: int
     data_group = None
 
-    def _logprobs(self, model, batch: TokenBatch) -> torch.Tensor:
+    def _logprobs(self, model, batch: TokenBatch, dist: TokenDistribution) -> torch.Tensor:
         raise NotImplementedError
 
     def parameters(self):
@@ -63,14 +64,16 @@ class Policy:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute)
 
-    def logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def logprobs(self, batch: TokenBatch, dist: TokenDistribution = PLAIN) -> torch.Tensor:
+        """Each response token's log-prob under `dist` (the job's sampling distribution;
+        PLAIN, the model's softmax, for supervised steps)."""
         with self.autocast():
-            return self._logprobs(self.wrapped, batch).float()
+            return self._logprobs(self.wrapped, batch, dist).float()
 
     @torch.no_grad()
-    def ref_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+    def ref_logprobs(self, batch: TokenBatch, dist: TokenDistribution = PLAIN) -> torch.Tensor:
         with self.autocast():
-            return self._logprobs(self.ref, batch).float()
+            return self._logprobs(self.ref, batch, dist).float()
 
     def _grad_sumsq(self) -> torch.Tensor:
         """This rank's sum of squared gradients (its contribution to the norm)."""
@@ -137,8 +140,8 @@ class TorchPolicy(Policy):
         for p in self.ref.parameters():
             p.requires_grad_(False)
 
-    def _logprobs(self, model, batch: TokenBatch) -> torch.Tensor:
-        return token_logprobs(model, batch)
+    def _logprobs(self, model, batch: TokenBatch, dist: TokenDistribution) -> torch.Tensor:
+        return token_logprobs(model, batch, dist)
 
     def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
         """Weights under Hugging Face names in the compute dtype (what rollouts

@@ -9,12 +9,14 @@ whole-batch step (sync) makes from the same samples; or in the order samples
 arrive (`arrival`: a slow early group no longer holds up the rest), which sums
 the same gradients in another order (equal to sync within float rounding).
 
-The tri-model of a micro-step: the policy (with grad), the old policy that
-produced each sample and the frozen reference. For on-policy samples (version
-= the trainer's step) the old policy is the current weights, so its log-probs
-are the policy's, detached, from the same forward; for async samples of an
-earlier version they are the log-probs the rollout engine reported while
-sampling (the behaviour policy itself, no second forward).
+A micro-step's log-probs, each of a token under the sampling distribution
+(`rljob.sampling`: the job's temperature and top-p): the policy's (with grad);
+the proximal policy's, the same detached (one optimizer step per step, so the
+weights at the step's start are the current ones: no second forward); the
+behaviour policy's, which the rollout engine reported while sampling and the row
+carries; the frozen reference's. The policy loss that combines them is the one
+`algorithm.offPolicyCorrection` names (algorithms.py), and each step reports the
+importance weights and the engine mismatch they show (`OffPolicyStats`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import tasks_for, train_reads
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
-from .algorithms import grpo_loss, group_advantages, make_batch
+from ..sampling import TokenDistribution
+from .algorithms import OffPolicyStats, PolicyInputs, advantage_estimator, policy_loss
+from .batch import make_batch
 from .lineage import Lineage
 from . import mcore  # noqa: F401 - registers trainer.engine megatron
 from .policy import make_policy
@@ -114,6 +118,7 @@ class StepSource:
         self.leases = []
         self.next_slot = 0  # slot order: the first slot not handed out; arrival: how many
         self.scored: set[int] = set()  # groups whose advantages are set
+        self.estimator = advantage_estimator(spec.algorithm)
         self._arrived = threading.Condition()
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -231,16 +236,14 @@ class StepSource:
         self.next_slot = end
         chunk = [self.buffer[s] for s in want]
         # claims bring whole groups, so each sample's group is complete in the buffer
+        if self.estimator.critic:
+            return chunk  # the critic's advantages came with the samples
         for group_start in sorted({s.slot - s.slot % self.g for s in chunk}):
-            if chunk[0].token_advantages is not None:
-                break  # ppo: the critic's advantages came with the samples
             if group_start in self.scored:
                 continue
             self.scored.add(group_start)
             members = [self.buffer[i] for i in range(group_start, group_start + self.g)]
-            adv = group_advantages(torch.tensor([m.reward for m in members]),
-                                   torch.zeros(len(members), dtype=torch.long))
-            for m, a in zip(members, adv.tolist()):
+            for m, a in zip(members, self.estimator.of_group([m.reward for m in members])):
                 m.advantage = a
         return chunk
 
@@ -382,7 +385,7 @@ class TrainerWorker:
             if back:
                 log.info("gave back %d rows an earlier trainer held", back)
             self.keeper = LeaseKeeper(self.tq)
-            if spec.algorithm.name == "ppo":
+            if advantage_estimator(spec.algorithm).critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
                                             self.steps, self.resume)
@@ -455,6 +458,7 @@ class TrainerWorker:
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
         sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+        off_policy = OffPolicyStats()
         t_wall = time.time()
         self.opt.zero_grad()
         for j in range(micro_batches):
@@ -469,6 +473,7 @@ class TrainerWorker:
                                 last=(j == micro_batches - 1))
             for key in sums:
                 sums[key] += parts[key] / micro_batches
+            off_policy = off_policy.merge(parts["stats"])
             t1 = time.time()
             train_spans.append((t0, t1))
             self.spans.add("train", t0, t1, t)
@@ -496,6 +501,7 @@ class TrainerWorker:
             with self.spans.span("weight-sync", t):
                 self.sender.publish(self.version, state)
             m = _step_metrics(t, samples, train_spans, time.time() - t_wall, sums)
+            m |= _off_policy_figures(off_policy)
             self._report(m, grad_norm, samples)
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
@@ -644,39 +650,47 @@ def _ack_trained(tq: TransferQueueClient, batch) -> None:
 
 
 def _micro_step(policy, shard, t, tok, spec, last):
-    algo = spec.algorithm
+    """Forward and backward of this rank's share of a micro-batch of step t; its loss,
+    KL, clipped share and off-policy sums."""
     with policy.no_sync(last):
         if not shard:
             # this rank has nothing in this micro-batch: a zero loss keeps DDP in step
             loss = sum(p.sum() for p in policy.parameters()) * 0.0
             loss.backward()
-            return {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+            return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "stats": OffPolicyStats()}
         batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
                            tok.pad_token_id, spec.trainer.packing).to(policy.device)
-        logp = policy.logprobs(batch)
+        dist = TokenDistribution.of(spec.rollout)
+        logp = policy.logprobs(batch, dist)
         with torch.no_grad():
             # no KL term, no reference forward
-            ref_logp = policy.ref_logprobs(batch) if algo.kl_coef else logp.detach()
-            old_logp = logp.detach().clone()
-            for i, s in enumerate(shard):
-                if s.version != t:  # async: the behaviour policy's own log-probs
-                    pos = batch.mask[i].nonzero().squeeze(1)
-                    old_logp[i, pos] = torch.tensor(s.rollout_logp[:len(pos)],
-                                                    device=old_logp.device)
-        if shard[0].token_advantages is None:  # grpo: one per response
-            adv = torch.tensor([s.advantage for s in shard], device=logp.device)
-        else:  # ppo: the critic's, one per response token
-            adv = torch.zeros_like(logp)
-            for i, s in enumerate(shard):
-                pos = batch.mask[i].nonzero().squeeze(1)
-                adv[i, pos] = torch.tensor(s.token_advantages[:len(pos)], device=adv.device)
-        parts = grpo_loss(logp, old_logp, ref_logp, adv, batch.mask, algo.clip_ratio,
-                          algo.kl_coef, algo.samples_per_step)
+            ref_logp = policy.ref_logprobs(batch, dist) if spec.algorithm.kl_coef else logp.detach()
+        parts = policy_loss(spec.algorithm)(PolicyInputs(
+            logp, logp.detach(), _per_token(batch, [s.rollout_logp for s in shard]), ref_logp,
+            _advantages(batch, shard), batch.mask,
+            torch.tensor([s.version == t for s in shard], device=logp.device)))
         # DDP averages gradients over the data-parallel ranks; the objective sums
         # over all samples
         (parts.loss * policy.data_world).backward()
     return {"loss": float(parts.loss.detach()) * policy.data_world, "kl": parts.kl,
-            "clip": parts.clip_frac}
+            "clip": parts.clip_frac, "stats": parts.stats}
+
+
+def _per_token(batch, values: list[list[float]]) -> torch.Tensor:
+    """Per-response-token values (a row's, in response order) in the batch's [B, T]
+    layout, zero off the response."""
+    out = torch.zeros(batch.mask.shape, device=batch.mask.device)
+    for i, row in enumerate(values):
+        pos = batch.mask[i].nonzero().squeeze(1)
+        out[i, pos] = torch.tensor(row[:len(pos)], dtype=out.dtype, device=out.device)
+    return out
+
+
+def _advantages(batch, shard: list[Sample]) -> torch.Tensor:
+    """One advantage per response ([B]: grpo) or the critic's per token ([B, T])."""
+    if shard[0].token_advantages is None:
+        return torch.tensor([s.advantage for s in shard], device=batch.mask.device)
+    return _per_token(batch, [s.token_advantages for s in shard])
 
 
 def data_parallel_shard(chunk: list[Sample], rank: int, world: int, split: str) -> list[Sample]:
@@ -698,6 +712,36 @@ def prompts_digest(prompt_ids_in_slot_order) -> str:
         h.update(np.asarray(ids, np.int32).tobytes())
         h.update(b"|")
     return h.hexdigest()[:16]
+
+
+# mean |rollout − trainer log-prob| of fresh tokens above which a step says so: the
+# same weights under two engines differ by ~1e-6 nats in float32 and ~1e-2 in
+# bfloat16; a tenth of a nat on average is a different distribution (a tokenizer,
+# a chat template, a weight sync or a sampling setting that does not match)
+MISMATCH_ALERT = 0.1
+
+
+def _off_policy_figures(stats: OffPolicyStats) -> dict:
+    """A step's importance-weight and mismatch figures; with `off_policy_alert`, one
+    line, when the engine mismatch is far out of line (also logged)."""
+    figures = {k: (v if v is None or math.isfinite(v) else None)
+               for k, v in stats.figures().items()}
+    alert = mismatch_alert(stats.figures()["logp_mismatch_mean"])
+    if alert:
+        log.warning(alert)
+        figures["off_policy_alert"] = alert
+    return figures
+
+
+def mismatch_alert(mean: float | None) -> str | None:
+    """The line a step's engine mismatch (mean |Δ log-prob| on fresh tokens) earns, or
+    None when it is in line (pure)."""
+    if mean is None or mean <= MISMATCH_ALERT:
+        return None
+    return (f"rollout and trainer log-probs of the same tokens under the same weights "
+            f"differ by {mean:.3g} nats on average (in line: below {MISMATCH_ALERT}): the "
+            f"rollouts sample from another distribution than the trainer scores; check the "
+            f"tokenizer, the weight sync and the rollout engine's sampling settings")
 
 
 def _step_metrics(t, samples, train_spans, wall, sums) -> dict:

@@ -1,0 +1,90 @@
+"""The sampling distribution, defined once for the rollout engines and the trainer.
+
+A token's log-prob means the log-prob of the distribution it was sampled from:
+the logits divided by `rollout.temperature`, then cut to the nucleus of
+`rollout.topP` and renormalised over it (what vLLM returns with
+`logprobs_mode="processed_logprobs"`). The hf engine samples from it
+(`seeded_sample`) and reports it, the vLLM engine asks vLLM for it, and the
+trainer recomputes it (`sampled_logprobs`), so the ratio of a trainer log-prob
+to a rollout log-prob compares one distribution under two sets of weights, never
+two distributions.
+
+The nucleus: sorted by probability, a token is kept while the tokens less likely
+than it (itself included) hold more than 1 − topP of the mass (vLLM's rule, the
+most likely token always kept). The trainer finds the nucleus on its own logits
+and always keeps the token that was sampled: where its weights put that token
+just outside (a rounding difference at the edge), the token still has a finite
+log-prob. Gradients flow through the renormalisation, not through the choice of
+the nucleus. With topP 1 nothing is cut and this is the tempered softmax."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenDistribution:
+    """Temperature and top-p of the distribution tokens are sampled from."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    @classmethod
+    def of(cls, rollout_spec) -> TokenDistribution:
+        """A job's (its `rollout` section's) sampling distribution."""
+        return cls(float(rollout_spec.temperature), float(rollout_spec.top_p))
+
+    @property
+    def truncated(self) -> bool:
+        return self.top_p < 1.0
+
+
+PLAIN = TokenDistribution()  # the model's own softmax (supervised warm-up, T = 1)
+
+
+def nucleus(scaled, top_p: float):
+    """Boolean mask [..., V] of the tokens inside the top-p nucleus of the
+    tempered logits `scaled` (vLLM's rule: ascending sort, cut where the
+    cumulative mass is at most 1 − top_p, the most likely token kept)."""
+    import torch
+
+    flat = scaled.detach().reshape(-1, scaled.shape[-1]).float()
+    sorted_logits, order = flat.sort(dim=-1, descending=False)
+    cut = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+    cut[:, -1] = False
+    keep = torch.ones_like(cut).scatter_(-1, order, ~cut)
+    return keep.reshape(scaled.shape)
+
+
+def tempered(logits, dist: TokenDistribution, keep_tokens=None):
+    """Logits of the sampling distribution (float32): divided by the temperature,
+    -inf outside the nucleus; `keep_tokens` [...] (the sampled ones) stay inside."""
+    import torch
+
+    z = logits.float()
+    if dist.temperature != 1.0:
+        z = z / dist.temperature
+    if dist.truncated:
+        keep = nucleus(z, dist.top_p)
+        if keep_tokens is not None:
+            keep = keep.scatter(-1, keep_tokens.unsqueeze(-1), True)
+        z = z.masked_fill(~keep, float("-inf"))
+    return z
+
+
+def sampled_logprobs(logits, tokens, dist: TokenDistribution = PLAIN):
+    """log p(token) under the sampling distribution: logits [..., V], tokens [...]."""
+    z = tempered(logits, dist, keep_tokens=tokens)
+    return z.log_softmax(dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def seeded_sample(logits, uniforms, dist: TokenDistribution):
+    """Sample one token per row by inverse CDF from the sampling distribution: row i
+    takes the first token whose cumulative probability exceeds uniforms[i], so a
+    row's draw depends on its own uniform only, not on the other rows of the batch."""
+    import torch
+
+    probs = tempered(logits, dist).softmax(dim=-1)
+    cdf = probs.cumsum(-1)
+    target = uniforms.to(cdf.device, cdf.dtype).unsqueeze(-1) * cdf[..., -1:]
+    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1).squeeze(-1)

@@ -1,0 +1,72 @@
+"""Token batches of a micro-step and their log-probs (pure torch).
+
+`make_batch` right-pads prompt+response sequences (or packs them, packing.py);
+`token_logprobs` is every response token's log-prob under the sampling
+distribution (`rljob.sampling`: the job's temperature and top-p), the quantity
+the rollout engines report, so the trainer's and a rollout's log-prob of a token
+compare one distribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import PLAIN, TokenDistribution, sampled_logprobs
+from .packing import Packed, pack, packed_logprobs
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded prompt+response sequences; `mask` marks response tokens of
+    `input_ids[:, 1:]`."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    mask: torch.Tensor  # [B, L-1]: 1 where the next token is a response token
+    # trainer.packing: the same samples as one packed sequence (packing.py); the
+    # log-probs come back in this padded layout
+    packed: Packed | None = None
+
+    def to(self, device) -> TokenBatch:
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
+                     self.mask.to(device),
+                     self.packed.to(device) if self.packed is not None else None)
+
+
+def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+               packing: str = "none") -> TokenBatch:
+    batch = _padded(prompts, responses, pad_id)
+    if packing != "none":
+        batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
+                            pad_id=pad_id)
+    return batch
+
+
+def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    length = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), length), dtype=torch.long)
+    mask = torch.zeros((len(seqs), length - 1), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        s = seqs[i]
+        ids[i, :len(s)] = torch.tensor(s)
+        attn[i, :len(s)] = 1
+        mask[i, len(p) - 1:len(s) - 1] = 1  # positions predicting the response tokens
+    return TokenBatch(ids, attn, mask)
+
+
+def token_logprobs(model, batch: TokenBatch,
+                   dist: TokenDistribution = PLAIN) -> torch.Tensor:
+    """log π(next token) at every position, under the sampling distribution `dist`:
+    [B, L-1].
+
+    Sequences are right-padded, so under causal attention no real token ever
+    sees a pad: the padding mask changes nothing where `mask` is 1, and leaving
+    it out lets attention take its plain causal path (no 4-D mask built per
+    call). A packed batch runs as its one packed sequence (packing.py)."""
+    if batch.packed is not None:
+        return packed_logprobs(model, batch.packed, tuple(batch.mask.shape), dist)
+    logits = model(input_ids=batch.input_ids).logits
+    return sampled_logprobs(logits[:, :-1], batch.input_ids[:, 1:], dist)
