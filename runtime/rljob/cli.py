@@ -656,6 +656,9 @@ def run(
     redis: list[str] = typer.Option([], "--redis", metavar="URL",
                                     help="Redis URL(s) for TransferQueue "
                                     "storage units (default: in-process memory)."),
+    wide: bool = typer.Option(False, "--wide", help="Show each step's off-policy figures "
+                              "too: clipped share, importance weights (mean, max, capped "
+                              "share, effective sample size) and the engine mismatch."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
     import signal
@@ -684,7 +687,7 @@ def run(
     console = Console()
     console.print(f"run directory: {directory}")
     view = RunView(runner, job, console, 0 if resume else job.spec.model.warmup_steps,
-                   time.monotonic())
+                   time.monotonic(), wide)
 
     class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
         pass

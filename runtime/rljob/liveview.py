@@ -24,9 +24,10 @@ class RunView:
     """The view of one LocalRun (`runner`): `open()` gives what to `update()` each
     supervision turn (a rich Live on a terminal, PlainLines elsewhere)."""
 
-    def __init__(self, runner, job, console: Console, warmup: int, started: float):
+    def __init__(self, runner, job, console: Console, warmup: int, started: float,
+                 wide: bool = False):
         self.runner, self.job, self.console = runner, job, console
-        self.warmup, self.started = warmup, started
+        self.warmup, self.started, self.wide = warmup, started, wide
 
     def warm(self) -> dict | None:
         """The trainer's warm-up progress so far (None before its first report)."""
@@ -52,7 +53,7 @@ class RunView:
             f"rollout · {spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
             self.warmup, time.monotonic() - self.started, sum(runner.restarts.values()),
             self.warm()))
-        for col in COLUMNS:
+        for col in COLUMNS + (tuple(c for c, _, _ in progress.WIDE) if self.wide else ()):
             t.add_column(col, justify="right")
         smooth = progress.smoothed([m["reward_mean"] for m in ms])
         for m, r in list(zip(ms, smooth))[-8:]:
@@ -60,10 +61,12 @@ class RunView:
                       progress._num(m.get("loss"), ".4f"), progress._num(m.get("kl"), ".4f"),
                       f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
                       f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
-                      f"{m['train_seconds']:.2f}")
-        if not runner.events:
+                      f"{m['train_seconds']:.2f}",
+                      *(progress.wide_cells(m) if self.wide else ()))
+        lines = progress.alerts(ms) + runner.events
+        if not lines:
             return t
-        return Group(t, *(Text(e, style="yellow") for e in runner.events[-4:]))
+        return Group(t, *(Text(e, style="yellow") for e in lines[-4:]))
 
     def summary(self, directory: Path, summary: dict, status: int, file: Path) -> None:
         """The end of a run: steps, reward, bubble ratio, restarts, what it wrote, and
@@ -98,9 +101,12 @@ class PlainLines:
         runner, console, started = self.view.runner, self.view.console, self.view.started
         ms = runner.metrics()
         now = time.monotonic()
+        said = progress.alerts(ms[:self.steps])
         for i in range(self.steps, len(ms)):
-            console.print(progress.step_line(ms[:i + 1], runner.steps, now - started),
-                          soft_wrap=True, highlight=False)
+            console.print(progress.step_line(ms[:i + 1], runner.steps, now - started,
+                                             self.view.wide), soft_wrap=True, highlight=False)
+        for line in progress.alerts(ms)[len(said):]:
+            console.print(line, soft_wrap=True, highlight=False)
         self.steps = len(ms)
         for e in runner.events[self.events:]:
             console.print(e, soft_wrap=True, highlight=False)

@@ -53,16 +53,40 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def step_line(metrics: list[dict], total: int, elapsed: float) -> str:
-    """One line about the newest step, for logs."""
+# the wide view's extra figures of a step: (column, metrics.jsonl key, format)
+WIDE = (("clipped", "clip", ".3f"), ("IS w mean", "is_weight_mean", ".3f"),
+        ("IS w max", "is_weight_max", ".2f"), ("capped", "is_capped", ".3f"),
+        ("ESS", "is_ess", ".3f"), ("mismatch", "logp_mismatch_mean", ".1e"))
+
+
+def wide_cells(m: dict) -> list[str]:
+    """A step's WIDE figures, formatted ("-" where the step has none)."""
+    return [_num(m.get(key), fmt) for _, key, fmt in WIDE]
+
+
+def step_line(metrics: list[dict], total: int, elapsed: float, wide: bool = False) -> str:
+    """One line about the newest step, for logs (`wide`: the off-policy figures too)."""
     m = metrics[-1]
     reward = smoothed([x["reward_mean"] for x in metrics])[-1]
+    extra = "".join(f" · {name} {cell}" for (name, _, _), cell in zip(WIDE, wide_cells(m))
+                    ) if wide else ""
     return (f"step {m['step']}/{total} · reward {m['reward_mean']:.3f} (smoothed {reward:.3f})"
             f" · loss {_num(m.get('loss'), '.4f')} · kl {_num(m.get('kl'), '.4f')}"
             f" · staleness {m['staleness_mean']:.2f}/{m['staleness_max']}"
             f" · {m['tokens_per_second']:.0f} tok/s · Tgen {m['gen_seconds']:.2f}s"
-            f" · Ttrain {m['train_seconds']:.2f}s · elapsed {clock(elapsed)}"
+            f" · Ttrain {m['train_seconds']:.2f}s{extra} · elapsed {clock(elapsed)}"
             f" · ETA {clock(eta(metrics, total))}")
+
+
+def alerts(metrics: list[dict]) -> list[str]:
+    """The steps' one-line alerts (the trainer's `off_policy_alert`), each distinct
+    text once, at the first step that raised it."""
+    seen: dict[str, int] = {}
+    for m in metrics:
+        text = m.get("off_policy_alert")
+        if text and text not in seen:
+            seen[text] = m["step"]
+    return [f"step {step}: {text}" for text, step in seen.items()]
 
 
 def header(name: str, metrics: list[dict], total: int, warmup_steps: int, elapsed: float,

@@ -48,3 +48,38 @@ def test_a_step_line_has_every_figure():
     assert line == ("step 2/4 · reward 1.000 (smoothed 0.100) · loss 0.5000 · kl - · "
                     "staleness 0.50/1 · 1000 tok/s · Tgen 1.00s · Ttrain 2.00s · "
                     "elapsed 1:15 · ETA 0:20")
+
+
+def test_the_wide_line_adds_the_off_policy_figures_and_an_alert_is_said_once():
+    ms = [_m(1, 100.0, 0.0), _m(2, 110.0, 1.0)]
+    ms[1] |= {"clip": 0.0123, "is_weight_mean": 0.998, "is_weight_max": 2.5, "is_capped": 0.01,
+              "is_ess": 0.97}  # no fresh sample this step: no mismatch figure
+    line = progress.step_line(ms, 4, elapsed=75, wide=True)
+    assert ("Ttrain 2.00s · clipped 0.012 · IS w mean 0.998 · IS w max 2.50 · capped 0.010 · "
+            "ESS 0.970 · mismatch - · elapsed") in line
+    assert "IS w" not in progress.step_line(ms, 4, elapsed=75)
+    assert progress.alerts(ms) == []
+    ms += [_m(3, 120.0, 1.0) | {"off_policy_alert": "mismatch 0.8"},
+           _m(4, 130.0, 1.0) | {"off_policy_alert": "mismatch 0.8"}]
+    assert progress.alerts(ms) == ["step 3: mismatch 0.8"]
+
+
+def test_the_trainer_gauges_show_the_off_policy_figures():
+    from prometheus_client import generate_latest
+
+    from rljob.infra.worker_metrics import WorkerMetrics
+    from rljob.trainer.sinks import PrometheusSink
+
+    prom = WorkerMetrics("trainer-0", None)
+    m = _m(1, 100.0, 0.5) | {"samples": 4, "tokens": 12, "is_weight_mean": 1.01,
+                             "is_weight_max": 3.0, "is_capped": 0.02, "is_ess": 0.9,
+                             "logp_mismatch_mean": 2e-3, "logp_mismatch_max": None}
+    PrometheusSink(prom).write(m, 1)
+    body = generate_latest(prom.registry).decode()
+    for series, value in (("rljob_job_importance_weight_mean", 1.01),
+                          ("rljob_job_importance_weight_max", 3.0),
+                          ("rljob_job_importance_capped_ratio", 0.02),
+                          ("rljob_job_importance_ess_ratio", 0.9),
+                          ("rljob_job_logprob_mismatch_nats", 2e-3)):
+        assert f'{series}{{worker="trainer-0"}} {value}' in body
+    assert 'rljob_job_logprob_mismatch_max_nats{worker="trainer-0"} 0.0' in body  # never set

@@ -86,6 +86,44 @@ def test_generation_log_probs_equal_transformers_and_updates_take_effect(engine,
     assert stale > 100 * TOL
 
 
+def test_hf_vllm_and_the_trainer_give_one_log_prob_at_temperature_and_top_p(engine, tok):
+    """One definition of a token's log-prob (rljob.sampling): at T=0.7, top-p 0.9 on
+    the same weights, vLLM's log-prob of each token it sampled (processed_logprobs),
+    the hf engine's and the trainer's agree; vLLM's raw softmax would not."""
+    from rljob.rollout.engine import HFEngine
+    from rljob.sampling import TokenDistribution
+
+    model = _policy(tok, seed=0, noise=0.05)  # a peaked, trained-looking distribution
+    engine.load_weights(model.state_dict(), 5)
+    dist = TokenDistribution(0.7, 0.9)
+    params = SamplingParams(n=8, max_new_tokens=12, temperature=dist.temperature,
+                            top_p=dist.top_p)
+    prompts = [tok.encode(t) for t in PROMPTS_TEXT]
+    hf = HFEngine(model, tok)
+    worst = {"hf": 0.0, "trainer": 0.0}
+    plain_gap = 0.0
+    tokens = 0
+    for prompt, group in zip(prompts, engine.generate(prompts, params)):
+        responses = [g.response_ids for g in group]
+        b = make_batch([prompt] * len(group), responses, tok.pad_token_id)
+        with torch.no_grad():
+            trainer = token_logprobs(model, b, dist)
+            plain = token_logprobs(model, b)
+        hf_logps = hf.sampled_logprobs([prompt] * len(group), responses, dist)
+        for k, (gen, hf_logp) in enumerate(zip(group, hf_logps)):
+            on = b.mask[k].bool()
+            vllm = torch.tensor(gen.logprobs)
+            worst["hf"] = max(worst["hf"], float((vllm - torch.tensor(hf_logp)).abs().max()))
+            worst["trainer"] = max(worst["trainer"], float((vllm - trainer[k][on]).abs().max()))
+            plain_gap = max(plain_gap, float((vllm - plain[k][on]).abs().max()))
+            tokens += len(gen.response_ids)
+    print(f"T=0.7 top-p 0.9, {tokens} sampled tokens: max |vLLM - hf| {worst['hf']:.2e}, "
+          f"|vLLM - trainer| {worst['trainer']:.2e}; vLLM against the plain softmax "
+          f"{plain_gap:.2f}")
+    assert worst["hf"] < 1e-4 and worst["trainer"] < 1e-4
+    assert plain_gap > 0.05  # the definitions differ: the test would see the wrong one
+
+
 def test_a_groups_samples_depend_on_its_seed_only(engine, tok):
     engine.load_weights(_policy(tok, seed=0).state_dict(), 2)
     prompt = tok.encode("12+34=")

@@ -44,6 +44,20 @@ def test_the_vllm_quickstart_learns(tmp_path):
              for i in range(0, steps, window)]
     print("mean reward per 30 steps:", " → ".join(f"{r:.2f}" for r in means))
     assert means[-1] > means[0] + 0.05
+    # vLLM's log-probs at temperature 0.8, top-p 0.9 are the distribution the trainer
+    # scores: the importance weights stay near 1 (vLLM's raw softmax would put them
+    # far off), and on fresh samples rollout and trainer agree to float32 rounding
+    later = ms[2:]
+    weight = sum(m["is_weight_mean"] for m in later) / len(later)
+    capped = sum(m["is_capped"] for m in later) / len(later)
+    ess = sum(m["is_ess"] for m in later) / len(later)
+    mismatch = [m["logp_mismatch_mean"] for m in ms if m["logp_mismatch_mean"] is not None]
+    print(f"importance weights: mean {weight:.4f}, capped {capped:.4f}, ESS {ess:.4f}; engine "
+          f"mismatch on {len(mismatch)} step(s) with fresh samples: mean "
+          f"{sum(mismatch) / len(mismatch):.2e}, max "
+          f"{max(m['logp_mismatch_max'] for m in ms if m['logp_mismatch_max'] is not None):.2e}")
+    assert 0.95 < weight < 1.05 and capped < 0.02 and ess > 0.9
+    assert mismatch and max(mismatch) < 1e-3
 
 
 def test_bench_engines_prints_both_engines(tmp_path):

@@ -176,34 +176,34 @@ class HFEngine(RolloutEngine):
                 max_new_tokens=params.max_new_tokens,
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
         new = out.sequences[:, width:].cpu().tolist()
-        results: list[list[Generation]] = []
-        for i, prompt in enumerate(prompts):
-            responses = []
-            for toks in new[i * params.n:(i + 1) * params.n]:
-                responses.append(toks[:toks.index(eos) + 1] if eos in toks else toks)
-            results.append([Generation(r, lp) for r, lp in
-                             zip(responses, self.group_logprobs(prompt, responses, dist))])
-        return results
+        responses = [toks[:toks.index(eos) + 1] if eos in toks else toks for toks in new]
+        rows = [p for p in prompts for _ in range(params.n)]  # prompt-major, as generated
+        logps = self.sampled_logprobs(rows, responses, dist)
+        return [[Generation(responses[i * params.n + j], logps[i * params.n + j])
+                 for j in range(params.n)] for i in range(len(prompts))]
 
-    def group_logprobs(self, prompt: list[int], responses: list[list[int]],
-                       dist: TokenDistribution) -> list[list[float]]:
-        """The log-probs of a group's sampled tokens under the distribution they were
-        drawn from (sampling.py), from one forward of the group alone: the numbers
-        depend on the group only, not on the other groups generated beside it, so a
-        sample streamed in a small batch (periodic) carries the same bits as in a
-        whole-step batch (sync) and the trainer's update from them is the same."""
+    def sampled_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                         dist: TokenDistribution) -> list[list[float]]:
+        """The log-probs of sampled tokens under the distribution they were drawn from
+        (sampling.py), from one forward over the prompt+response rows, right-padded as
+        the trainer pads them. Causal attention keeps every real token off the pads, so
+        a row's numbers do not depend on the rows beside it (on this CPU bit for bit:
+        a sample streamed in a small batch (periodic) carries what it carries in a
+        whole-step batch (sync), and the trainer's update from them is the same; the
+        generation's own left-padded, cached logits differ from batch to batch in the
+        last bits)."""
         torch = self.torch
-        rows = [prompt + r for r in responses]
+        rows = [p + r for p, r in zip(prompts, responses)]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
         for k, r in enumerate(rows):
-            ids[k, :len(r)] = torch.tensor(r)  # right-padded: causal attention keeps pads out
+            ids[k, :len(r)] = torch.tensor(r)
         device = next(self.model.parameters()).device
         with torch.no_grad():
             logits = self.model(input_ids=ids.to(device)).logits[:, :-1]
             logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).cpu()
-        start = len(prompt) - 1  # the position that predicts the first response token
-        return [logp[k, start:start + len(r)].tolist() for k, r in enumerate(responses)]
+        return [logp[k, len(p) - 1:len(p) - 1 + len(r)].tolist()  # from the prompt's last token
+                for k, (p, r) in enumerate(zip(prompts, responses))]
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,

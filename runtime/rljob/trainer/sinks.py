@@ -39,6 +39,19 @@ SCALARS = {
     "samples_per_second": "throughput/samples_per_second",
     "gen_seconds": "time/gen_seconds", "train_seconds": "time/train_seconds",
     "step_seconds": "time/step_seconds", "response_length": "rollout/response_length",
+    "is_weight_mean": "offpolicy/importance_weight_mean",
+    "is_weight_max": "offpolicy/importance_weight_max",
+    "is_capped": "offpolicy/importance_capped_fraction", "is_ess": "offpolicy/ess_fraction",
+    "logp_mismatch_mean": "offpolicy/logprob_mismatch_mean",
+    "logp_mismatch_max": "offpolicy/logprob_mismatch_max",
+}
+
+# metrics.jsonl key → the trainer's Prometheus gauge (WorkerMetrics) that shows it;
+# a step without the figure (no fresh sample to measure a mismatch on) leaves it
+GAUGES = {
+    "is_weight_mean": "importance_weight_mean", "is_weight_max": "importance_weight_max",
+    "is_capped": "importance_capped", "is_ess": "importance_ess",
+    "logp_mismatch_mean": "logprob_mismatch", "logp_mismatch_max": "logprob_mismatch_max",
 }
 
 
@@ -134,6 +147,9 @@ class PrometheusSink(StepSink):
         p.staleness.set(m["staleness_mean"])
         p.gen_seconds.set(m["gen_seconds"])
         p.train_seconds.set(m["train_seconds"])
+        for key, gauge in GAUGES.items():
+            if m.get(key) is not None:
+                getattr(p, gauge).set(m[key])
 
 
 class TensorBoardSink(StepSink):
