@@ -125,3 +125,24 @@ def test_tensor_parallel_shards_fit_mcores_own_tp2_model_and_gather_back(tmp_pat
     mp.start_processes(_load_tp_rank, args=(2, port, str(out)), nprocs=2, join=True,
                        start_method="spawn")
     assert torch.load(out)["ok"] is True
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.8, 0.9)])
+def test_the_megatron_engine_scores_tokens_under_the_sampling_distribution(
+        gloo, temperature, top_p):
+    """mcore's log-probs (vocab-parallel cross entropy, or the gathered vocabulary
+    for a top-p nucleus) are rljob.sampling's, as the torch engine's are."""
+    from megatron.core import parallel_state
+
+    from rljob.sampling import TokenDistribution, sampled_logprobs
+    from rljob.trainer.mcore import vocab_parallel_logprobs
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(2, 5, 40, generator=g)
+    targets = torch.randint(0, 40, (2, 5), generator=g)
+    dist = TokenDistribution(temperature, top_p)
+    want = sampled_logprobs(logits, targets, dist)
+    torch.testing.assert_close(vocab_parallel_logprobs(logits, targets, dist), want,
+                               rtol=1e-5, atol=1e-5)

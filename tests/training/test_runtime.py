@@ -95,14 +95,20 @@ def final_weights(run_dir: Path):
 def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     """...and so does periodic with weights broadcast over the collective path
     (a gloo group per replica) instead of streamed over gRPC: the rollouts sample
-    from bit-identical weights."""
+    from bit-identical weights. With dynamic sampling (algorithm.filterGroups) too:
+    which groups a step trains follows from their rewards, never from the order
+    they arrive in. exact_match after a short warm-up: most groups score all zeros;
+    of 16 prompts a step at most 24 are drawn, so lanes 0-7 may draw a replacement
+    and lanes 8-15 train their filtered group."""
     runs = {}
     for mode, transport in (("sync", "grpc"), ("periodic", "grpc"),
                             ("periodic-collective", "collective"), ("periodic-arrival", "grpc")):
         path = job(tmp_path, f"bit-{mode}", workflow={
             "mode": mode.split("-")[0], "maxStaleness": None, "weightTransport": transport},
             trainer={"microBatchOrder": "arrival", "packing": "shared_prompt"}
-            if mode.endswith("arrival") else {})
+            if mode.endswith("arrival") else {},
+            algorithm={"filterGroups": True, "maxPromptsPerStep": 24},
+            reward={"name": "exact_match"})
         doc = yaml.safe_load(path.read_text())
         del doc["spec"]["workflow"]["maxStaleness"]
         path.write_text(yaml.safe_dump(doc))
@@ -128,6 +134,15 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     for log in logs:
         assert "joined weight group" in log.read_text(), log.name  # not over gRPC
     assert all(x["staleness_max"] == 0 for x in ms["periodic"])
+    figures = ("groups_filtered", "extra_prompts", "groups_filled", "prompts")
+    for mode in ("periodic", "periodic-collective"):
+        assert ([{k: x[k] for k in figures} for x in ms["sync"]]
+                == [{k: x[k] for k in figures} for x in ms[mode]])
+    for x in ms["sync"]:
+        assert x["samples"] == 128  # 16 groups of 8, whatever was filtered
+        assert x["groups_filtered"] > 0 and 0 < x["extra_prompts"] <= 8
+        assert x["groups_filled"] >= 8  # lanes 8-15 cannot draw
+        assert x["rows_claimed"] == 8 * (16 + x["extra_prompts"])  # each drawn group once
     # and the first update changed something
     init = RLJob.model_validate(yaml.safe_load((runs["sync"] / "job.yaml").read_text()))
     assert init.spec.workflow.mode == "sync"

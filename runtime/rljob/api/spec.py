@@ -135,6 +135,18 @@ class AlgorithmSpec(ApiModel):
         None, gt=1, le=1000,
         description="tis/mis: the cap on a token's importance weight (default 2).",
     )
+    filter_groups: bool = Field(
+        False,
+        description="grpo, dynamic sampling (DAPO): a group whose rewards are all equal "
+        "(no signal: its advantages are all zero) is not trained; a replacement prompt is "
+        "drawn for it, so a step still trains promptsPerStep groups.",
+    )
+    max_prompts_per_step: int | None = Field(
+        None, ge=1, le=1 << 20,
+        description="filterGroups: prompts drawn for a step at most, its own and the "
+        "replacements (default 4 × promptsPerStep); past it a step trains the filtered "
+        "groups it has.",
+    )
     max_grad_norm: float = Field(
         1.0, ge=0, le=1e6,
         description="Gradients are scaled down to this global L2 norm before each optimizer "
@@ -174,6 +186,12 @@ class AlgorithmSpec(ApiModel):
         return self.importance_cap or 2.0
 
     @property
+    def prompt_cap(self) -> int:
+        """filterGroups: prompts drawn for a step at most (maxPromptsPerStep, or 4 ×
+        promptsPerStep)."""
+        return self.max_prompts_per_step or 4 * self.step_prompts
+
+    @property
     def advantage_estimator(self) -> str:
         """The advantage estimator `name` means (trainer/algorithms.py): grpo's
         group-relative one, ppo's GAE over a critic."""
@@ -211,6 +229,30 @@ class AlgorithmSpec(ApiModel):
             "ignore it: leave it out or set offPolicyCorrection: tis",
             check=lambda a: a.importance_cap is None or a.off_policy_correction != "none",
             field_path=".importanceCap",
+        ),
+        Rule(
+            cel="!self.filterGroups || self.name == 'grpo'",
+            message="algorithm.filterGroups drops GRPO groups whose rewards are all equal; "
+            "a ppo job has no groups to judge: leave it out or set algorithm.name: grpo",
+            check=lambda a: not a.filter_groups or a.name == "grpo",
+            field_path=".filterGroups",
+        ),
+        Rule(
+            cel="!has(self.maxPromptsPerStep) || self.filterGroups",
+            message="algorithm.maxPromptsPerStep bounds the replacement prompts of "
+            "filterGroups: set algorithm.filterGroups: true or leave it out",
+            check=lambda a: a.max_prompts_per_step is None or a.filter_groups,
+            field_path=".maxPromptsPerStep",
+        ),
+        Rule(
+            cel="!has(self.maxPromptsPerStep) || self.maxPromptsPerStep >= "
+            "(has(self.promptsPerStep) ? self.promptsPerStep : "
+            "(has(self.globalBatchSize) ? self.globalBatchSize : 32))",
+            message="algorithm.maxPromptsPerStep counts a step's own prompts too: it must "
+            "be at least algorithm.promptsPerStep",
+            check=lambda a: a.max_prompts_per_step is None
+            or a.max_prompts_per_step >= a.step_prompts,
+            field_path=".maxPromptsPerStep",
         ),
         Rule(
             cel="self.name != 'grpo' || !has(self.groupSize) || self.groupSize >= 2",

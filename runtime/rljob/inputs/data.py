@@ -76,6 +76,23 @@ def _check_rows(spec: DatasetSpec, rows: list, where: list[str]) -> None:
                              "it): every row needs dataset.promptKey and dataset.answerKey")
 
 
+def prompt_columns(tokenizer, examples: list[Example], group_size: int,
+                   groups: list[int] | None = None) -> dict[str, list]:
+    """TransferQueue rows of prompts, rendered and tokenized, `group_size` rows per
+    example; example k is group `groups[k]` of its step (default k), whose rows
+    hold slots groups[k]·G ... groups[k]·G + G − 1."""
+    import numpy as np
+
+    g = group_size
+    groups = list(range(len(examples))) if groups is None else groups
+    prompts = [render_prompt(tokenizer, e.prompt) for e in examples]
+    ids = [np.asarray(tokenizer.encode(p), dtype=np.int32) for p in prompts]
+    return {"prompt": [p for p in prompts for _ in range(g)],
+            "answer": [e.answer for e in examples for _ in range(g)],
+            "prompt_ids": [x for x in ids for _ in range(g)],
+            "slot": [k * g + j for k in groups for j in range(g)]}
+
+
 def render_prompt(tokenizer, prompt: str) -> str:
     """Apply the tokenizer's chat template when it has one."""
     if getattr(tokenizer, "chat_template", None):

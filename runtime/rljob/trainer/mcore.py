@@ -256,19 +256,25 @@ def mcore_token_logprobs(model, input_ids: torch.Tensor,
     alone keeps every real token off the pads. Without top-p the vocab-parallel
     cross entropy of the tempered logits sums over the tp shards; a top-p nucleus
     needs the whole vocabulary, so its logits are gathered from the shards first."""
-    from megatron.core import tensor_parallel
-
     length = input_ids.shape[1]
     position_ids = torch.arange(length, device=input_ids.device).unsqueeze(0)
     causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).triu(1)
     logits = model(input_ids, position_ids.expand_as(input_ids), causal[None, None])
-    logits, targets = logits[:, :-1].float(), input_ids[:, 1:].contiguous()
+    return vocab_parallel_logprobs(logits[:, :-1], input_ids[:, 1:].contiguous(), dist)
+
+
+def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor,
+                            dist: TokenDistribution = PLAIN) -> torch.Tensor:
+    """log p(target) under `dist` from this tp rank's vocabulary shard of the logits
+    [..., V / tp] (rljob.sampling's definition, whatever the shards)."""
+    from megatron.core import tensor_parallel
+
+    logits = logits.float()
     if dist.truncated:
         whole = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
         return sampled_logprobs(whole, targets, dist)
-    nll = tensor_parallel.vocab_parallel_cross_entropy(
+    return -tensor_parallel.vocab_parallel_cross_entropy(
         (logits / dist.temperature).contiguous(), targets)
-    return -nll
 
 
 @register_trainer_engine("megatron")

@@ -44,6 +44,9 @@ SCALARS = {
     "is_capped": "offpolicy/importance_capped_fraction", "is_ess": "offpolicy/ess_fraction",
     "logp_mismatch_mean": "offpolicy/logprob_mismatch_mean",
     "logp_mismatch_max": "offpolicy/logprob_mismatch_max",
+    "filtered_share": "dynamic_sampling/filtered_share",
+    "extra_prompts": "dynamic_sampling/extra_prompts",
+    "groups_filled": "dynamic_sampling/groups_filled",
 }
 
 # metrics.jsonl key → the trainer's Prometheus gauge (WorkerMetrics) that shows it;

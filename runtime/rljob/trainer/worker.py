@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
-from ..inputs.data import load_examples, render_prompt
+from ..inputs.data import load_examples, prompt_columns, render_prompt
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..infra.rundir import PARTIAL, RunDir
@@ -50,6 +50,7 @@ from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import tasks_for, train_reads
+from ..workflow.dynamic_sampling import StepLanes, replacement_example
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from ..sampling import TokenDistribution
 from .algorithms import OffPolicyStats, PolicyInputs, advantage_estimator, policy_loss
@@ -94,11 +95,17 @@ class StepSource:
     slots [j·mb, (j+1)·mb) have all arrived; in arrival order it is the next mb
     samples to arrive, so a slow early group holds up nothing but itself. Groups
     made by weights outside the trainer's lineage or the staleness bound (after a
-    trainer restart) are sent back to the rollouts."""
+    trainer restart) are sent back to the rollouts.
+
+    The step trains one group per lane (workflow/dynamic_sampling.py): lane i trains
+    group i, or with `algorithm.filterGroups` the first group with a signal of its
+    chain of replacements, which `draw(step, groups)` puts into the step's partition
+    as they are needed. Micro-batches take the lanes' samples in lane order (slot
+    order) or in the order lanes settle (arrival order)."""
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None,
-                 health=None):
+                 health=None, draw=None):
         self.spec, self.tq, self.step = spec, tq, step
         self.lineage = lineage
         self.health = health  # raises if a producer in this process (the critic) failed
@@ -108,17 +115,17 @@ class StepSource:
         self.rows_reclaimed = 0  # rows claimed again after their lease expired
         self.rows_regenerated = 0
         self.keeper = keeper  # keeps the step's leases alive until it is trained
-        self.n = spec.algorithm.samples_per_step
-        self.mb = spec.algorithm.micro_samples
-        self.g = spec.algorithm.group_size
-        self.buffer: dict[int, Sample] = {}
-        self.arrived: list[int] = []  # slots, in the order they came in
+        algo = spec.algorithm
+        self.n, self.mb, self.g = algo.samples_per_step, algo.micro_samples, algo.group_size
+        self.groups: dict[int, list[Sample]] = {}  # group of the step -> its samples
+        self.lanes = StepLanes(algo.step_prompts, algo.prompt_cap, algo.filter_groups)
+        self.draw = draw
         self.by_arrival = spec.trainer.micro_batch_order_in(
             spec.workflow.mode, spec.rollout.dispatch) == "arrival"
         self.leases = []
-        self.next_slot = 0  # slot order: the first slot not handed out; arrival: how many
+        self.next_slot = 0  # of the step's trained samples, the first not handed out
         self.scored: set[int] = set()  # groups whose advantages are set
-        self.estimator = advantage_estimator(spec.algorithm)
+        self.estimator = advantage_estimator(algo)
         self._arrived = threading.Condition()
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -131,7 +138,7 @@ class StepSource:
         try:
             while not self._stop.is_set():
                 with self._arrived:
-                    missing = self.n - len(self.buffer)
+                    missing = self.lanes.pending * self.g  # a group in flight per lane
                 if missing <= 0:
                     return
                 # sync: the whole step at once; streaming: whatever whole groups are ready
@@ -169,17 +176,23 @@ class StepSource:
         if not batch.rows:
             return
         self.keeper.hold(batch)
+        draws: list[int] = []
         with self._arrived:
             self._supersede(set(batch.indices))
             self.leases.append(batch)
-            for s in samples:
-                if s.slot in self.buffer:  # its lease expired and this claim brought it back
-                    self.rows_reclaimed += 1
+            by_group: dict[int, list[Sample]] = {}
+            for s in sorted(samples, key=lambda s: s.slot):
+                by_group.setdefault(s.slot // self.g, []).append(s)
+            for group, members in by_group.items():
+                if group in self.groups:  # its lease expired and this claim brought it
+                    self.rows_reclaimed += len(members)  # back, or a second copy
                     continue
-                self.rows_claimed += 1
-                self.buffer[s.slot] = s
-                self.arrived.append(s.slot)
+                self.rows_claimed += len(members)
+                self.groups[group] = members
+                draws += self.lanes.arrive(group, [m.reward for m in members])
             self._arrived.notify_all()
+        if draws:
+            self.draw(self.step, draws)
 
     def _supersede(self, indices: set[int]) -> None:
         """Take rows claimed again out of the older leases that held them. Those leases
@@ -218,13 +231,27 @@ class StepSource:
         return (Batch(batch.task, batch.lease, rows, {}, batch.lease_seconds),
                 [s for s in samples if s.group not in bad])
 
+    def _ready(self, start: int, end: int) -> bool:
+        """Whether the lanes of trained samples [start, end) are settled."""
+        if self.by_arrival:
+            return len(self.lanes.order) * self.g >= end
+        return all(lane in self.lanes.chosen
+                   for lane in range(start // self.g, (end - 1) // self.g + 1))
+
+    def _trained(self, position: int) -> Sample:
+        """The step's trained sample at `position` (lane by lane, a group's members in
+        slot order)."""
+        lane = position // self.g
+        if self.by_arrival:
+            lane = self.lanes.order[lane]
+        return self.groups[self.lanes.chosen[lane]][position % self.g]
+
     def next_micro_batch(self) -> list[Sample] | None:
         if self.next_slot >= self.n:
             return None
         start, end = self.next_slot, self.next_slot + self.mb
         with self._arrived:
-            while not (len(self.arrived) >= end if self.by_arrival
-                       else all(s in self.buffer for s in range(start, end))):
+            while not self._ready(start, end):
                 if self._error is not None:
                     raise self._error
                 if self.stopping.is_set():
@@ -232,17 +259,16 @@ class StepSource:
                 if self.health is not None:
                     self.health()
                 self._arrived.wait(0.2)
-            want = self.arrived[start:end] if self.by_arrival else range(start, end)
+            chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end
-        chunk = [self.buffer[s] for s in want]
-        # claims bring whole groups, so each sample's group is complete in the buffer
         if self.estimator.critic:
             return chunk  # the critic's advantages came with the samples
-        for group_start in sorted({s.slot - s.slot % self.g for s in chunk}):
-            if group_start in self.scored:
+        # claims bring whole groups, so each sample's group is complete
+        for group in sorted({s.slot // self.g for s in chunk}):
+            if group in self.scored:
                 continue
-            self.scored.add(group_start)
-            members = [self.buffer[i] for i in range(group_start, group_start + self.g)]
+            self.scored.add(group)
+            members = self.groups[group]
             for m, a in zip(members, self.estimator.of_group([m.reward for m in members])):
                 m.advantage = a
         return chunk
@@ -332,6 +358,7 @@ class TrainerWorker:
         self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
         self.spans = SpanLog(run_dir, self.name)
         self.sender = self.tq = self.keeper = self.critic = self.sinks = self.source = None
+        self.examples = None  # the dataset, once filterGroups draws from it
         self.start = self.version = self.checkpointed = 0
         self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
         self.distributed = False
@@ -454,7 +481,8 @@ class TrainerWorker:
         micro_batches = n // mb
         if rank == 0:
             self.source = StepSource(spec, self.tq, t, self.keeper, self.stop, self.lineage,
-                                     health=self.critic.check if self.critic else None)
+                                     health=self.critic.check if self.critic else None,
+                                     draw=self._draw_replacements)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
         sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
@@ -502,10 +530,41 @@ class TrainerWorker:
                 self.sender.publish(self.version, state)
             m = _step_metrics(t, samples, train_spans, time.time() - t_wall, sums)
             m |= _off_policy_figures(off_policy)
+            if spec.algorithm.filter_groups:
+                m |= self.source.lanes.figures()
+                if m["groups_filled"]:
+                    log.warning("step %d: %d of its %d groups are trained without a "
+                                "signal (all rewards equal): no group with one came up in "
+                                "the %d prompts algorithm.maxPromptsPerStep allows (%d "
+                                "replacements drawn)", t + 1, m["groups_filled"],
+                                algo.step_prompts, algo.prompt_cap, m["extra_prompts"])
             self._report(m, grad_norm, samples)
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
         return True
+
+    def _draw_replacements(self, step: int, groups: list[int]) -> None:
+        """filterGroups: put the prompts of replacement groups of `step` into its
+        partition (workflow/dynamic_sampling.py draws them by seed, step and group)."""
+        algo = self.spec.algorithm
+        if self.examples is None:
+            self.examples = load_examples(self.spec.dataset)
+        picks = [self.examples[replacement_example(len(self.examples), algo.seed, step, g)]
+                 for g in groups]
+        columns = prompt_columns(self.tok, picks, algo.group_size, groups)
+        rows = len(columns["slot"])
+        columns["released_at"] = [time.time()] * rows
+        while True:
+            try:
+                self.tq.put(step, columns, group_size=algo.group_size,
+                            lengths=[len(x) for x in columns["prompt_ids"]])
+                return
+            except TransferQueueError as exc:
+                if not exc.unavailable:
+                    raise
+                log.warning("drawing replacement prompts: transferqueue unavailable (%s); "
+                            "putting them again", exc.code.name)
+                time.sleep(0.5)
 
     def _next_micro_batch(self):
         """Rank 0's next micro-batch of samples ("stop" when asked to stop), the

@@ -7,10 +7,9 @@ import logging
 import time
 
 import grpc
-import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..inputs.data import PromptCursor, load_examples, render_prompt
+from ..inputs.data import PromptCursor, load_examples, prompt_columns
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..weights import WeightClient
@@ -54,13 +53,7 @@ class Workflow:
 
     def prepare_prompts(self, examples) -> dict[str, list]:
         """Step prompts rendered and tokenized, G rows per prompt (before release)."""
-        g = self.spec.algorithm.group_size
-        prompts = [render_prompt(self.tok, e.prompt) for e in examples]
-        ids = [np.asarray(self.tok.encode(p), dtype=np.int32) for p in prompts]
-        return {"prompt": [p for p in prompts for _ in range(g)],
-                "answer": [e.answer for e in examples for _ in range(g)],
-                "prompt_ids": [x for x in ids for _ in range(g)],
-                "slot": list(range(len(examples) * g))}
+        return prompt_columns(self.tok, examples, self.spec.algorithm.group_size)
 
     def put_prepared(self, step: int, columns: dict[str, list]) -> list[int]:
         """Release prepared prompts: one put, stamped with the release time. A row's
