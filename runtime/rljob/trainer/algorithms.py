@@ -8,22 +8,25 @@ group is complete; `gae`, generalised advantage estimation over a critic's
 values, one per token, computed by PPO's critic (critic.py) as it scores each
 sample. The critic's own loss is PPO's clipped value loss (`value_loss`).
 
-Policy losses (`POLICY_LOSSES`, by `algorithm.offPolicyCorrection`). Three policies meet in a step: the behaviour
-policy μ that sampled a token (its log-prob travels in the row, `rollout_logp`:
-the rollout engine's weights and numerics), the proximal policy π_prox (the
-trainer's recomputation with the weights at the start of the step: one optimizer
-step per step, so it is the current forward, detached) and the policy π_θ being
-updated. Per response token, with A its advantage and ε `clipRatio`:
+Policy losses (`POLICY_LOSSES`, by `algorithm.offPolicyCorrection`). Three
+policies meet in a step: the behaviour policy μ that sampled a token (its log-prob
+travels in the row, `rollout_logp`: the rollout engine's weights and numerics),
+the proximal policy π_prox (the trainer's recomputation with the weights at the
+start of the step: one optimizer step per step, so it is the current forward,
+detached) and the policy π_θ being updated. Per response token, with A its
+advantage and ε `clipRatio`:
 
-- `none`: PPO against an "old" policy that is the
-  proximal one for a fresh sample (made by the step's own weights) and the
-  behaviour one for a stale sample: −min(r·A, clip(r, 1 ± ε)·A), r = π_θ/π_old.
+- `none`: PPO against an "old" policy that is the proximal one for a fresh sample
+  (made by the step's own weights) and the behaviour one for a stale sample:
+  −min(r·A, clip(r, 1 ± ε)·A), r = π_θ/π_old.
 - `tis` and `mis` (AReaL's decoupled PPO): the clip is taken against the
   proximal policy, r = π_θ/π_prox, and every token is weighted by the
   behaviour→proximal importance weight w = π_prox/μ, which corrects both the
   staleness of async samples and the rollout engine's numerical mismatch:
   −w̄·min(r·A, clip(r, 1 ± ε)·A) with w̄ = min(w, C) (tis, truncated importance
-  sampling) or w̄ = w where w ≤ C and 0 where it is above (mis, masked).
+  sampling) or w̄ = w where w ≤ C and 0 where it is above (mis, masked). With
+  one optimizer step per step r is 1 in value (its gradient is ∇log π_θ), so the
+  clip never binds: the correction is all in w̄.
 
 Both add β times the k3 estimate of KL(π‖π_ref) = exp(ref − logp) − (ref − logp) − 1
 (Periodic Asynchrony eq. 3). A response's loss is its token mean; the step's loss

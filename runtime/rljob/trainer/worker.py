@@ -92,8 +92,9 @@ class StepSource:
     claim round trip sits between two micro-steps. sync: it waits for the whole
     step at once. periodic/async: it claims whole groups as they become ready.
     In slot order (`trainer.microBatchOrder`) micro-batch j is handed out once
-    slots [j·mb, (j+1)·mb) have all arrived; in arrival order it is the next mb
-    samples to arrive, so a slow early group holds up nothing but itself. Groups
+    the step's samples [j·mb, (j+1)·mb) have all arrived; in arrival order it is
+    the next mb samples to arrive, so a slow early group holds up nothing but
+    itself (the samples of a step: see the lanes below). Groups
     made by weights outside the trainer's lineage or the staleness bound (after a
     trainer restart) are sent back to the rollouts.
 
@@ -723,7 +724,8 @@ def _micro_step(policy, shard, t, tok, spec, last):
         logp = policy.logprobs(batch, dist)
         with torch.no_grad():
             # no KL term, no reference forward
-            ref_logp = policy.ref_logprobs(batch, dist) if spec.algorithm.kl_coef else logp.detach()
+            ref_logp = (policy.ref_logprobs(batch, dist) if spec.algorithm.kl_coef
+                        else logp.detach())
         parts = policy_loss(spec.algorithm)(PolicyInputs(
             logp, logp.detach(), _per_token(batch, [s.rollout_logp for s in shard]), ref_logp,
             _advantages(batch, shard), batch.mask,
