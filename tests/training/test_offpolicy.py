@@ -22,8 +22,8 @@ def off_policy_figures(ms: list[dict]) -> dict:
 def test_async_clip_and_importance_weights_do_not_depend_on_temperature_and_top_p(tmp_path):
     figures = {}
     for name, temperature, top_p in (("t1", 1.0, 1.0), ("t08", 0.8, 0.9)):
-        # offPolicyCorrection none: PPO's ratio is taken against the rollout's log-probs
-        # of stale samples, so a log-prob of another distribution shows in the clip
+        # offPolicyCorrection none: PPO's ratio is taken against the rollout's log-probs,
+        # so a log-prob of another distribution shows in the clip
         path = job(tmp_path, name, workflow={"mode": "async", "maxStaleness": 1},
                    rollout={"temperature": temperature, "topP": top_p},
                    algorithm={"offPolicyCorrection": "none"})

@@ -135,7 +135,7 @@ def test_a_mismatch_far_out_of_line_says_so_in_one_line():
 
 
 def test_off_policy_correction_rules():
-    assert AlgorithmSpec().off_policy_correction == "tis" and AlgorithmSpec().cap == 2.0
+    assert AlgorithmSpec().off_policy_correction == "none" and AlgorithmSpec().cap == 2.0
     with pytest.raises(ValueError, match="importanceCap caps the importance weights"):
         AlgorithmSpec.model_validate({"offPolicyCorrection": "none", "importanceCap": 3})
     assert AlgorithmSpec.model_validate({"offPolicyCorrection": "mis", "importanceCap": 3}).cap == 3

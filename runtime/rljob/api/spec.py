@@ -122,14 +122,14 @@ class AlgorithmSpec(ApiModel):
     )
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO ratio clip epsilon.")
     off_policy_correction: Literal["none", "tis", "mis"] = Field(
-        "tis",
-        description="How the loss corrects for samples the trainer's weights did not make "
-        "(stale async samples, and the rollout engine's numerics). tis: decoupled PPO, "
-        "the clip taken against the trainer's own log-probs at the start of the step and "
-        "each token weighted by the behaviour-to-trainer importance weight, truncated at "
-        "importanceCap; mis: the same, a token whose weight is above importanceCap left "
-        "out; none: PPO's clip against the rollout's log-probs for stale samples, no "
-        "weight.",
+        "none",
+        description="How the loss treats samples the trainer's weights did not make (stale "
+        "async samples, and the rollout engine's numerics). none: PPO against the "
+        "rollout's own log-probs, its ratio the importance weight and its clip the trust "
+        "region; tis: decoupled PPO, the clip taken against the trainer's log-probs at "
+        "the start of the step and each token weighted by the rollout-to-trainer "
+        "importance weight, truncated at importanceCap; mis: the same, a token whose "
+        "weight is above importanceCap left out.",
     )
     importance_cap: float | None = Field(
         None, gt=1, le=1000,

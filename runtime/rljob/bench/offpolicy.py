@@ -28,7 +28,7 @@ FIGURES = ("clip", "is_weight_mean", "is_capped", "is_ess", "logp_mismatch_mean"
 
 def configurations(corrections=CORRECTIONS) -> list[tuple[str, int | None, str]]:
     """(mode, maxStaleness, offPolicyCorrection) of each run, sync first (pure)."""
-    return [("sync", None, "tis")] + [("async", k, c) for k in (1, 2) for c in corrections]
+    return [("sync", None, "none")] + [("async", k, c) for k in (1, 2) for c in corrections]
 
 
 def variant(job: RLJob, mode: str, k: int | None, correction: str, steps: int | None,

@@ -16,9 +16,10 @@ start of the step: one optimizer step per step, so it is the current forward,
 detached) and the policy π_θ being updated. Per response token, with A its
 advantage and ε `clipRatio`:
 
-- `none`: PPO against an "old" policy that is the proximal one for a fresh sample
-  (made by the step's own weights) and the behaviour one for a stale sample:
-  −min(r·A, clip(r, 1 ± ε)·A), r = π_θ/π_old.
+- `none` (the default): PPO against the behaviour policy, −min(r·A, clip(r, 1 ± ε)·A)
+  with r = π_θ/μ: the ratio is the importance weight of a stale sample (and, for
+  a fresh one, of the engine's numerics), the clip a trust region around the
+  policy that sampled the data.
 - `tis` and `mis` (AReaL's decoupled PPO): the clip is taken against the
   proximal policy, r = π_θ/π_prox, and every token is weighted by the
   behaviour→proximal importance weight w = π_prox/μ, which corrects both the
@@ -272,13 +273,11 @@ register_policy_loss = POLICY_LOSSES.register
 
 @register_policy_loss("none")
 class ClippedLoss(PolicyLoss):
-    """offPolicyCorrection none: PPO's clip against the sample's own version (the
-    proximal policy for fresh samples, the behaviour policy for stale ones)."""
+    """offPolicyCorrection none: PPO's ratio and clip against the behaviour policy."""
 
     def __call__(self, x: PolicyInputs) -> LossParts:
         _, stats = off_policy_stats(x, self.cap)
-        old = torch.where(x.fresh.unsqueeze(1), x.proximal, x.behaviour)
-        return self._assemble(x, torch.exp(x.logp - old), None, stats)
+        return self._assemble(x, torch.exp(x.logp - x.behaviour), None, stats)
 
 
 @register_policy_loss("tis")
