@@ -92,8 +92,10 @@ def _cel_number(x: float) -> str:
     return text + "0" if text.endswith(".") else text
 
 
-# algorithm.name → its advantage estimator (trainer/algorithms.py registers them)
-ADVANTAGE_ESTIMATOR_OF = {"grpo": "grpo", "ppo": "gae"}
+# algorithm.name → its advantage estimator (trainer/algorithms.py registers them), and
+# whether a critic scores every sample before the trainer may take it (the job's
+# tasks follow from it: workflow/tasks.py)
+ALGORITHMS = {"grpo": ("grpo", False), "ppo": ("gae", True)}
 
 
 class AlgorithmSpec(ApiModel):
@@ -195,7 +197,12 @@ class AlgorithmSpec(ApiModel):
     def advantage_estimator(self) -> str:
         """The advantage estimator `name` means (trainer/algorithms.py): grpo's
         group-relative one, ppo's GAE over a critic."""
-        return ADVANTAGE_ESTIMATOR_OF[self.name]
+        return ALGORITHMS[self.name][0]
+
+    @property
+    def critic(self) -> bool:
+        """Whether a critic scores each sample (its advantages come with the row)."""
+        return ALGORITHMS[self.name][1]
 
     @property
     def step_prompts(self) -> int:

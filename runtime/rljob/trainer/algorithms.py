@@ -52,11 +52,10 @@ from ..infra.registry import Registry
 # ---- advantage estimators ---------------------------------------------------
 class AdvantageEstimator(ABC):
     """How a sample's advantage is made. `per_token`: one per response token (else
-    one per response); `critic`: a critic scores every sample (its values) before
-    the trainer may take it."""
+    one per response). Which algorithm uses which estimator, and whether a critic
+    scores its samples first, is the contract's (`api.spec.ALGORITHMS`)."""
 
     per_token: bool = False
-    critic: bool = False
 
 
 ADVANTAGE_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry(
@@ -80,7 +79,6 @@ class GeneralisedAdvantage(AdvantageEstimator):
     on the last token)."""
 
     per_token = True
-    critic = True
 
     @staticmethod
     def of_response(reward: float, values: torch.Tensor, gamma: float,

@@ -262,7 +262,7 @@ class StepSource:
                 self._arrived.wait(0.2)
             chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end
-        if self.estimator.critic:
+        if self.spec.algorithm.critic:
             return chunk  # the critic's advantages came with the samples
         # claims bring whole groups, so each sample's group is complete
         for group in sorted({s.slot // self.g for s in chunk}):
@@ -413,7 +413,7 @@ class TrainerWorker:
             if back:
                 log.info("gave back %d rows an earlier trainer held", back)
             self.keeper = LeaseKeeper(self.tq)
-            if advantage_estimator(spec.algorithm).critic:
+            if spec.algorithm.critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
                                             self.steps, self.resume)

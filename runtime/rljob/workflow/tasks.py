@@ -44,20 +44,13 @@ TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 def tasks_for(spec) -> tuple:
     """The job's tasks: every worker registers the same ones."""
-    tasks = (DRIVER, ROLLOUT) + ((TRAIN_PPO, CRITIC) if _critic(spec) else (TRAIN,))
+    tasks = (DRIVER, ROLLOUT) + ((TRAIN_PPO, CRITIC) if spec.algorithm.critic else (TRAIN,))
     return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
 
 
 def train_reads(spec) -> list[str]:
     """The columns the trainer reads (ppo: the critic's advantages too)."""
-    return TRAIN_READS + (["advantages", "critic_version"] if _critic(spec) else [])
-
-
-def _critic(spec) -> bool:
-    """Whether the job's advantage estimator has a critic score every sample."""
-    from ..trainer.algorithms import advantage_estimator
-
-    return advantage_estimator(spec.algorithm).critic
+    return TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
 
 ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
