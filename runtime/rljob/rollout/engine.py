@@ -187,11 +187,11 @@ class HFEngine(RolloutEngine):
         """The log-probs of sampled tokens under the distribution they were drawn from
         (sampling.py), from one forward over the prompt+response rows, right-padded as
         the trainer pads them. Causal attention keeps every real token off the pads, so
-        a row's numbers do not depend on the rows beside it (on this CPU bit for bit:
-        a sample streamed in a small batch (periodic) carries what it carries in a
-        whole-step batch (sync), and the trainer's update from them is the same; the
-        generation's own left-padded, cached logits differ from batch to batch in the
-        last bits)."""
+        a row's numbers do not depend on the rows beside it: a sample streamed in a
+        small batch (periodic) carries the bits it carries in a whole-step batch
+        (sync), and the trainer's update from them is the same (the test of periodic
+        against sync checks it). The generation's own left-padded, cached logits
+        differ from batch to batch in the last bits."""
         torch = self.torch
         rows = [p + r for p, r in zip(prompts, responses)]
         width = max(len(r) for r in rows)
