@@ -418,8 +418,9 @@ def bench_workflow(
                                      help="rollout.maxNumSeqs of the job (default: the "
                                      "spec's default)."),
     peer: str = typer.Option(None, "--peer", help="trl: also run TRL's GRPOTrainer on the "
-                             "same job in each round and print our ratio to it (needs "
-                             "`pip install trl`)."),
+                             "same job in each round, configured for it and at its own "
+                             "defaults, and print our ratio to each (needs `pip install "
+                             "trl`)."),
     algorithm: str = typer.Option("grpo", help="grpo, or ppo (the same job trained with a "
                                   "critic streaming through its own task)."),
     json_out: bool = JSON_OUT,

@@ -36,3 +36,4 @@ def test_a_runs_figures():
     out = summarise(ms, last=2)
     assert out["reward_last"] == pytest.approx(0.3) and out["is_weight_max"] == 3.0
     assert out["logp_mismatch_mean"] is None and out["steps"] == 3
+

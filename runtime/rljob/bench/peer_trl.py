@@ -3,7 +3,14 @@ benchmark's job (same random-init model, character vocabulary, prompts, reward, 
 size, generation length, micro-batch and learning rate), one process, generating a
 whole step (prompts × group size sequences) in one `generate` and stepping the
 optimizer once per step. TRL is an optional dependency of this benchmark only
-(`pip install trl`)."""
+(`pip install trl`).
+
+The peer is configured as its experts would for this job (`trl_settings`, fair): in
+everything that changes the computation it does what our trainer does, each setting
+for the reason beside it in FAIR. The same peer at TRL's own defaults (only the job's
+shape given) is measured beside it and named as such: its defaults recompute
+activations and decay the learning rate, which this job neither needs nor asks for.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +39,51 @@ def char_tokenizer_fast():
     return tok
 
 
-def run_trl(job: RLJob, steps: int, warmup_steps: int = 3) -> dict:
-    """Tokens/s and step seconds of TRL's GRPO on `job`'s shape, steady state."""
+# GRPOConfig settings where TRL 1.16's defaults differ from what our trainer computes
+# for the job (each: why), given on top of the job's shape
+FAIR = {
+    # our trainer keeps every activation; TRL (with transformers 5) turns activation
+    # checkpointing on by default and recomputes each forward in its backward: a
+    # memory saving this tiny job does not need
+    "gradient_checkpointing": False,
+    # our learning rate is constant (no schedule); TRL decays it linearly to 0
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    # our KL term is the plain k3 estimate; TRL's default multiplies it by the
+    # importance ratio (bias correction)
+    "use_bias_correction_kl": False,
+    # rewards normalised by their group's std, as our group-relative advantages
+    "scale_rewards": "group",
+    # AdamW without weight decay, as ours
+    "weight_decay": 0.0,
+}
+
+
+def trl_settings(job: RLJob, steps: int, out: str, fair: bool = True) -> dict:
+    """GRPOConfig's arguments for `job` (pure): its shape (model dtype, device, steps,
+    learning rate, KL and clip, group size, generation length and sampling, micro-batch,
+    accumulation to one optimizer step per step, the seed, gradient clipping at the
+    job's `maxGradNorm`), plus FAIR unless `fair` is false (TRL's defaults)."""
+    spec = job.spec
+    algo = spec.algorithm
+    per_step = algo.samples_per_step
+    shape = dict(
+        model_init_kwargs={"dtype": "float32"},
+        output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        logging_steps=10_000, max_steps=steps, learning_rate=algo.lr,
+        beta=algo.kl_coef, epsilon=algo.clip_ratio, loss_type="grpo",
+        num_generations=algo.group_size, max_completion_length=spec.rollout.max_new_tokens,
+        temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+        per_device_train_batch_size=algo.micro_samples,
+        gradient_accumulation_steps=per_step // algo.micro_samples,
+        generation_batch_size=per_step, seed=algo.seed, disable_tqdm=True,
+        max_grad_norm=algo.max_grad_norm)
+    return {**shape, **FAIR} if fair else shape
+
+
+def run_trl(job: RLJob, steps: int, warmup_steps: int = 3, fair: bool = True) -> dict:
+    """Tokens/s and step seconds of TRL's GRPO on `job`'s shape, steady state
+    (`fair`: configured for the job, else at TRL's defaults)."""
     try:
         import trl
         from datasets import Dataset
@@ -68,21 +118,11 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
 
-    per_step = algo.samples_per_step
     with tempfile.TemporaryDirectory(prefix="rljob-trl-") as out:
         # from a directory, so TRL builds its frozen reference from the same weights
         weights = f"{out}/init"
         model.save_pretrained(weights)
-        config = trl.GRPOConfig(
-            model_init_kwargs={"dtype": "float32"},
-            output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-            logging_steps=10_000, max_steps=steps, learning_rate=algo.lr,
-            beta=algo.kl_coef, epsilon=algo.clip_ratio, loss_type="grpo",
-            num_generations=algo.group_size, max_completion_length=spec.rollout.max_new_tokens,
-            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-            per_device_train_batch_size=algo.micro_samples,
-            gradient_accumulation_steps=per_step // algo.micro_samples,
-            generation_batch_size=per_step, seed=algo.seed, disable_tqdm=True)
+        config = trl.GRPOConfig(**trl_settings(job, steps, out, fair))
         trainer = trl.GRPOTrainer(model=weights, reward_funcs=reward, args=config,
                                   train_dataset=data, processing_class=tok,
                                   callbacks=[Clock()])

@@ -106,6 +106,19 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
     }
 
 
+def _peer(runs: list[dict]) -> dict:
+    """The peer's figures over the rounds (medians)."""
+    return {"name": "trl", "version": runs[0]["trl"],
+            "tokens_per_s": statistics.median(p["tokens_per_s"] for p in runs),
+            "step_seconds": statistics.median(p["step_seconds"] for p in runs)}
+
+
+def _vs(per_round: list[dict], runs: list[dict], names: list[str]) -> dict:
+    """Our modes' tokens/s over the peer's, each round's own, medians."""
+    return {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
+                                 for res, p in zip(per_round, runs)) for m in names}
+
+
 def _merge(key: str, values: list):
     """One figure of the rounds': the worst staleness, else the median (per name)."""
     if key == "staleness_max":
@@ -149,13 +162,15 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
                 name = mode if k is None else f"async({k})"
                 results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
                                          max_num_seqs=max_num_seqs, algorithm=algorithm)
-            if peer == "trl":  # the colocated peer, in the same round
-                from .peer_trl import run_trl
+            if peer == "trl":  # the colocated peer, in the same round: configured for
+                from .peer_trl import run_trl  # the job, and at its own defaults
 
-                results["trl"] = run_trl(bench_job("sync", None, steps, root, prompts,
-                                                   max_num_seqs), steps)
+                job = bench_job("sync", None, steps, root, prompts, max_num_seqs)
+                results["trl"] = run_trl(job, steps)
+                results["trl-defaults"] = run_trl(job, steps, fair=False)
             per_round.append(results)
     peers = [res.pop("trl") for res in per_round if "trl" in res]
+    defaults = [res.pop("trl-defaults") for res in per_round if "trl-defaults" in res]
     names = list(per_round[0])
     spec = bench_job("periodic", None, steps, Path("."), prompts, max_num_seqs).spec
     pieces = _pieces(spec)  # periodic's batches a step (the other modes' bounds need none)
@@ -173,12 +188,9 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
                                     for res in per_round) for m in names}
     out_peer = {}
     if peers:
-        out_peer = {"peer": {"name": "trl", "version": peers[0]["trl"],
-                             "tokens_per_s": statistics.median(p["tokens_per_s"] for p in peers),
-                             "step_seconds": statistics.median(p["step_seconds"] for p in peers)},
-                    "vs_peer": {m: statistics.median(res[m]["tokens_per_s"] / p["tokens_per_s"]
-                                                     for res, p in zip(per_round, peers))
-                                for m in names}}
+        out_peer = {"peer": _peer(peers), "vs_peer": _vs(per_round, peers, names),
+                    "peer_defaults": _peer(defaults),
+                    "vs_peer_defaults": _vs(per_round, defaults, names)}
     sync = modes["sync"]
     for m in modes.values():  # each side's compute a step next to the other, over alone
         m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
@@ -267,11 +279,14 @@ def render(results: dict) -> None:
             pred["bound"]["async"]))
     Console(width=max(Console().width, 140)).print(table)
     if "peer" in results:
-        p = results["peer"]
-        Console().print(f"peer: TRL {p['version']} GRPOTrainer (one process, the whole step in "
-                        f"one generate): {p['tokens_per_s']:.0f} tokens/s, "
-                        f"{p['step_seconds']:.2f} s a step; ours/TRL: " + ", ".join(
-                            f"{m} {v:.2f}x" for m, v in results["vs_peer"].items()))
+        for key, what in (("peer", "configured for the job"),
+                          ("peer_defaults", "at its own defaults")):
+            p = results[key]
+            Console().print(
+                f"peer: TRL {p['version']} GRPOTrainer {what} (one process, the whole step "
+                f"in one generate): {p['tokens_per_s']:.0f} tokens/s, "
+                f"{p['step_seconds']:.2f} s a step; ours/TRL: " + ", ".join(
+                    f"{m} {v:.2f}x" for m, v in results["vs_" + key].items()))
     Console().print("light processes, share of a core (the rollout's): " + "; ".join(
         f"{mode} " + ", ".join(f"{'controller' if n == 'transferqueue' else n} {v:.0%}"
                                for n, v in sorted(r["light_cpu_share"].items()))
