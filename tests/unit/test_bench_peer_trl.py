@@ -16,7 +16,7 @@ def test_the_trl_peer_is_configured_for_the_job():
     job = bench_job("sync", None, 5, REPO, prompts=2)
     algo = job.spec.algorithm
     fair = trl_settings(job, 5, "/out")
-    assert fair["gradient_checkpointing"] is False and fair["lr_scheduler_type"] == "constant"
+    assert fair["activation_checkpointing"] is False and fair["lr_scheduler_type"] == "constant"
     assert fair["use_bias_correction_kl"] is False and fair["scale_rewards"] == "group"
     assert fair["weight_decay"] == 0.0 and fair["warmup_steps"] == 0
     assert (fair["max_grad_norm"], fair["beta"], fair["epsilon"], fair["learning_rate"]) == (

@@ -45,7 +45,7 @@ FAIR = {
     # our trainer keeps every activation; TRL (with transformers 5) turns activation
     # checkpointing on by default and recomputes each forward in its backward: a
     # memory saving this tiny job does not need
-    "gradient_checkpointing": False,
+    "activation_checkpointing": False,
     # our learning rate is constant (no schedule); TRL decays it linearly to 0
     "lr_scheduler_type": "constant",
     "warmup_steps": 0,
