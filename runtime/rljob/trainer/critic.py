@@ -3,9 +3,10 @@
 
 It pulls each finished sample (response_ids and reward written) as soon as it
 exists, computes its values V(s_t) over the response tokens, GAE advantages and
-returns (the `gae` advantage estimator, algorithms.py), and writes them back as the row's `values`,
-`advantages`, `returns` and `critic_version`; the actor's `train` task waits for
-`advantages`. Once every sample of step t is scored the critic learns from them,
+returns (the `gae` advantage estimator, algorithms.py), and writes them back as the
+row's `values`, `advantages`, `returns` and `critic_version`; the actor's `train`
+task waits for `advantages`. Once every sample of step t is scored the critic learns
+from them,
 an optimizer step per micro-batch (`samplesPerMicroBatch`, in slot order) on PPO's
 clipped value loss: from the second micro-batch on its values have moved from the
 ones it scored with, and `valueClip` bounds how far each may go. It becomes version
