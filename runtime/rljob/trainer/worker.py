@@ -785,9 +785,9 @@ MISMATCH_ALERT = 0.1
 def _off_policy_figures(stats: OffPolicyStats) -> dict:
     """A step's importance-weight and mismatch figures; with `off_policy_alert`, one
     line, when the engine mismatch is far out of line (also logged)."""
-    figures = {k: (v if v is None or math.isfinite(v) else None)
-               for k, v in stats.figures().items()}
-    alert = mismatch_alert(stats.figures()["logp_mismatch_mean"])
+    raw = stats.figures()
+    figures = {k: (v if v is None or math.isfinite(v) else None) for k, v in raw.items()}
+    alert = mismatch_alert(raw["logp_mismatch_mean"])
     if alert:
         log.warning(alert)
         figures["off_policy_alert"] = alert
