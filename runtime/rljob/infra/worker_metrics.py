@@ -5,6 +5,25 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
+# the trainer's off-policy figures of a step (trainer/algorithms.py: OffPolicyStats):
+# metrics.jsonl key → (series, help)
+OFF_POLICY = {
+    "is_weight_mean": ("rljob_job_importance_weight_mean",
+                       "Mean behaviour-to-trainer importance weight of the last step's tokens"),
+    "is_weight_max": ("rljob_job_importance_weight_max",
+                      "Largest importance weight of the last step"),
+    "is_capped": ("rljob_job_importance_capped_ratio",
+                  "Share of the last step's tokens whose importance weight was above the cap"),
+    "is_ess": ("rljob_job_importance_ess_ratio",
+               "Effective sample size of the last step's importance weights, over its tokens"),
+    "logp_mismatch_mean": ("rljob_job_logprob_mismatch_nats",
+                           "Mean |rollout - trainer log-prob| of the last step's fresh tokens "
+                           "(engine mismatch)"),
+    "logp_mismatch_max": ("rljob_job_logprob_mismatch_max_nats",
+                          "Largest |rollout - trainer log-prob| of the last step's fresh tokens"),
+}
+
+
 class WorkerMetrics:
     """A worker's series, labelled `worker` (rollout-0, trainer-0, driver; never `job`,
     which belongs to the scrape). Totals are counters (`rate()` makes the rates);
@@ -33,24 +52,8 @@ class WorkerMetrics:
                              "Mean staleness of the last step")
         self.gen_seconds = one(Gauge, "rljob_job_gen_seconds", "Tgen of the last step")
         self.train_seconds = one(Gauge, "rljob_job_train_seconds", "Ttrain of the last step")
-        # the last step's off-policy figures (trainer/algorithms.py: OffPolicyStats)
-        self.importance_weight_mean = one(
-            Gauge, "rljob_job_importance_weight_mean",
-            "Mean behaviour-to-trainer importance weight of the last step's tokens")
-        self.importance_weight_max = one(
-            Gauge, "rljob_job_importance_weight_max", "Largest importance weight of the last step")
-        self.importance_capped = one(
-            Gauge, "rljob_job_importance_capped_ratio",
-            "Share of the last step's tokens whose importance weight was above the cap")
-        self.importance_ess = one(
-            Gauge, "rljob_job_importance_ess_ratio",
-            "Effective sample size of the last step's importance weights, over its tokens")
-        self.logprob_mismatch = one(
-            Gauge, "rljob_job_logprob_mismatch_nats",
-            "Mean |rollout - trainer log-prob| of the last step's fresh tokens (engine mismatch)")
-        self.logprob_mismatch_max = one(
-            Gauge, "rljob_job_logprob_mismatch_max_nats",
-            "Largest |rollout - trainer log-prob| of the last step's fresh tokens")
+        # metrics.jsonl key → its gauge: the last step's off-policy figures
+        self.off_policy = {key: one(Gauge, name, doc) for key, (name, doc) in OFF_POLICY.items()}
         self.inflight = one(Gauge, "rljob_rollout_sequences_in_flight",
                             "Sequences a concurrent rollout engine is generating")
         buckets = (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100)

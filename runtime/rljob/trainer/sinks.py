@@ -49,14 +49,6 @@ SCALARS = {
     "groups_filled": "dynamic_sampling/groups_filled",
 }
 
-# metrics.jsonl key → the trainer's Prometheus gauge (WorkerMetrics) that shows it;
-# a step without the figure (no fresh sample to measure a mismatch on) leaves it
-GAUGES = {
-    "is_weight_mean": "importance_weight_mean", "is_weight_max": "importance_weight_max",
-    "is_capped": "importance_capped", "is_ess": "importance_ess",
-    "logp_mismatch_mean": "logprob_mismatch", "logp_mismatch_max": "logprob_mismatch_max",
-}
-
 
 def scalars(m: dict) -> dict[str, float]:
     return {tag: m[key] for key, tag in SCALARS.items() if m.get(key) is not None}
@@ -150,9 +142,9 @@ class PrometheusSink(StepSink):
         p.staleness.set(m["staleness_mean"])
         p.gen_seconds.set(m["gen_seconds"])
         p.train_seconds.set(m["train_seconds"])
-        for key, gauge in GAUGES.items():
-            if m.get(key) is not None:
-                getattr(p, gauge).set(m[key])
+        for key, gauge in p.off_policy.items():
+            if m.get(key) is not None:  # none: no fresh sample to measure a mismatch on
+                gauge.set(m[key])
 
 
 class TensorBoardSink(StepSink):
