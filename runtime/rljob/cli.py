@@ -660,6 +660,11 @@ def run(
     wide: bool = typer.Option(False, "--wide", help="Show each step's off-policy figures "
                               "too: clipped share, importance weights (mean, max, capped "
                               "share, effective sample size) and the engine mismatch."),
+    lend_cores: bool = typer.Option(True, "--lend-cores/--no-lend-cores",
+                                    help="A side that waits lends its cores to the other "
+                                    "(the trainer computes on a parked rollout's cores, a "
+                                    "rollout on a waiting trainer's); hf engine, torch "
+                                    "trainer."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
     import signal
@@ -684,7 +689,8 @@ def run(
         directory = resume
     else:
         directory = run_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume))
+    runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume),
+                      lend_cores=lend_cores)
     console = Console()
     console.print(f"run directory: {directory}")
     view = RunView(runner, job, console, 0 if resume else job.spec.model.warmup_steps,

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
+from .infra.cores import Layout, write_layout
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
 
@@ -63,6 +64,7 @@ class LocalRun:
     restarts: dict[str, int] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
+    lend_cores: bool = True  # a waiting side's cores serve the other (infra/cores.py)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
 
@@ -91,6 +93,21 @@ class LocalRun:
         per, extra = divmod(len(cpus), len(order))
         start = i * per + min(i, extra)
         return set(cpus[start:start + per + (1 if i < extra else 0)])
+
+    def core_layout(self) -> Layout | None:
+        """The compute workers and their cores, where idle ones are lent: every
+        worker with cores of its own, the torch trainer and the hf engine (whose
+        threads are torch's; vLLM runs its own)."""
+        spec = self.job.spec
+        if not self.lend_cores or spec.trainer.engine != "torch" or \
+                spec.rollout.engine != "hf":
+            return None
+        workers = [f"trainer-{r}" for r in range(spec.trainer.world_size)] + \
+                  [f"rollout-{i}" for i in range(spec.rollout.replicas)]
+        cores = [self.cpus_for(w) for w in workers]
+        if any(c is None for c in cores):
+            return None
+        return Layout(tuple(workers), tuple(tuple(sorted(c)) for c in cores))
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         # POD_NAME: the worker's name in TransferQueue, the same in every life of it
@@ -134,6 +151,7 @@ class LocalRun:
         for url in self.redis:
             tq_args += ["--redis", url]
         self.purge_storage()  # a fresh or resumed run starts from a checkpoint, not a table
+        write_layout(self.run_dir, self.core_layout())
         tq = self._spawn("transferqueue", tq_args)
         self._wait_listening(tq, "transferqueue")
         self._start_job(resume=self.resume)

@@ -16,11 +16,13 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
 
 from ..api.spec import RLJobSpec
+from ..infra.cores import CoreShare
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
@@ -63,7 +65,8 @@ class RolloutWorker:
         self.wait_weights = spec.workflow.weight_sync == "sync"
         self.claim_policy = rollout_claim_policy(spec.rollout.dispatch, replica,
                                                  spec.rollout.replicas)
-        self.engine = self.receiver = self.tq = self.keeper = None
+        self.engine = self.receiver = self.tq = self.keeper = self.cores = None
+        self.run_dir = run_dir
         self.logged_swaps = 0
 
     # ---- life -----------------------------------------------------------------
@@ -89,6 +92,10 @@ class RolloutWorker:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, self.tok,
                                   model, accelerator, spec.algorithm.seed)
+        # a local run: the cores of a trainer that waits are lent to generation
+        self.cores = CoreShare.open(self.run_dir, self.name) if model is not None else None
+        if self.cores is not None:
+            self.cores.hook(model)
         self.reward_fn = get_reward(spec.reward.name)
         self.receiver = WeightReceiver(self.weights_address, self.name,
                                        spec.workflow.weight_sync, spec.weight_transport,
@@ -177,6 +184,10 @@ class RolloutWorker:
                         batch.rows[0].partition, exc)
             self.metrics.dropped.inc(len(flat))
 
+    def computing(self):
+        """Around generation: busy for the core share, on the cores lent now."""
+        return self.cores.computing() if self.cores is not None else nullcontext()
+
     def _tick(self, inflight_rows: int = 0) -> None:
         """Each loop turn: record the weight swaps since the last turn, and the gauges."""
         self.logged_swaps = _log_swaps(self.receiver, self.spans, self.metrics,
@@ -221,7 +232,8 @@ class RolloutWorker:
                 # replica draws them or what else is in its batch
                 seeds = tuple(_seed(spec, step, batch.data["slot"][i] // g) for i in firsts)
                 prompts = [batch.data["prompt_ids"][i].tolist() for i in firsts]
-                with self.receiver.lock:  # weights swap between generations, not in one
+                # weights swap between generations, not in one
+                with self.receiver.lock, self.computing():
                     version, epoch = self.engine.version, self.receiver.epoch
                     groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
                 flat = [x for group in groups for x in group]

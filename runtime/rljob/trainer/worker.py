@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
 from ..inputs.data import load_examples, prompt_columns, render_prompt
+from ..infra.cores import CoreShare
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..infra.rundir import PARTIAL, RunDir
@@ -363,6 +365,7 @@ class TrainerWorker:
         self.start = self.version = self.checkpointed = 0
         self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
         self.distributed = False
+        self.cores: CoreShare | None = None
 
     # ---- life -----------------------------------------------------------------
     def setup(self) -> TrainerWorker:
@@ -383,6 +386,11 @@ class TrainerWorker:
         self.prom = WorkerMetrics(self.name, self.metrics_port)
         self.tok = load_tokenizer(spec.model)
         self.policy = make_policy(spec, self.tok, device, self.torch_device, rank, self.world)
+        # a local run: the cores of a rollout that waits are lent (the reference, a deep
+        # copy made below, keeps the hooks)
+        self.cores = CoreShare.open(self.run_dir.root if self.run_dir else None, self.name)
+        if self.cores is not None:
+            self.cores.hook(self.policy.model)
         ref_state, opt_state, recorded = self._restore()
         # this life's epoch: samples of weights a dead life published after `start` are
         # not in its history and are made again
@@ -393,7 +401,7 @@ class TrainerWorker:
             self.sender = WeightSender(self.weights_listen, self.lineage.epoch,
                                        spec.weight_transport)
         if self.start == 0 and ref_state is None:
-            with self.spans.span("train", -1):
+            with self.spans.span("train", -1), self.computing():
                 warm_loss = warm_up(self.policy, self.tok, spec,
                                     warmup_reporter(self.run_dir) if rank == 0 else None)
             if rank == 0 and spec.model.warmup_steps:
@@ -498,8 +506,9 @@ class TrainerWorker:
             samples += chunk
             shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
                                         spec.trainer.data_parallel_split)
-            parts = _micro_step(policy, shard, t, self.tok, spec,
-                                last=(j == micro_batches - 1))
+            with self.computing():
+                parts = _micro_step(policy, shard, t, self.tok, spec,
+                                    last=(j == micro_batches - 1))
             for key in sums:
                 sums[key] += parts[key] / micro_batches
             off_policy = off_policy.merge(parts["stats"])
@@ -512,8 +521,9 @@ class TrainerWorker:
             self.opt.zero_grad()
             return False
         t0 = time.time()
-        grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
-        self.opt.step()
+        with self.computing():
+            grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
+            self.opt.step()
         t1 = time.time()
         self.spans.add("optimizer", t0, t1, t)
         train_spans.append((t0, t1))
@@ -543,6 +553,10 @@ class TrainerWorker:
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
         return True
+
+    def computing(self):
+        """Around compute: busy for the core share, on the cores lent now."""
+        return self.cores.computing() if self.cores is not None else nullcontext()
 
     def _draw_replacements(self, step: int, groups: list[int]) -> None:
         """filterGroups: put the prompts of replacement groups of `step` into its
