@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from .api.resource import RLJob
+from .reward import reward_file
 
 # `rljob worker preflight` (the trainer pod's init container): exit status and
 # container name the operator reads back, and where Kubernetes takes the
@@ -76,7 +77,13 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
         if model.tokenizer:
             changes["tokenizer"] = _model_like(model.tokenizer, base)
     dataset = spec.dataset
+    reward = spec.reward
+    file = reward_file(reward.name)
+    if file is not None and not Path(file).is_absolute():  # a user's reward file
+        function = reward.name.rsplit(":", 1)[1]
+        reward = reward.model_copy(update={"name": f"{(base / file).resolve()}:{function}"})
     new_spec = spec.model_copy(update={
+        "reward": reward,
         "model": model.model_copy(update=changes),
         "dataset": dataset if dataset.pvc else dataset.model_copy(
             update={"path": _local(dataset.path, base)}),
@@ -98,9 +105,9 @@ def _model_dir(spec, volumes_here: bool = False) -> Path | None:
 
 
 def _check_model(spec, where: str, volumes_here: bool,
-                 problems: list[str]) -> int | None:
-    """The model directory and its config.json; its context length (None when the
-    model is not here or has none)."""
+                 problems: list[str]) -> dict | None:
+    """The model directory and its config.json; the config (None when the model is
+    not here or its config cannot be read)."""
     model_dir = _model_dir(spec, volumes_here)
     if model_dir is None:
         return None
@@ -114,7 +121,7 @@ def _check_model(spec, where: str, volumes_here: bool,
                         "saved by transformers (save_pretrained)")
     else:
         try:
-            return json.loads(config.read_text()).get("max_position_embeddings")
+            return json.loads(config.read_text())
         except (OSError, ValueError) as exc:
             problems.append(f"model.path: {config} is not valid JSON: {exc}")
     return None
@@ -154,24 +161,46 @@ def _check_dataset(spec, where: str, problems: list[str]):
     return None
 
 
-def _check_reward(spec, problems: list[str]) -> None:
+def _check_reward(spec, examples, problems: list[str]) -> None:
     """The reward resolves to a callable, imported as the workers import it (python -m
-    rljob runs from the current directory)."""
-    from .reward import get_reward
+    rljob runs from the current directory), and returns a number when called once on
+    the first dataset row (its answer as the response)."""
+    from .reward import get_reward, try_reward
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        get_reward(spec.reward.name)
+        fn = get_reward(spec.reward.name)
     except ValueError as exc:
         problems.append(f"reward.name: {exc}")
+        return
+    if examples:
+        failed = try_reward(fn, examples[0])
+        if failed:
+            problems.append(f"reward.name: {spec.reward.name} fails on the dataset's first "
+                            f"row: {' '.join(failed.split())}")
+
+
+def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
+    """A checkpoint's embedding has a row for every id of its tokenizer (more rows are
+    padding, never sampled: sampling.py); a `random:` config is sized to the
+    tokenizer."""
+    rows = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if spec.model.path.startswith(RANDOM) or not isinstance(rows, int):
+        return
+    if len(tok) > rows:
+        field = "model.tokenizer" if spec.model.tokenizer else "model.path"
+        problems.append(
+            f"{field}: the tokenizer has {len(tok)} tokens but the checkpoint's embedding "
+            f"has {rows} rows (config.json vocab_size): ids from {rows} on have no "
+            "embedding; use the tokenizer saved with the checkpoint")
 
 
 def _check_context(spec, context: int, tok, examples, problems: list[str]) -> None:
     """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
-    from .inputs.data import render_prompt
+    from .inputs.data import prompt_ids
 
-    longest = max(len(tok.encode(render_prompt(tok, e.prompt)))
+    longest = max(len(prompt_ids(tok, e.prompt))
                   for e in examples[:PROMPTS_CHECKED])
     need = longest + spec.rollout.max_new_tokens
     if longest >= context:
@@ -196,11 +225,20 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
     spec = job.spec
     problems: list[str] = []
     where = f" (relative paths are read from {base})" if base else ""
-    context = _check_model(spec, where, volumes_here, problems)
+    config = _check_model(spec, where, volumes_here, problems)
+    context = config.get("max_position_embeddings") if isinstance(config, dict) else None
     tok = _check_tokenizer(spec, where, volumes_here or not spec.model.pvc, problems)
+    if isinstance(config, dict) and tok is not None:
+        _check_vocab(spec, config, tok, problems)
+    if isinstance(config, dict) and spec.trainer.engine == "megatron":
+        from .trainer.mcore import architecture_problem
+
+        problem = architecture_problem(config)
+        if problem:
+            problems.append(f"trainer.engine: {problem}")
     examples = (_check_dataset(spec, where, problems)
                 if volumes_here or not spec.dataset.pvc else None)
-    _check_reward(spec, problems)
+    _check_reward(spec, examples, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, problems)

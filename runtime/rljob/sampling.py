@@ -15,7 +15,12 @@ most likely token always kept). The trainer finds the nucleus on its own logits
 and always keeps the token that was sampled: where its weights put that token
 just outside (a rounding difference at the edge), the token still has a finite
 log-prob. Gradients flow through the renormalisation, not through the choice of
-the nucleus. With topP 1 nothing is cut and this is the tempered softmax."""
+the nucleus. With topP 1 nothing is cut and this is the tempered softmax.
+
+An embedding padded past the tokenizer (Qwen2.5: 152,064 rows for 151,665
+tokens) has logits for ids no text has: the distribution is over the
+tokenizer's `vocab` ids only, so no engine samples a padded id and every side
+normalises over the same tokens."""
 
 from __future__ import annotations
 
@@ -28,11 +33,12 @@ class TokenDistribution:
 
     temperature: float = 1.0
     top_p: float = 1.0
+    vocab: int = 0  # the tokenizer's ids: logits past them are not tokens (0: all are)
 
     @classmethod
-    def of(cls, rollout_spec) -> TokenDistribution:
-        """A job's (its `rollout` section's) sampling distribution."""
-        return cls(float(rollout_spec.temperature), float(rollout_spec.top_p))
+    def of(cls, rollout_spec, vocab: int = 0) -> TokenDistribution:
+        """A job's (its `rollout` section's) sampling distribution over `vocab` ids."""
+        return cls(float(rollout_spec.temperature), float(rollout_spec.top_p), vocab)
 
     @property
     def truncated(self) -> bool:
@@ -62,6 +68,8 @@ def tempered(logits, dist: TokenDistribution, keep_tokens=None):
     import torch
 
     z = logits.float()
+    if dist.vocab and z.shape[-1] > dist.vocab:  # rows past the tokenizer
+        z = z[..., :dist.vocab]
     if dist.temperature != 1.0:
         z = z / dist.temperature
     if dist.truncated:

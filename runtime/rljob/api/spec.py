@@ -14,7 +14,8 @@ from pydantic import Field, model_validator
 from .base import ApiModel, Rule
 
 # Reward functions: a built-in name or an importable `module:function`.
-REWARD_PATTERN = r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
+REWARD_PATTERN = (r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
+                  r"|[^:\s]+\.py:[A-Za-z_][A-Za-z0-9_]*)$")
 # Kubernetes resource quantities (cpu "500m", memory "4Gi").
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # DNS-1123 label: names of PVCs, queues, priority classes, schedulers.
@@ -601,9 +602,12 @@ class TrainerSpec(ApiModel):
 class RewardSpec(ApiModel):
     name: str = Field(
         "exact_match",
-        max_length=256,
+        max_length=1024,
         pattern=REWARD_PATTERN,
-        description="A built-in verifier name or a custom 'module:function' on the image.",
+        description="A built-in verifier name, a custom 'module:function' on the image, or "
+        "'path/to/reward.py:function' (relative to the job file on this machine; in the "
+        "pods, a path on the dataset's PVC such as /data/reward.py:score). Called as "
+        "fn(prompt, response, answer, **row) with the dataset row's other keys it names.",
     )
 
 

@@ -87,7 +87,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
     import numpy as np
     import torch
 
-    from ..inputs.data import load_examples, render_prompt
+    from ..inputs.data import load_examples, prompt_ids
     from ..infra.device import activate, resolve as resolve_device
     from ..inputs.models import build_model, load_tokenizer
     from ..rollout.engine import SamplingParams, make_engine
@@ -111,7 +111,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
     def one_step(prompts: int) -> tuple[float, float]:
         s = job_for(prompts).spec
         chosen = [examples[i % len(examples)] for i in range(prompts)]
-        ids = [tok.encode(render_prompt(tok, e.prompt)) for e in chosen]
+        ids = [prompt_ids(tok, e.prompt) for e in chosen]
         params = SamplingParams(n=g, max_new_tokens=s.rollout.max_new_tokens,
                                 temperature=s.rollout.temperature, top_p=s.rollout.top_p,
                                 seeds=tuple(range(prompts)))

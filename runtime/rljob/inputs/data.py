@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..api.spec import DatasetSpec
@@ -14,6 +14,7 @@ from ..api.spec import DatasetSpec
 class Example:
     prompt: str
     answer: str
+    extra: dict = field(default_factory=dict, compare=False)  # the row's other keys
 
 
 def load_examples(spec: DatasetSpec) -> list[Example]:
@@ -49,7 +50,9 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
     if not rows:
         raise ValueError(f"dataset.path {spec.path!r} has no rows")
     _check_rows(spec, rows, where)
-    return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key])) for r in rows]
+    keys = (spec.prompt_key, spec.answer_key)
+    return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key]),
+                    {k: v for k, v in r.items() if k not in keys}) for r in rows]
 
 
 def _check_rows(spec: DatasetSpec, rows: list, where: list[str]) -> None:
@@ -86,11 +89,19 @@ def prompt_columns(tokenizer, examples: list[Example], group_size: int,
     g = group_size
     groups = list(range(len(examples))) if groups is None else groups
     prompts = [render_prompt(tokenizer, e.prompt) for e in examples]
-    ids = [np.asarray(tokenizer.encode(p), dtype=np.int32) for p in prompts]
+    ids = [np.asarray(encode_rendered(tokenizer, p), dtype=np.int32) for p in prompts]
     return {"prompt": [p for p in prompts for _ in range(g)],
             "answer": [e.answer for e in examples for _ in range(g)],
+            # the row's other keys, for a reward that asks for them (reward/__init__.py)
+            "extra": [_plain(e.extra) for e in examples for _ in range(g)],
             "prompt_ids": [x for x in ids for _ in range(g)],
             "slot": [k * g + j for k in groups for j in range(g)]}
+
+
+def _plain(row: dict) -> dict:
+    """A row's values as JSON has them (a Parquet row's arrays become lists)."""
+    return json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist")
+                                 else str(v)))
 
 
 def render_prompt(tokenizer, prompt: str) -> str:
@@ -99,6 +110,20 @@ def render_prompt(tokenizer, prompt: str) -> str:
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                              tokenize=False, add_generation_prompt=True)
     return prompt
+
+
+def encode_rendered(tokenizer, rendered: str) -> list[int]:
+    """The ids of a rendered prompt. A chat template writes its own special tokens
+    (Llama-3's begins with <|begin_of_text|>): the tokenizer adds none of its own
+    then, or the prompt would start with two BOS."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(rendered)
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """A dataset prompt as the model sees it: rendered, then encoded."""
+    return encode_rendered(tokenizer, render_prompt(tokenizer, prompt))
 
 
 class PromptCursor:

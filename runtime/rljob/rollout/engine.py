@@ -14,7 +14,7 @@ imports a backend; the rollout worker imports the backends it offers.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..infra.registry import Registry
 from ..sampling import TokenDistribution, sampled_logprobs, seeded_sample
@@ -111,7 +111,7 @@ class _SeededSampler:
         import torch
 
         t = input_ids.shape[1] - self.width
-        tok = seeded_sample(scores, self.uniforms[:, t], self.dist)
+        tok = seeded_sample(scores, self.uniforms[:, t], self.dist)  # a tokenizer id
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
 
@@ -164,7 +164,7 @@ class HFEngine(RolloutEngine):
                 gen.manual_seed(seed)
             uniforms.append(torch.rand(params.n, params.max_new_tokens, generator=gen,
                                        dtype=torch.float64))
-        dist = params.distribution
+        dist = replace(params.distribution, vocab=len(self.tok))
         sampler = _SeededSampler(torch.cat(uniforms), width, dist)
         device = next(self.model.parameters()).device
         # n rows per prompt (prompt-major), as the uniforms are laid out

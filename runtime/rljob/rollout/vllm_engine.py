@@ -38,7 +38,11 @@ EXTENSION = "rljob.rollout.vllm_ext.WeightUpdateExtension"
 def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
                 seed: int) -> dict:
     """vLLM's engine arguments for a job (pure). A `random:DIR` model starts from
-    dummy weights: the trainer's first version replaces them before any generation."""
+    dummy weights: the trainer's first version replaces them before any generation,
+    and its embedding is sized to the tokenizer (`vocab_size`), as the trainer's
+    (inputs/models.build_model). A checkpoint keeps its own rows: an embedding padded
+    past the tokenizer loads as it is on disk, and the padded ids are never sampled
+    (`padded_ids`)."""
     random_init = model_spec.path.startswith("random:")
     cpu = accelerator == "cpu"
     args = {
@@ -50,7 +54,6 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         "max_num_seqs": rollout_spec.max_num_seqs,
         "seed": seed,
         "worker_extension_cls": EXTENSION,
-        "hf_overrides": {"vocab_size": vocab_size},
         # a sampled token's log-prob after temperature and top-p (renormalised over
         # the nucleus): the distribution it was drawn from, as the trainer and the
         # hf engine define it (sampling.py); vLLM's default is the raw softmax
@@ -58,11 +61,25 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
     }
     if random_init:
         args["load_format"] = "dummy"
+        args["hf_overrides"] = {"vocab_size": vocab_size}
     if cpu:
         args["enforce_eager"] = True  # no graph capture to amortise on CPU
     else:
         args["gpu_memory_utilization"] = 0.85  # the rest: activations, the receiver's copy
     return args
+
+
+def padded_ids(model_spec, vocab_size: int) -> range:
+    """The ids of a checkpoint's embedding rows past its tokenizer's `vocab_size`
+    tokens (config.json's vocab_size; none for `random:`, sized to the tokenizer)."""
+    import json
+    from pathlib import Path
+
+    config = Path(model_spec.path) / "config.json"
+    if model_spec.path.startswith("random:") or not config.is_file():
+        return range(0)
+    rows = json.loads(config.read_text()).get("vocab_size") or vocab_size
+    return range(vocab_size, max(rows, vocab_size))
 
 
 @register_engine("vllm")
@@ -87,6 +104,10 @@ class VLLMEngine(RolloutEngine):
         self._SP, self._final = VSamplingParams, RequestOutputKind.FINAL_ONLY
         self.tok = tokenizer
         self.stop_ids = [tokenizer.eos_token_id]
+        # rows past the tokenizer are never sampled: -inf before temperature and
+        # top-p, so the processed log-probs are over the tokenizer's ids, as the
+        # trainer's (sampling.py)
+        self.logit_bias = {i: float("-inf") for i in padded_ids(model_spec, len(tokenizer))}
         self.epoch = 0
         self.drain_seconds = 0.0  # of the last update: in-flight requests finishing
         self.reload_seconds = 0.0  # of the last update: the in-place load
@@ -125,7 +146,8 @@ class VLLMEngine(RolloutEngine):
         try:
             sp = self._SP(n=params.n, temperature=params.temperature, top_p=params.top_p,
                           max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
-                          stop_token_ids=self.stop_ids, output_kind=self._final)
+                          stop_token_ids=self.stop_ids, output_kind=self._final,
+                          logit_bias=self.logit_bias or None)
             final = None
             async for out in self.llm.generate({"prompt_token_ids": prompt}, sp,
                                                request_id=f"g{next(self._ids)}"):

@@ -96,7 +96,7 @@ class RolloutWorker:
         self.cores = CoreShare.open(self.run_dir, self.name) if model is not None else None
         if self.cores is not None:
             self.cores.hook(model)
-        self.reward_fn = get_reward(spec.reward.name)
+        self.reward_fn = get_reward(spec.reward.name)  # a file's path is absolute here
         self.receiver = WeightReceiver(self.weights_address, self.name,
                                        spec.workflow.weight_sync, spec.weight_transport,
                                        BACKENDS[accelerator])
@@ -151,12 +151,21 @@ class RolloutWorker:
         texts = [self.tok.decode(x.response_ids) for x in samples]
         rows = range(first, first + len(samples))
         scored = score_all(self.reward_fn, [batch.data["prompt"][i] for i in rows], texts,
-                           [batch.data["answer"][i] for i in rows])
+                           [batch.data["answer"][i] for i in rows],
+                           [batch.data["extra"][i] for i in rows])
         errors = [x.error for x in scored if x.error]
         if errors:
             log.warning("reward failed for %d of %d samples: %s", len(errors), len(samples),
                         errors[0])
         return scored
+
+    def score_and_write(self, batch: Batch, first: int, flat: list, version: int, epoch: int,
+                        span: tuple[float, float], indices: list[int] | None = None,
+                        last: bool = True) -> None:
+        """In the writer thread: a slow reward (a remote verifier) delays the write of
+        its own samples, not the next generation."""
+        self.write(batch, flat, self.score(batch, first, flat), version, epoch, span,
+                   indices, last)
 
     def write(self, batch: Batch, flat: list, scored: list, version: int, epoch: int,
               span: tuple[float, float], indices: list[int] | None = None,
@@ -237,12 +246,12 @@ class RolloutWorker:
                     version, epoch = self.engine.version, self.receiver.epoch
                     groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
                 flat = [x for group in groups for x in group]
-                scored = self.score(batch, 0, flat)
                 done = time.time()
                 self.spans.add("generate", t0, done, step)
                 if written is not None:
                     written.result()  # one write in flight at most; a refusal surfaces here
-                written = io.submit(self.write, batch, flat, scored, version, epoch,
+                # scored and written while the next batch generates
+                written = io.submit(self.score_and_write, batch, 0, flat, version, epoch,
                                     (t0, done))
                 self._count(flat)
         finally:
@@ -304,13 +313,12 @@ class RolloutWorker:
                     last = left[batch.lease] == 0
                     if last:
                         del left[batch.lease], held[batch.lease]
-                    scored = self.score(batch, first, group)
                     for w in [w for w in written if w.done()]:
                         w.result()  # a failed write surfaces here
                     written = [w for w in written if not w.done()]
-                    written.append(writer.submit(
-                        self.write, batch, group, scored, version, epoch, (t0, finished),
-                        batch.indices[first:first + g], last))
+                    written.append(writer.submit(  # scored and written off this loop
+                        self.score_and_write, batch, first, group, version, epoch,
+                        (t0, finished), batch.indices[first:first + g], last))
                     self._count(group)
         finally:
             writer.shutdown(wait=True)  # what was generated is written

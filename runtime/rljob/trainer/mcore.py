@@ -43,6 +43,55 @@ _SAME_PER_LAYER = (("self_attn.o_proj.weight", "self_attention.linear_proj.weigh
                    ("mlp.down_proj.weight", "mlp.linear_fc2.weight"))
 
 
+# per-layer tensors only some architectures have (Qwen3's q/k RMS norms)
+_OPTIONAL_PER_LAYER = (("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+                       ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"))
+
+MCORE_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192}  # what mcore's RoPE fixes
+
+
+def _rope_theta(cfg: dict) -> float:
+    return cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000)
+
+
+def qkv_bias(cfg: dict) -> bool:
+    """Qwen2 has QKV biases always (no config key); others say so in attention_bias."""
+    return bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+
+
+def qk_norm(cfg: dict) -> bool:
+    return cfg.get("model_type") in ("qwen3", "qwen3_moe")
+
+
+def rope_scaling(cfg: dict) -> float | None:
+    """The llama3 RoPE scaling factor (None: no scaling). mcore's RoPE takes the
+    factor only and fixes the rest at Llama-3.1's values: another rope type or
+    other values cannot be expressed, and are refused (`architecture_problem`)."""
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+        return None
+    return float(rs["factor"])
+
+
+def architecture_problem(cfg: dict) -> str | None:
+    """Why the Megatron engine cannot train this checkpoint exactly (None: it can)."""
+    if cfg.get("model_type") not in ("qwen2", "llama", "qwen3", "mistral"):
+        return (f"model_type {cfg.get('model_type')!r} is not one the megatron engine maps "
+                "(qwen2, qwen3, llama, mistral); use trainer.engine torch")
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind not in (None, "default", "llama3"):
+        return (f"rope_scaling type {kind!r}: the megatron engine has llama3 scaling only; "
+                "use trainer.engine torch")
+    if kind == "llama3":
+        other = {k: rs.get(k) for k, v in MCORE_LLAMA3_ROPE.items() if rs.get(k, v) != v}
+        if other:
+            return (f"rope_scaling {other}: the megatron engine's llama3 scaling fixes "
+                    f"{MCORE_LLAMA3_ROPE}; use trainer.engine torch")
+    return None
+
+
 def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """Hugging Face Llama/Qwen2 names → mcore GPTModel names (TP = 1 shards)."""
     heads, groups, hd, per = _layout(cfg)
@@ -64,6 +113,9 @@ def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
             out[f"{mc}self_attention.linear_qkv.{kind}"] = torch.cat(parts)
         for hf_name, mc_name in _SAME_PER_LAYER:
             out[mc + mc_name] = state[hf + hf_name]
+        for hf_name, mc_name in _OPTIONAL_PER_LAYER:
+            if hf + hf_name in state:
+                out[mc + mc_name] = state[hf + hf_name]
         out[f"{mc}mlp.linear_fc1.weight"] = torch.cat([state[f"{hf}mlp.gate_proj.weight"],
                                                        state[f"{hf}mlp.up_proj.weight"]])
     return out
@@ -96,6 +148,9 @@ def mcore_to_hf(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
             out[f"{hf}self_attn.v_proj.{kind}"] = torch.cat(vs)
         for hf_name, mc_name in _SAME_PER_LAYER:
             out[hf + hf_name] = state[mc + mc_name]
+        for hf_name, mc_name in _OPTIONAL_PER_LAYER:
+            if mc + mc_name in state:
+                out[hf + hf_name] = state[mc + mc_name]
         gate, up = state[f"{mc}mlp.linear_fc1.weight"].chunk(2)
         out[f"{hf}mlp.gate_proj.weight"] = gate
         out[f"{hf}mlp.up_proj.weight"] = up
@@ -186,7 +241,7 @@ class MegatronEngine:
             ffn_hidden_size=c["intermediate_size"], normalization="RMSNorm",
             layernorm_epsilon=c.get("rms_norm_eps", 1e-6), gated_linear_unit=True,
             activation_func=F.silu, add_bias_linear=False,
-            add_qkv_bias=c.get("model_type") == "qwen2",
+            add_qkv_bias=qkv_bias(c), qk_layernorm=qk_norm(c),
             # mcore's defaults are 0.1 for both; the Hugging Face model (and so the
             # rollout's log-probs) has no hidden dropout and the config's attention one
             hidden_dropout=0.0, attention_dropout=float(c.get("attention_dropout", 0.0)),
@@ -211,9 +266,12 @@ class MegatronEngine:
         c = self.cfg
         self.model = GPTModel(
             config=self.transformer_config(),
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm",
+                                                            qk_layernorm=qk_norm(c)),
             vocab_size=c["vocab_size"], max_sequence_length=c["max_position_embeddings"],
-            position_embedding_type="rope", rotary_base=int(c.get("rope_theta", 10000)),
+            position_embedding_type="rope", rotary_base=int(_rope_theta(c)),
+            rope_scaling=rope_scaling(c) is not None,
+            rope_scaling_factor=rope_scaling(c) or 8.0,
             share_embeddings_and_output_weights=bool(c.get("tie_word_embeddings")),
             pre_process=parallel_state.is_pipeline_first_stage(),
             post_process=parallel_state.is_pipeline_last_stage())
@@ -273,6 +331,13 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor,
     if dist.truncated:
         whole = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
         return sampled_logprobs(whole, targets, dist)
+    if dist.vocab:  # this shard's columns past the tokenizer are not tokens
+        from megatron.core import parallel_state
+
+        width = logits.shape[-1]
+        first = parallel_state.get_tensor_model_parallel_rank() * width
+        ids = torch.arange(first, first + width, device=logits.device)
+        logits = logits.masked_fill(ids >= dist.vocab, float("-inf"))
     return -tensor_parallel.vocab_parallel_cross_entropy(
         (logits / dist.temperature).contiguous(), targets)
 

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
-from ..inputs.data import load_examples, prompt_columns, render_prompt
+from ..inputs.data import load_examples, prompt_columns, prompt_ids
 from ..infra.cores import CoreShare
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
@@ -310,11 +310,11 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
     loss = torch.tensor(0.0)
     for step in range(1, steps + 1):
         picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
-        prompts = [tok.encode(render_prompt(tok, examples[i].prompt)) for i in picked]
+        prompts = [prompt_ids(tok, examples[i].prompt) for i in picked]
         answers = [tok.encode(examples[i].answer, add_special_tokens=False) + [tok.eos_token_id]
                    for i in picked]
         b = make_batch(prompts, answers, tok.pad_token_id).to(policy.device)
-        logp = policy.logprobs(b)
+        logp = policy.logprobs(b, TokenDistribution(vocab=len(tok)))  # the tokenizer's ids
         loss = -(logp * b.mask).sum() / b.mask.sum()
         opt.zero_grad()
         loss.backward()
@@ -734,7 +734,7 @@ def _micro_step(policy, shard, t, tok, spec, last):
             return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "stats": OffPolicyStats()}
         batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
                            tok.pad_token_id, spec.trainer.packing).to(policy.device)
-        dist = TokenDistribution.of(spec.rollout)
+        dist = TokenDistribution.of(spec.rollout, len(tok))
         logp = policy.logprobs(batch, dist)
         with torch.no_grad():
             # no KL term, no reference forward

@@ -1,6 +1,6 @@
 """The job's TransferQueue table: which task writes and reads which columns.
 
-driver  → prompt, answer (json), prompt_ids (int32), slot (int32: position in the
+driver  → prompt, answer, extra (json: the dataset row's other keys), prompt_ids (int32), slot (int32: position in the
           step, the order micro-batches are trained in), released_at (float64)
 rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           reward (float32), reward_error (json), started_at / finished_at (float64:
@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..transferqueue import TaskSpec, json_column, scalar, tensor
 
 DRIVER = TaskSpec("driver", (), [json_column("prompt"), json_column("answer"),
-                             tensor("prompt_ids", "int32"), scalar("slot", "int32"),
+                             json_column("extra"), tensor("prompt_ids", "int32"), scalar("slot", "int32"),
                              scalar("released_at", "float64")])
 ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            tensor("rollout_logp", "float32"),
@@ -52,7 +52,7 @@ def train_reads(spec) -> list[str]:
     """The columns the trainer reads (ppo: the critic's advantages too)."""
     return TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
 
-ROLLOUT_READS = ["prompt", "answer", "prompt_ids", "slot"]
+ROLLOUT_READS = ["prompt", "answer", "extra", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
                "started_at", "finished_at", "weights_epoch"]
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]

@@ -1,0 +1,161 @@
+"""The model zoo (tests/zoo.py: Qwen2.5-, Llama-3- and Qwen3-shaped checkpoints in
+bfloat16 with trained tokenizers, chat templates and padded embeddings) through
+the hf rollout and the torch trainer, and through the Megatron adapter's weight
+conversion."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rljob.api.spec import ModelSpec
+from rljob.inputs.data import prompt_ids
+from rljob.inputs.models import build_model, load_tokenizer
+from rljob.rollout.engine import SamplingParams, make_engine
+from rljob.sampling import TokenDistribution
+from rljob.trainer.batch import make_batch, token_logprobs
+from tests import zoo
+from tests.training.test_runtime import metrics, rljob_run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("zoo")
+    for name in zoo.MODELS:
+        zoo.build(name, root)
+    return root
+
+
+def _job(tmp_path: Path, model: Path, **spec) -> Path:
+    doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
+           "metadata": {"name": f"zoo-{model.name.replace('.', '')}"},
+           "spec": {"model": {"path": str(model)},
+                    "dataset": {"path": str(REPO / "examples/data/arith.jsonl")},
+                    "algorithm": {"groupSize": 4, "promptsPerStep": 2,
+                                  "samplesPerMicroBatch": 8, "maxSteps": 3, "lr": 1e-4},
+                    "workflow": {"mode": "async", "maxStaleness": 1, "weightSync": "async"},
+                    "rollout": {"maxNewTokens": 8, "temperature": 0.8, "topP": 0.9},
+                    "reward": {"name": "arith_partial"}, **spec}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_a_zoo_checkpoint_trains_and_its_final_weights_reload_and_generate(models, name,
+                                                                           tmp_path):
+    """`rljob run` of the checkpoint as it is on disk (bf16, padded embedding, its own
+    tokenizer and chat template): three async steps, then `final/` loads with
+    transformers, keeps the checkpoint's rows and generates."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = tmp_path / "run"
+    rljob_run(_job(tmp_path, models / name), run_dir, timeout=400)
+    steps = metrics(run_dir)
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["reward_errors"] == 0 for m in steps if "reward_errors" in m)
+    tok = AutoTokenizer.from_pretrained(run_dir / "final")
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    on_disk = json.loads((models / name / "config.json").read_text())
+    assert final.config.vocab_size == on_disk["vocab_size"] > len(tok)  # rows kept
+    ids = torch.tensor([prompt_ids(tok, "What is 2 + 3?")])
+    out = final.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+
+
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_padded_ids_are_never_sampled_and_both_sides_agree_on_log_probs(models, name):
+    """The padded rows made the most likely tokens: the hf engine still samples only
+    the tokenizer's ids, and the trainer's log-probs of what it sampled (the same
+    distribution over the same ids) equal the engine's."""
+    spec = ModelSpec(path=str(models / name), dtype="float32")
+    tok = load_tokenizer(spec)
+    model = build_model(spec, tok, dtype=torch.float32)
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():  # tied or not: the padded rows now win every argmax
+        head[len(tok):] = head[:len(tok)].abs().max() * 50
+    assert model.config.vocab_size > len(tok)
+    engine = make_engine("hf", spec, None, tok, model)
+    prompts = [prompt_ids(tok, p) for p in ("What is 2 + 3?", "What is 7 * 6?")]
+    params = SamplingParams(n=4, max_new_tokens=6, temperature=0.8, top_p=0.9, seeds=(1, 2))
+    groups = engine.generate(prompts, params)
+    rows = [(p, g) for p, group in zip(prompts, groups) for g in group]
+    assert all(t < len(tok) for _, g in rows for t in g.response_ids)
+    batch = make_batch([p for p, _ in rows], [g.response_ids for _, g in rows],
+                       tok.pad_token_id)
+    dist = TokenDistribution(0.8, 0.9, len(tok))
+    with torch.no_grad():
+        logp = token_logprobs(model, batch, dist)
+    for k, (_, g) in enumerate(rows):
+        got = logp[k][batch.mask[k].bool()].tolist()
+        assert got == pytest.approx(g.logprobs, abs=1e-5)
+        assert all(x > -50 for x in got)  # finite: no token outside the nucleus
+
+
+def test_the_tokenizer_adds_no_second_bos_to_a_chat_template(models):
+    tok = load_tokenizer(ModelSpec(path=str(models / "llama3")))
+    ids = prompt_ids(tok, "What is 2 + 3?")
+    assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
+
+
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name):
+    """hf → mcore → hf tensor for tensor, and the mcore GPTModel built from the
+    config takes every tensor (QKV bias where the family has it, Qwen3's q/k norms,
+    tied or untied output, the padded embedding). mcore's attention forward needs a
+    CUDA/NPU device, so the forward is compared on the GPU check only."""
+    pytest.importorskip("megatron.core", reason="megatron-core is the npu extra")
+    from rljob.trainer.mcore import MegatronEngine, architecture_problem, hf_to_mcore, mcore_to_hf
+
+    warnings.filterwarnings("ignore", message="Apex is not installed")
+    _init_gloo()
+    cfg = json.loads((models / name / "config.json").read_text())
+    assert architecture_problem(cfg) is None
+    spec = ModelSpec(path=str(models / name), dtype="float32")
+    hf = build_model(spec, load_tokenizer(spec), dtype=torch.float32)
+    state = hf.state_dict()
+    back = mcore_to_hf(hf_to_mcore(state, cfg), cfg)
+    for k, v in state.items():
+        assert torch.equal(back[k], v), k
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    engine = MegatronEngine(cfg, dtype=torch.float32, cpu_init=True)
+    model = engine.build()
+    distinct = {id(p): p for p in hf.parameters()}  # a tied head counts once
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel()
+                                                             for p in distinct.values())
+    engine.load_hf_state(state)
+    for k, v in engine.hf_state().items():
+        assert torch.equal(v, state[k]), k
+
+
+def _init_gloo() -> None:
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def test_rope_scaling_mcore_cannot_express_is_refused(models):
+    from rljob.trainer.mcore import architecture_problem
+
+    cfg = json.loads((models / "llama3" / "config.json").read_text())
+    cfg["rope_parameters"]["original_max_position_embeddings"] = 4096
+    assert "original_max_position_embeddings" in architecture_problem(cfg)
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0}
+    assert "yarn" in architecture_problem(cfg)
