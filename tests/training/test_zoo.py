@@ -33,16 +33,33 @@ def models(tmp_path_factory) -> Path:
     return root
 
 
+REWARD = """
+from rljob.reward.builtin import arith_partial
+
+
+def score(prompt, response, answer, source):  # a key of the row beside prompt and answer
+    assert source == "arith", source
+    return arith_partial(prompt, response, answer)
+"""
+
+
 def _job(tmp_path: Path, model: Path, **spec) -> Path:
+    """The checkpoint's job, with a reward file beside it that asks for a key of
+    the dataset's rows."""
+    rows = [json.loads(x) for x in (REPO / "examples/data/arith.jsonl").read_text().splitlines()
+            if x.strip()]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({**r, "source": "arith"}) + "\n"
+                                                 for r in rows))
+    (tmp_path / "reward.py").write_text(REWARD)
     doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
            "metadata": {"name": f"zoo-{model.name.replace('.', '')}"},
            "spec": {"model": {"path": str(model)},
-                    "dataset": {"path": str(REPO / "examples/data/arith.jsonl")},
+                    "dataset": {"path": "data.jsonl"},
                     "algorithm": {"groupSize": 4, "promptsPerStep": 2,
                                   "samplesPerMicroBatch": 8, "maxSteps": 3, "lr": 1e-4},
                     "workflow": {"mode": "async", "maxStaleness": 1, "weightSync": "async"},
                     "rollout": {"maxNewTokens": 8, "temperature": 0.8, "topP": 0.9},
-                    "reward": {"name": "arith_partial"}, **spec}}
+                    "reward": {"name": "reward.py:score"}, **spec}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -52,15 +69,16 @@ def _job(tmp_path: Path, model: Path, **spec) -> Path:
 def test_a_zoo_checkpoint_trains_and_its_final_weights_reload_and_generate(models, name,
                                                                            tmp_path):
     """`rljob run` of the checkpoint as it is on disk (bf16, padded embedding, its own
-    tokenizer and chat template): three async steps, then `final/` loads with
-    transformers, keeps the checkpoint's rows and generates."""
+    tokenizer and chat template) with a user's reward file: three async steps, then
+    `final/` loads with transformers, keeps the checkpoint's rows and generates."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir = tmp_path / "run"
     rljob_run(_job(tmp_path, models / name), run_dir, timeout=400)
     steps = metrics(run_dir)
     assert [m["step"] for m in steps] == [1, 2, 3]
-    assert all(m["reward_errors"] == 0 for m in steps if "reward_errors" in m)
+    # the reward file was found from the job's directory and got the row's key
+    assert "reward failed" not in (run_dir / "logs" / "rollout-0.log").read_text()
     tok = AutoTokenizer.from_pretrained(run_dir / "final")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     on_disk = json.loads((models / name / "config.json").read_text())

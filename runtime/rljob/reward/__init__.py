@@ -21,6 +21,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import numbers
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,13 @@ RewardFn = Callable[..., float]
 class Scored:
     score: float
     error: str = ""
+
+
+def _number(value) -> float:
+    """A reward's value as a float: a number (numpy's too), never a string or None."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"the reward returned {type(value).__name__} {value!r:.40}, not a number")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -116,7 +124,7 @@ def score_all(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
     out = []
     for p, r, a, row in zip(prompts, responses, answers, rows):
         try:
-            out.append(Scored(float(fn(p, r, a, **extra(row)))))
+            out.append(Scored(_number(fn(p, r, a, **extra(row)))))
         except Exception as exc:  # a user's reward: report it with the sample
             out.append(Scored(0.0, f"{type(exc).__name__}: {exc}"))
     return out
@@ -125,7 +133,7 @@ def score_all(fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
 async def _score_async(fn, prompts, responses, answers, rows, extra) -> list[Scored]:
     async def one(p, r, a, row) -> Scored:
         try:
-            return Scored(float(await fn(p, r, a, **extra(row))))
+            return Scored(_number(await fn(p, r, a, **extra(row))))
         except Exception as exc:  # a user's reward: report it with the sample
             return Scored(0.0, f"{type(exc).__name__}: {exc}")
 
