@@ -82,7 +82,8 @@ def _config(name: str, tok):
 
     ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
            "pad_token_id": tok.pad_token_id}
-    small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    # head_dim 32: the smallest vLLM's CPU attention kernels take
+    small = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2,
              "max_position_embeddings": 256, "rms_norm_eps": 1e-6}
     if name == "qwen2.5":

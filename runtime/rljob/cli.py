@@ -423,6 +423,8 @@ def bench_workflow(
                              "trl`)."),
     algorithm: str = typer.Option("grpo", help="grpo, or ppo (the same job trained with a "
                                   "critic streaming through its own task)."),
+    lend_cores: bool = typer.Option(False, "--lend-cores", help="Run our modes with "
+                                    "`rljob run --lend-cores`."),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
@@ -431,8 +433,8 @@ def bench_workflow(
 
     if algorithm not in ("grpo", "ppo"):
         raise typer.BadParameter("use grpo or ppo", param_hint="--algorithm")
-    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer, algorithm),
-            json_out)
+    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer, algorithm,
+                             lend_cores), json_out)
 
 
 @bench_app.command("offpolicy")
@@ -660,11 +662,12 @@ def run(
     wide: bool = typer.Option(False, "--wide", help="Show each step's off-policy figures "
                               "too: clipped share, importance weights (mean, max, capped "
                               "share, effective sample size) and the engine mismatch."),
-    lend_cores: bool = typer.Option(True, "--lend-cores/--no-lend-cores",
+    lend_cores: bool = typer.Option(False, "--lend-cores",
                                     help="A side that waits lends its cores to the other "
                                     "(the trainer computes on a parked rollout's cores, a "
                                     "rollout on a waiting trainer's); hf engine, torch "
-                                    "trainer."),
+                                    "trainer. Off by default: on the tiny model it costs "
+                                    "more than it gives (README, Performance)."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
     import signal

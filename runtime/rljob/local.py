@@ -64,7 +64,7 @@ class LocalRun:
     restarts: dict[str, int] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
-    lend_cores: bool = True  # a waiting side's cores serve the other (infra/cores.py)
+    lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
 

@@ -65,9 +65,10 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
 
 def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int = 3,
              prompts: int = PROMPTS, max_num_seqs: int | None = None,
-             algorithm: str = "grpo") -> dict:
+             algorithm: str = "grpo", lend_cores: bool = False) -> dict:
     job = bench_job(mode, k, steps, root, prompts, max_num_seqs, algorithm=algorithm)
-    run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"))  # a directory each
+    run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"),  # a directory each
+                   lend_cores=lend_cores)
     run.start()
     cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
     try:
@@ -146,7 +147,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         prompts: int | None = None, max_num_seqs: int | None = None,
-        peer: str | None = None, algorithm: str = "grpo") -> dict:
+        peer: str | None = None, algorithm: str = "grpo", lend_cores: bool = False) -> dict:
     """`prompts` None: a short probe of this machine picks the prompts per step
     (`bench.probe.choose_prompts`). `algorithm` ppo: the job trains with a critic."""
     if peer not in (None, "trl"):
@@ -161,7 +162,8 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
             for mode, k in MODES:
                 name = mode if k is None else f"async({k})"
                 results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
-                                         max_num_seqs=max_num_seqs, algorithm=algorithm)
+                                         max_num_seqs=max_num_seqs, algorithm=algorithm,
+                                         lend_cores=lend_cores)
             if peer == "trl":  # the colocated peer, in the same round: configured for
                 from .peer_trl import run_trl  # the job, and at its own defaults
 
@@ -195,7 +197,7 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
     for m in modes.values():  # each side's compute a step next to the other, over alone
         m["gen_contention"] = m["gen_busy_seconds"] / sync["gen_busy_seconds"]
         m["train_contention"] = m["train_busy_seconds"] / sync["train_busy_seconds"]
-    return {**out_peer, "shape": shape, "algorithm": algorithm,
+    return {**out_peer, "shape": shape, "algorithm": algorithm, "lend_cores": lend_cores,
             "max_num_seqs": spec.rollout.max_num_seqs, "periodic_pieces_per_step": pieces,
             "tokens_per_s": {m: modes[m]["tokens_per_s"] for m in names},
             "bound": {m: modes[m]["bound"] for m in names},

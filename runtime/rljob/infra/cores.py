@@ -10,7 +10,16 @@ computing worker checks, before each layer's forward and as its gradients come
 in, which of the other role's workers are idle, and computes on its own cores
 plus theirs (torch's intra-op threads and the affinity of every thread of the
 process). The lender takes its cores back the moment it computes again: the
-borrower sees its byte before its next layer.
+borrower sees its byte before its next layer. An idle worker keeps the threads
+it had (they sleep): changing the thread count costs more than a micro-step of
+the tiny model gains (torch's CPU kernels are made for a thread count), so the
+count changes only when who is busy changes.
+
+`rljob run --lend-cores` turns it on (off by default). Measured on the 2-core
+machine with the tiny model (README, Performance), it costs more than it gives:
+two threads synchronise at every operator, and the light processes and the
+gRPC threads that share the lent core stall them; a forward and backward alone
+on two cores is 1.5x faster than on one.
 
 What it changes is how many threads compute, not what is computed: torch's CPU
 kernels give the same bits at one and two threads for the models this runs
@@ -108,9 +117,9 @@ class CoreShare:
             yield
         finally:
             self.depth -= 1
-            if self.depth == 0:
-                self.bytes[self.index] = 0
-                self._use(self.own)
+            if self.depth == 0:  # idle: its threads sleep where they are; the
+                self.bytes[self.index] = 0  # next compute adapts (a change of thread
+                # count costs more than a micro-step gains: kernels are re-made)
 
     def adapt(self, *_args) -> None:
         """Compute on the cores lendable now (a hook: called before each layer)."""
