@@ -5,6 +5,7 @@ and the run's summary. The figures come from `progress` (pure)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -73,10 +74,7 @@ class RunView:
         how to go on from its last checkpoint if it did not finish."""
         console, runner = self.console, self.runner
         elapsed = time.monotonic() - self.started
-        console.print(f"{summary.get('steps', 0)} steps in {elapsed:.0f}s; mean reward "
-                      f"{summary.get('reward_first', float('nan')):.3f} → "
-                      f"{summary.get('reward_last', float('nan')):.3f}; bubble ratio "
-                      f"{summary.get('bubble_ratio', float('nan')):.0%}")
+        console.print(summary_line(summary, elapsed))
         if runner.restarts:
             console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
                                                    sorted(runner.restarts.items())))
@@ -86,6 +84,24 @@ class RunView:
         if step:
             console.print(f"last checkpoint: step {step}; continue with: rljob run {file} "
                           f"--resume {directory}")
+
+
+def summary_line(summary: dict, elapsed: float) -> str:
+    """The run in one line; figures a run without steps has none of are left out,
+    never printed as nan."""
+    def known(key: str) -> float | None:
+        v = summary.get(key)
+        return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    steps = summary.get("steps", 0)
+    parts = [f"{steps} step{'' if steps == 1 else 's'} in {elapsed:.0f}s"]
+    first, last = known("reward_first"), known("reward_last")
+    if first is not None and last is not None:
+        parts.append(f"mean reward {first:.3f} → {last:.3f}")
+    bubble = known("bubble_ratio")
+    if bubble is not None:
+        parts.append(f"bubble ratio {bubble:.0%}")
+    return "; ".join(parts)
 
 
 class PlainLines:

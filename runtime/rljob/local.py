@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,29 @@ from .infra.rundir import RunDir
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+_PREFIX = re.compile(r"^\(\S+ pid=\d+\) (?:\S+ )?(?:\d\d-\d\d \S+ )?(?:\[\S+\] )?")
+_ERROR = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?::.*)?$")
+
+
+def failure_cause(log: str) -> str | None:
+    """The error that ended a worker's life: the last line of the last Python
+    traceback in its log (None: no traceback, e.g. killed by a signal), and where
+    an earlier error led to it (an engine's child process that failed first, a
+    chained exception), that first error too."""
+    at = log.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    lines = [x for x in log[at:].splitlines()[1:] if x.strip()]
+    ends = [x for x in lines if not x.startswith((" ", "\t"))]
+    if not ends:
+        return None
+    last = ends[-1].strip()
+    errors = [m for m in (_PREFIX.sub("", x).strip() for x in log.splitlines()) if _ERROR.match(m)]
+    first = errors[0] if errors else last
+    cause = last if first == last else f"{last} (first error: {first})"
+    return cause[:400]
 
 
 def _die_with_parent(cpus: set[int] | None):
@@ -67,6 +91,10 @@ class LocalRun:
     lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
+    _life: dict[str, tuple[int, int]] = field(default_factory=dict)  # worker -> (log
+    # offset, steps done) where its life began
+    _causes: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> (cause,
+    # steps done) of its last failure
 
     @property
     def steps(self) -> int:
@@ -116,7 +144,9 @@ class LocalRun:
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)
         self.layout.logs.mkdir(parents=True, exist_ok=True)
-        out = open(self.layout.log(name), "ab")
+        log = self.layout.log(name)
+        self._life[name] = (log.stat().st_size if log.exists() else 0, self._steps_done())
+        out = open(log, "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
         proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,
@@ -222,6 +252,7 @@ class LocalRun:
                 continue
             if code == 0 and not name.startswith("rollout-"):
                 continue  # the driver released everything; a trainer rank finished
+            self._same_failure_again(name)
             n = self.restarts.get(name, 0) + 1
             if n > limit:
                 raise JobFailed(f"{name} exited with {code} after {n - 1} restart(s) "
@@ -235,6 +266,32 @@ class LocalRun:
                 del self._pending[name]
                 self._restart(name)
         return False
+
+    def _steps_done(self) -> int:
+        path = self.layout.metrics
+        return path.read_bytes().count(b"\n") if path.exists() else 0
+
+    def _same_failure_again(self, name: str) -> None:
+        """A worker that fails twice in a row with the same error and no step done in
+        between (a checkpoint that cannot load, a broken reward, an engine that cannot
+        start) fails the same way however often it restarts: the run ends now, with
+        the error's line from the worker's log."""
+        offset = self._life.get(name, (0, 0))[0]
+        log = self.layout.log(name)
+        text = ""
+        if log.exists():
+            with log.open("rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        cause = failure_cause(text)
+        if cause is None:
+            self._causes.pop(name, None)  # killed, or no traceback: not the same way
+            return
+        steps = self._steps_done()
+        if self._causes.get(name) == (cause, steps):
+            raise JobFailed(f"{name} failed twice the same way with no step done in between: "
+                            f"{cause} (logs/{name}.log)")
+        self._causes[name] = (cause, steps)
 
     def _restart(self, name: str) -> None:
         t0 = time.monotonic()
