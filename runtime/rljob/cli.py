@@ -677,7 +677,7 @@ def run(
 
     from .infra.rundir import RunDir
     from .liveview import RunView
-    from .local import JobFailed, LocalRun, write_plots
+    from .local import JobFailed, LocalRun, cluster_only_fields, write_plots
     from .preflight import check as preflight
 
     source = RunDir(resume).job_file if resume else file
@@ -696,6 +696,10 @@ def run(
                       lend_cores=lend_cores)
     console = Console()
     console.print(f"run directory: {directory}")
+    ignored = cluster_only_fields(job)
+    if ignored:
+        console.print(f"not applied on this machine (cluster only): {', '.join(ignored)}",
+                      soft_wrap=True)
     view = RunView(runner, job, console, 0 if resume else job.spec.model.warmup_steps,
                    time.monotonic(), wide)
 

@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -17,8 +18,9 @@ from rich.text import Text
 from . import progress
 from .infra.rundir import RunDir
 
-COLUMNS = ("step", "reward", "smoothed", "loss", "kl", "staleness mean/max", "tokens/s",
-           "Tgen s", "Ttrain s")
+# short enough that the table fits an 80-column terminal (without --wide)
+COLUMNS = ("step", "reward", "smooth", "loss", "kl", "stale", "tok/s", "Tgen",
+           "Ttrain")
 
 
 class RunView:
@@ -49,13 +51,17 @@ class RunView:
         last 4 events."""
         runner, spec = self.runner, self.job.spec
         ms = runner.metrics()
-        t = Table(title=progress.header(
+        title = Text(progress.header(
             f"{self.job.metadata.name} · {spec.workflow.mode} · {spec.rollout.replicas} "
             f"rollout · {spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
             self.warmup, time.monotonic() - self.started, sum(runner.restarts.values()),
-            self.warm()))
+            self.warm()), style="italic")
+        # the header above, not as the table's title (a title as wide as the terminal
+        # widens every column): the table is as wide as its figures, 80 columns fit
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
+                  caption="stale: staleness mean/max; Tgen, Ttrain in seconds")
         for col in COLUMNS + (tuple(c for c, _, _ in progress.WIDE) if self.wide else ()):
-            t.add_column(col, justify="right")
+            t.add_column(col, justify="right", no_wrap=True)
         smooth = progress.smoothed([m["reward_mean"] for m in ms])
         for m, r in list(zip(ms, smooth))[-8:]:
             t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}", f"{r:.3f}",
@@ -65,9 +71,7 @@ class RunView:
                       f"{m['train_seconds']:.2f}",
                       *(progress.wide_cells(m) if self.wide else ()))
         lines = progress.alerts(ms) + runner.events
-        if not lines:
-            return t
-        return Group(t, *(Text(e, style="yellow") for e in lines[-4:]))
+        return Group(title, t, *(Text(e, style="yellow") for e in lines[-4:]))
 
     def summary(self, directory: Path, summary: dict, status: int, file: Path) -> None:
         """The end of a run: steps, reward, bubble ratio, restarts, what it wrote, and

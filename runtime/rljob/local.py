@@ -42,6 +42,30 @@ _PREFIX = re.compile(r"^\(\S+ pid=\d+\) (?:\S+ )?(?:\d\d-\d\d \S+ )?(?:\[\S+\] )
 _ERROR = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?::.*)?$")
 
 
+# spec fields only the operator applies (pods, volumes, scheduling, cluster resources)
+CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSeconds",
+                "runPolicy.ttlSecondsAfterFinished", "model.pvc", "dataset.pvc",
+                "rollout.resources", "rollout.autoscaling", "trainer.resources",
+                "trainer.checkpointPvc", "transferQueue.storageUnits", "transferQueue.redis",
+                "transferQueue.resources", "transferQueue.driverResources",
+                "accelerator.resourceName", "accelerator.nodeSelector", "accelerator.hccl")
+
+
+def cluster_only_fields(job: RLJob) -> list[str]:
+    """The fields the job sets that a local run does not apply (pure)."""
+    written = job.spec.model_dump(exclude_unset=True, by_alias=True)
+
+    def has(path: str) -> bool:
+        node = written
+        for key in path.split("."):
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+    return [f"spec.{p}" for p in CLUSTER_ONLY if has(p)]
+
+
 def failure_cause(log: str) -> str | None:
     """The error that ended a worker's life: the last line of the last Python
     traceback in its log (None: no traceback, e.g. killed by a signal), and where

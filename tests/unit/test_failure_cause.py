@@ -78,3 +78,49 @@ def test_a_summary_without_steps_prints_no_nan():
     assert line == "3 steps in 20s; mean reward 0.250 → 0.500; bubble ratio 40%"
     assert "nan" not in summary_line({"steps": 1, "reward_first": float("nan"),
                                       "reward_last": 0.1, "bubble_ratio": float("nan")}, 5)
+
+
+def test_rljob_run_names_the_fields_only_a_cluster_applies():
+    from rljob.local import cluster_only_fields
+
+    job = RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "f"},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl", "pvc": "data"},
+                 "rollout": {"replicas": 1, "resources": {"cpu": "2"}},
+                 "scheduling": {"priorityClassName": "high"},
+                 "runPolicy": {"backoffLimit": 2}}})
+    assert cluster_only_fields(job) == ["spec.scheduling", "spec.dataset.pvc",
+                                        "spec.rollout.resources"]
+
+
+def test_the_live_table_fits_an_80_column_terminal():
+    import io
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from rljob.liveview import RunView
+
+    class Runner:
+        run_dir, steps, restarts = Path("/nonexistent"), 300, {"rollout-1": 1}
+        events = ["12:00:01 rollout-1 exited with 1; restart 1/3 in 1s"]
+
+        def metrics(self):
+            return [dict(step=i, reward_mean=0.41234, loss=-0.01234, kl=0.00123,
+                         staleness_mean=0.75, staleness_max=1, tokens_per_second=123456.0,
+                         gen_seconds=12.34, train_seconds=23.45, time=100.0 + i)
+                    for i in range(290, 300)]
+
+    job = RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl"}}})
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=True, color_system=None)
+    console.print(RunView(Runner(), job, console, 0, time.monotonic()).render())
+    lines = out.getvalue().splitlines()
+    assert max(len(x) for x in lines) <= 80
+    assert "…" not in out.getvalue()  # no figure cut
+    assert any("299/300" in x and "-0.0123" in x and "123456" in x for x in lines)
