@@ -677,6 +677,7 @@ def run(
 
     from .infra.rundir import RunDir
     from .liveview import RunView
+    from .infra.devices import describe as describe_devices
     from .local import JobFailed, LocalRun, cluster_only_fields, write_plots
     from .preflight import check as preflight
 
@@ -696,6 +697,14 @@ def run(
                       lend_cores=lend_cores)
     console = Console()
     console.print(f"run directory: {directory}")
+    try:  # each trainer rank and rollout replica its own accelerators (infra/devices.py)
+        plan = runner.devices
+    except ValueError as exc:
+        typer.echo(f"{source}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if plan:
+        console.print(describe_devices(plan, {w: job.spec.accelerator_for(w.split("-")[0]).type
+                                              for w in plan}), soft_wrap=True)
     ignored = cluster_only_fields(job)
     if ignored:
         console.print(f"not applied on this machine (cluster only): {', '.join(ignored)}",

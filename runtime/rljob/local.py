@@ -31,6 +31,7 @@ import yaml
 
 from .api import RLJob
 from .infra.cores import Layout, write_layout
+from .infra.devices import count as count_devices, device_plan, worker_env
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
 
@@ -113,6 +114,7 @@ class LocalRun:
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
     lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
+    _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
     _life: dict[str, tuple[int, int]] = field(default_factory=dict)  # worker -> (log
@@ -161,12 +163,26 @@ class LocalRun:
             return None
         return Layout(tuple(workers), tuple(tuple(sorted(c)) for c in cores))
 
+    @property
+    def devices(self) -> dict[str, tuple[int, ...]]:
+        """worker → its accelerators on this host (infra/devices.py), planned once."""
+        if self._devices is None:
+            spec = self.job.spec
+            kinds = {spec.accelerator_for(r).type for r in ("trainer", "rollout")} - {"cpu"}
+            available = sum(count_devices(k) for k in kinds)
+            self._devices = device_plan(spec, available) if kinds else {}
+        return self._devices
+
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         # POD_NAME: the worker's name in TransferQueue, the same in every life of it
         cpus = self.cpus_for(name)
         threads = str(len(cpus) if cpus else 1)
+        role = name.split("-")[0]
+        kind = self.job.spec.accelerator_for(role).type if role in ("trainer", "rollout") \
+            else "cpu"
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
-                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name)
+                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
+                   **worker_env(kind, self.devices.get(name, ())))
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = self.layout.log(name)
         self._life[name] = (log.stat().st_size if log.exists() else 0, self._steps_done())

@@ -177,3 +177,39 @@ def test_rope_scaling_mcore_cannot_express_is_refused(models):
     assert "original_max_position_embeddings" in architecture_problem(cfg)
     cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0}
     assert "yarn" in architecture_problem(cfg)
+
+
+def test_the_flagship_example_runs_its_shape_scaled_down(models, tmp_path):
+    """examples/grpo-qwen2.5-7b-ascend.yaml as it is, with what this machine cannot
+    have swapped: the Qwen2.5-shaped zoo checkpoint for Qwen2.5-7B-Instruct (its
+    config family, padded vocabulary, byte-level BPE, ChatML template), a GSM8K-style
+    Parquet file with the example's keys, CPU, the hf engine and the torch trainer
+    (vLLM-Ascend and Megatron on NPUs are not here), and a few small steps. Its
+    reward (math_answer), async workflow, staleness bound and batch shape stay; the
+    cluster-only fields stay too, and `rljob run` names them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    doc = yaml.safe_load((REPO / "examples/grpo-qwen2.5-7b-ascend.yaml").read_text())
+    rows = [{"question": f"Tom has {a} apples and buys {b} more. How many apples?",
+             "answer": f"He has {a} + {b} = {a + b} apples.\n#### {a + b}"}
+            for a in range(2, 9) for b in range(1, 4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    spec = doc["spec"]
+    spec["model"] = {"path": str(models / "qwen2.5"), "dtype": "bfloat16"}
+    spec["dataset"].update(path=str(tmp_path / "train.parquet"))
+    del spec["dataset"]["pvc"]
+    spec["algorithm"].update(promptsPerStep=2, maxSteps=2, lr=1e-5)
+    spec["rollout"].update(engine="hf", tensorParallel=1, npusPerReplica=1, replicas=1,
+                           minReplicas=1, maxReplicas=2, maxNewTokens=16)
+    spec["trainer"].update(engine="torch", npusPerNode=1, parallelism={"tp": 1, "pp": 1})
+    spec["accelerator"] = {"type": "cpu"}
+    job = tmp_path / "flagship.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out = rljob_run(job, tmp_path / "run", timeout=400)
+    assert [m["step"] for m in metrics(tmp_path / "run")] == [1, 2]
+    assert all(m["staleness_max"] <= 1 for m in metrics(tmp_path / "run"))
+    said = [x for x in out.stdout.splitlines() if x.startswith("not applied on this machine")]
+    assert said and all(f in said[0] for f in ("spec.image", "spec.scheduling",
+                                               "spec.rollout.autoscaling",
+                                               "spec.transferQueue.redis"))

@@ -140,9 +140,7 @@ def new_group(backend: str, store_address: str, prefix: str, rank: int, world: i
         opts._timeout = wait
         group = torch.distributed.ProcessGroupNCCL(pstore, rank, world, opts)
     elif backend == "hccl":
-        import torch_npu  # noqa: F401 - registers torch.distributed.ProcessGroupHCCL
-
-        group = torch.distributed.ProcessGroupHCCL(pstore, rank, world, wait)
+        group = hccl_group_class()(pstore, rank, world, hccl_options(wait))
     else:
         raise ValueError(f"no weight group backend {backend!r}: one of gloo, nccl, hccl")
     return group, store
@@ -164,3 +162,18 @@ def receive(group, sizes: list[int], device: torch.device) -> list[torch.Tensor]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return buckets
+
+
+def hccl_group_class():
+    """torch_npu's HCCL process group. torch_npu binds it in its C extension, not on
+    torch.distributed (vllm-ascend's platform imports it from there too)."""
+    from torch_npu._C._distributed_c10d import ProcessGroupHCCL
+
+    return ProcessGroupHCCL
+
+
+def hccl_options(timeout: datetime.timedelta):
+    """ProcessGroupHCCL's options: the timeout goes in them, as for NCCL."""
+    opts = hccl_group_class().Options()
+    opts._timeout = timeout
+    return opts
