@@ -65,23 +65,27 @@ def _job(tmp_path: Path, model: Path, **spec) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", zoo.MODELS)
+@pytest.mark.parametrize("name", ["llama3", "qwen3"])  # qwen2.5: the flagship's test below
 def test_a_zoo_checkpoint_trains_and_its_final_weights_reload_and_generate(models, name,
                                                                            tmp_path):
     """`rljob run` of the checkpoint as it is on disk (bf16, padded embedding, its own
     tokenizer and chat template) with a user's reward file: three async steps, then
     `final/` loads with transformers, keeps the checkpoint's rows and generates."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     run_dir = tmp_path / "run"
     rljob_run(_job(tmp_path, models / name), run_dir, timeout=400)
     steps = metrics(run_dir)
     assert [m["step"] for m in steps] == [1, 2, 3]
     # the reward file was found from the job's directory and got the row's key
     assert "reward failed" not in (run_dir / "logs" / "rollout-0.log").read_text()
+    _final_reloads_and_generates(run_dir, models / name)
+
+
+def _final_reloads_and_generates(run_dir: Path, checkpoint: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(run_dir / "final")
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final")
-    on_disk = json.loads((models / name / "config.json").read_text())
+    on_disk = json.loads((checkpoint / "config.json").read_text())
     assert final.config.vocab_size == on_disk["vocab_size"] > len(tok)  # rows kept
     ids = torch.tensor([prompt_ids(tok, "What is 2 + 3?")])
     out = final.generate(ids, max_new_tokens=4, do_sample=False)
@@ -213,3 +217,4 @@ def test_the_flagship_example_runs_its_shape_scaled_down(models, tmp_path):
     assert said and all(f in said[0] for f in ("spec.image", "spec.scheduling",
                                                "spec.rollout.autoscaling",
                                                "spec.transferQueue.redis"))
+    _final_reloads_and_generates(tmp_path / "run", models / "qwen2.5")

@@ -33,13 +33,21 @@ def test_each_rank_and_replica_gets_devices_of_its_own():
         "devices: trainer-0 → gpu 0; trainer-1 → gpu 1;")
 
 
-def test_a_cpu_role_takes_no_device_and_too_few_devices_is_one_line():
+def test_a_cpu_role_takes_no_device_and_too_few_devices_are_shared_or_refused():
     spec = _job(rollout={"replicas": 2, "accelerator": {"type": "cpu"}}).spec
     assert device_plan(spec, 1) == {"trainer-0": (0,), "rollout-0": (), "rollout-1": ()}
-    with pytest.raises(ValueError, match=r"this host has 2 accelerator\(s\) and the job needs "
-                       r"5 \(trainer.numNodes × trainer.npusPerNode = 1, plus rollout.replicas "
-                       r"2 × rollout.npusPerReplica 2\)"):
+    # one GPU: the trainer and the rollout share it, weights over gRPC
+    one = _job(workflow={"weightTransport": "grpc"}).spec
+    plan = device_plan(one, 1)
+    assert plan == {"trainer-0": (0,), "rollout-0": (0,)}
+    assert describe(plan, {w: "gpu" for w in plan}).endswith(
+        "(shared: fewer devices than workers)")
+    # a collective cannot meet two ranks on one device
+    with pytest.raises(ValueError, match=r"this host has 2 device\(s\) for 5 .*set "
+                       r"workflow.weightTransport: grpc, or lower the counts"):
         device_plan(_job(rollout={"replicas": 2, "npusPerReplica": 2}).spec, 2)
+    with pytest.raises(ValueError, match="accelerator.type gpu: this host has no such device"):
+        device_plan(one, 0)
 
 
 def test_rljob_run_gives_each_worker_its_devices(tmp_path, monkeypatch):

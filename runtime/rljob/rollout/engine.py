@@ -100,6 +100,9 @@ ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngin
 register_engine = ENGINES.register
 
 
+WIDTH_BUCKET = 16  # tokens: the hf engine's log-prob forwards pad a row to a multiple
+
+
 class _SeededSampler:
     """A logits processor that samples itself (per-row uniforms drawn from each
     prompt's seed) and hands `generate` a one-hot choice to take greedily."""
@@ -185,25 +188,34 @@ class HFEngine(RolloutEngine):
     def sampled_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                          dist: TokenDistribution) -> list[list[float]]:
         """The log-probs of sampled tokens under the distribution they were drawn from
-        (sampling.py), from one forward over the prompt+response rows, right-padded as
-        the trainer pads them. Causal attention keeps every real token off the pads, so
-        a row's numbers do not depend on the rows beside it: a sample streamed in a
-        small batch (periodic) carries the bits it carries in a whole-step batch
-        (sync), and the trainer's update from them is the same (the test of periodic
-        against sync checks it). The generation's own left-padded, cached logits
-        differ from batch to batch in the last bits."""
+        (sampling.py), from forwards over the prompt+response rows, right-padded as the
+        trainer pads them. A row's bits must not depend on the rows beside it: a sample
+        streamed in a small batch (periodic) has to carry the bits it carries in a
+        whole-step batch (sync), so that the trainer's update from them is the same
+        (the test of periodic against sync checks it). Causal attention keeps every
+        real token off the pads, and the number of rows does not change a row's bits,
+        but the padded width does (the attention kernel blocks by it). So the rows go
+        in buckets by their own length (`WIDTH_BUCKET` tokens), each bucket one forward
+        at its width: a row's width follows from the row alone. The generation's own
+        left-padded, cached logits differ from batch to batch in the last bits."""
         torch = self.torch
         rows = [p + r for p, r in zip(prompts, responses)]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.tok.pad_token_id, dtype=torch.long)
+        buckets: dict[int, list[int]] = {}
         for k, r in enumerate(rows):
-            ids[k, :len(r)] = torch.tensor(r)
+            buckets.setdefault(-(-len(r) // WIDTH_BUCKET) * WIDTH_BUCKET, []).append(k)
         device = next(self.model.parameters()).device
-        with torch.no_grad():
-            logits = self.model(input_ids=ids.to(device)).logits[:, :-1]
-            logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).cpu()
-        return [logp[k, len(p) - 1:len(p) - 1 + len(r)].tolist()  # from the prompt's last token
-                for k, (p, r) in enumerate(zip(prompts, responses))]
+        out: list[list[float]] = [[] for _ in rows]
+        for width, members in sorted(buckets.items()):
+            ids = torch.full((len(members), width), self.tok.pad_token_id, dtype=torch.long)
+            for j, k in enumerate(members):
+                ids[j, :len(rows[k])] = torch.tensor(rows[k])
+            with torch.no_grad():
+                logits = self.model(input_ids=ids.to(device)).logits[:, :-1]
+                logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).cpu()
+            for j, k in enumerate(members):  # from the prompt's last token
+                first = len(prompts[k]) - 1
+                out[k] = logp[j, first:first + len(responses[k])].tolist()
+        return out
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,

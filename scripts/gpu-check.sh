@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The accelerator paths in one call, on a machine with one NVIDIA GPU and no
+# internet (run from the repository root; wheels the machine lacks in .whl/, as
+# scripts/gpu-bench.sh takes them; vLLM's wheel is too large to carry: the rollout
+# uses the hf engine). It fails loudly on the first error and prints figures:
+#   1. the trainer engines (torch, megatron at tp 1) on Qwen2-0.5B's shapes:
+#      scripts/gpu-bench.sh (step seconds, tokens/s);
+#   2. weights from a trainer to a rollout process: `rljob bench weights` (grpc and
+#      gloo, the host paths a one-GPU job uses: NCCL and HCCL refuse two ranks on one
+#      device, so the collective transport needs a second device);
+#   3. `rljob run` of the quickstart with accelerator.type gpu, 20 RL steps (trainer
+#      and rollout share the one device, weights over grpc): step time, tokens/s,
+#      weight-sync seconds, from its metrics.jsonl.
+# Output under $OUT (./gpu-check-out): trainer.*, weights.json, run/ and summary.txt.
+#
+# Overrides, to try the script's logic on a machine without a GPU:
+# RLJOB_CHECK_ACCEL (gpu) cpu, RLJOB_CHECK_STEPS (20), RLJOB_BENCH_* (gpu-bench.sh's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+accel=${RLJOB_CHECK_ACCEL:-gpu}
+steps=${RLJOB_CHECK_STEPS:-20}
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+began=$SECONDS
+
+echo "== 1/3 trainer engines ($accel)"
+RLJOB_BENCH_ACCEL=$accel OUT=$OUT bash scripts/gpu-bench.sh
+site=${RLJOB_BENCH_SITE:-/tmp/site}
+export PYTHONPATH="$site:$PWD/runtime:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+echo "== 2/3 weights, trainer to a rollout process"
+python3 -m rljob bench weights --rounds 3 --json > "$OUT/weights.json" 2> "$OUT/weights.stderr" \
+    || { tail -50 "$OUT/weights.stderr"; exit 1; }
+python3 -c 'import json, sys; from rljob.bench import weights; weights.render(json.load(open(sys.argv[1])))' \
+    "$OUT/weights.json" | tee "$OUT/weights.txt"
+
+echo "== 3/3 rljob run, accelerator.type $accel, $steps RL steps"
+python3 - "$accel" "$steps" "$OUT/job.yaml" <<'PY'
+import sys
+from pathlib import Path
+
+import yaml
+
+accel, steps, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+doc = yaml.safe_load(Path("examples/quickstart.yaml").read_text())
+spec = doc["spec"]
+spec["model"]["path"] = f"random:{Path('examples/models/tiny-qwen2').resolve()}"
+spec["dataset"]["path"] = str(Path("examples/data/arith.jsonl").resolve())
+spec["model"]["warmupSteps"] = 20
+spec["algorithm"]["maxSteps"] = steps
+spec["accelerator"] = {"type": accel}
+spec["rollout"]["replicas"] = 1
+spec.setdefault("workflow", {})["weightTransport"] = "grpc"  # one device: no collective
+out.write_text(yaml.safe_dump(doc))
+PY
+rm -rf "$OUT/run"
+python3 -m rljob run "$OUT/job.yaml" --run-dir "$OUT/run" 2>&1 | tee "$OUT/run.txt" | tail -5
+python3 - "$OUT/run" "$accel" "$((SECONDS - began))" <<'PY' | tee "$OUT/summary.txt"
+import json, statistics, sys
+from pathlib import Path
+
+from rljob.infra.timeline import load_spans
+
+run, accel, seconds = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+ms = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+if not ms or not (run / "final" / "model.safetensors").exists():
+    sys.exit(f"rljob run on {accel} made {len(ms)} steps and no final weights")
+steady = ms[3:] or ms
+step = (steady[-1]["time"] - steady[0]["time"]) / max(len(steady) - 1, 1)
+sync = [s.end - s.start for s in load_spans(run) if s.kind == "weight-sync" and s.step >= 0
+        and s.worker == "trainer-0"]
+print(f"rljob run on {accel}: {len(ms)} steps; steady step {step:.3f} s, "
+      f"{statistics.median(m['tokens_per_second'] for m in steady):.0f} tokens/s, "
+      f"Tgen {statistics.median(m['gen_seconds'] for m in steady):.3f} s, "
+      f"Ttrain {statistics.median(m['train_seconds'] for m in steady):.3f} s, "
+      f"weight publish {statistics.median(sync) if sync else float('nan'):.3f} s; "
+      f"reward {ms[0]['reward_mean']:.3f} -> {ms[-1]['reward_mean']:.3f}; "
+      f"the whole check {seconds} s")
+PY
