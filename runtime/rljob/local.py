@@ -39,10 +39,6 @@ from .infra.rundir import RunDir
 _PR_SET_PDEATHSIG = 1
 
 
-_PREFIX = re.compile(r"^\(\S+ pid=\d+\) (?:\S+ )?(?:\d\d-\d\d \S+ )?(?:\[\S+\] )?")
-_ERROR = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?::.*)?$")
-
-
 # spec fields only the operator applies (pods, volumes, scheduling, cluster resources)
 CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSeconds",
                 "runPolicy.ttlSecondsAfterFinished", "model.pvc", "dataset.pvc",
@@ -65,6 +61,11 @@ def cluster_only_fields(job: RLJob) -> list[str]:
         return True
 
     return [f"spec.{p}" for p in CLUSTER_ONLY if has(p)]
+
+
+# an engine's child process prefixes its log lines: "(Worker pid=7) ERROR 11-26 12:03:33 [f.py:1] "
+_PREFIX = re.compile(r"^\(\S+ pid=\d+\) (?:\S+ )?(?:\d\d-\d\d \S+ )?(?:\[\S+\] )?")
+_ERROR = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?::.*)?$")
 
 
 def failure_cause(log: str) -> str | None:
@@ -117,8 +118,8 @@ class LocalRun:
     _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
-    _life: dict[str, tuple[int, int]] = field(default_factory=dict)  # worker -> (log
-    # offset, steps done) where its life began
+    _life: dict[str, int] = field(default_factory=dict)  # worker -> its log's offset
+    # where its life began
     _causes: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> (cause,
     # steps done) of its last failure
 
@@ -185,7 +186,7 @@ class LocalRun:
                    **worker_env(kind, self.devices.get(name, ())))
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = self.layout.log(name)
-        self._life[name] = (log.stat().st_size if log.exists() else 0, self._steps_done())
+        self._life[name] = log.stat().st_size if log.exists() else 0
         out = open(log, "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
@@ -316,7 +317,7 @@ class LocalRun:
         between (a checkpoint that cannot load, a broken reward, an engine that cannot
         start) fails the same way however often it restarts: the run ends now, with
         the error's line from the worker's log."""
-        offset = self._life.get(name, (0, 0))[0]
+        offset = self._life.get(name, 0)
         log = self.layout.log(name)
         text = ""
         if log.exists():

@@ -46,7 +46,7 @@ def _dies(run: LocalRun, name: str, text: str) -> None:
     """A life of `name` that wrote `text` to its log and exited."""
     log = run.layout.log(name)
     log.parent.mkdir(parents=True, exist_ok=True)
-    run._life[name] = (log.stat().st_size if log.exists() else 0, run._steps_done())
+    run._life[name] = log.stat().st_size if log.exists() else 0
     with log.open("a") as f:
         f.write(text)
     run._same_failure_again(name)
