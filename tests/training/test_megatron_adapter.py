@@ -5,7 +5,6 @@ loaded. (mcore's attention forward needs a CUDA/NPU device.)"""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import warnings
 from pathlib import Path
@@ -20,19 +19,6 @@ from rljob.inputs.models import build_model, load_tokenizer  # noqa: E402
 from rljob.trainer.mcore import MegatronEngine, hf_to_mcore, mcore_to_hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
 
 
 def test_weights_convert_both_ways_and_load_into_gptmodel(gloo):

@@ -128,7 +128,7 @@ def test_the_tokenizer_adds_no_second_bos_to_a_chat_template(models):
 
 
 @pytest.mark.parametrize("name", zoo.MODELS)
-def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name):
+def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name, gloo):
     """hf → mcore → hf tensor for tensor, and the mcore GPTModel built from the
     config takes every tensor (QKV bias where the family has it, Qwen3's q/k norms,
     tied or untied output, the padded embedding). mcore's attention forward needs a
@@ -137,7 +137,6 @@ def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name):
     from rljob.trainer.mcore import MegatronEngine, architecture_problem, hf_to_mcore, mcore_to_hf
 
     warnings.filterwarnings("ignore", message="Apex is not installed")
-    _init_gloo()
     cfg = json.loads((models / name / "config.json").read_text())
     assert architecture_problem(cfg) is None
     spec = ModelSpec(path=str(models / name), dtype="float32")
@@ -157,20 +156,6 @@ def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name):
     engine.load_hf_state(state)
     for k, v in engine.hf_state().items():
         assert torch.equal(v, state[k]), k
-
-
-def _init_gloo() -> None:
-    import os
-    import socket
-
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=0, world_size=1)
 
 
 def test_rope_scaling_mcore_cannot_express_is_refused(models):

@@ -36,7 +36,7 @@ import json
 import mmap
 import os
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,7 +121,7 @@ class CoreShare:
                 self.bytes[self.index] = 0  # next compute adapts (a change of thread
                 # count costs more than a micro-step gains: kernels are re-made)
 
-    def adapt(self, *_args) -> None:
+    def adapt(self) -> None:
         """Compute on the cores lendable now (a hook: called before each layer)."""
         if self.depth:
             cores = cores_now(self.layout, self.me, self.busy())
@@ -131,8 +131,6 @@ class CoreShare:
     def _use(self, cores: tuple[int, ...]) -> None:
         import torch
 
-        if cores == self.current:
-            return
         if len(cores) > len(self.own):  # borrowing: every thread may run on them
             _pin_all(cores)
             torch.set_num_threads(len(cores))
@@ -155,6 +153,12 @@ class CoreShare:
     def close(self) -> None:
         self.bytes[self.index] = 0
         self.bytes.close()
+
+
+def computing(share: CoreShare | None):
+    """Around a worker's compute: busy for its share, on the cores lent now (nothing
+    where no cores are lent)."""
+    return share.computing() if share is not None else nullcontext()
 
 
 def write_layout(run_dir: Path, layout: Layout | None) -> None:

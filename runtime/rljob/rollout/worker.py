@@ -16,13 +16,12 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import nullcontext
 from dataclasses import replace
 
 import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..infra.cores import CoreShare
+from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
@@ -193,10 +192,6 @@ class RolloutWorker:
                         batch.rows[0].partition, exc)
             self.metrics.dropped.inc(len(flat))
 
-    def computing(self):
-        """Around generation: busy for the core share, on the cores lent now."""
-        return self.cores.computing() if self.cores is not None else nullcontext()
-
     def _tick(self, inflight_rows: int = 0) -> None:
         """Each loop turn: record the weight swaps since the last turn, and the gauges."""
         self.logged_swaps = _log_swaps(self.receiver, self.spans, self.metrics,
@@ -242,7 +237,7 @@ class RolloutWorker:
                 seeds = tuple(_seed(spec, step, batch.data["slot"][i] // g) for i in firsts)
                 prompts = [batch.data["prompt_ids"][i].tolist() for i in firsts]
                 # weights swap between generations, not in one
-                with self.receiver.lock, self.computing():
+                with self.receiver.lock, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
                     groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
                 flat = [x for group in groups for x in group]

@@ -30,7 +30,6 @@ import signal
 import sys
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
 from ..inputs.data import load_examples, prompt_columns, prompt_ids
-from ..infra.cores import CoreShare
+from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..infra.rundir import PARTIAL, RunDir
@@ -401,7 +400,7 @@ class TrainerWorker:
             self.sender = WeightSender(self.weights_listen, self.lineage.epoch,
                                        spec.weight_transport)
         if self.start == 0 and ref_state is None:
-            with self.spans.span("train", -1), self.computing():
+            with self.spans.span("train", -1), computing(self.cores):
                 warm_loss = warm_up(self.policy, self.tok, spec,
                                     warmup_reporter(self.run_dir) if rank == 0 else None)
             if rank == 0 and spec.model.warmup_steps:
@@ -506,7 +505,7 @@ class TrainerWorker:
             samples += chunk
             shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
                                         spec.trainer.data_parallel_split)
-            with self.computing():
+            with computing(self.cores):
                 parts = _micro_step(policy, shard, t, self.tok, spec,
                                     last=(j == micro_batches - 1))
             for key in sums:
@@ -521,7 +520,7 @@ class TrainerWorker:
             self.opt.zero_grad()
             return False
         t0 = time.time()
-        with self.computing():
+        with computing(self.cores):
             grad_norm = policy.clip_grad_norm(algo.max_grad_norm)  # collective (tp)
             self.opt.step()
         t1 = time.time()
@@ -553,10 +552,6 @@ class TrainerWorker:
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
         return True
-
-    def computing(self):
-        """Around compute: busy for the core share, on the cores lent now."""
-        return self.cores.computing() if self.cores is not None else nullcontext()
 
     def _draw_replacements(self, step: int, groups: list[int]) -> None:
         """filterGroups: put the prompts of replacement groups of `step` into its
