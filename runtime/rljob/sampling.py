@@ -96,3 +96,39 @@ def seeded_sample(logits, uniforms, dist: TokenDistribution):
     cdf = probs.cumsum(-1)
     target = uniforms.to(cdf.device, cdf.dtype).unsqueeze(-1) * cdf[..., -1:]
     return torch.searchsorted(cdf, target).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+WIDTH_BUCKET = 16  # tokens: `row_logprobs` pads a row to a multiple of this
+
+
+def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
+                 dist: TokenDistribution) -> list[list[float]]:
+    """Each response token's log-prob under `dist` from forwards of a transformers
+    causal LM over the prompt+response rows, right-padded. A row's bits do not
+    depend on the rows beside it, so two processes computing one row with the
+    same weights get the same bits whatever else each batched with it (the
+    rollout engine's log-probs, and the reference's that either side computes:
+    a streamed step must carry the bits a whole-step batch carries). Causal
+    attention keeps every real token off the pads, and the number of rows does
+    not change a row's bits, but the padded width does (the attention kernel
+    blocks by it): the rows go in buckets by their own length (`WIDTH_BUCKET`
+    tokens), each bucket one forward at its width."""
+    import torch
+
+    rows = [p + r for p, r in zip(prompts, responses)]
+    buckets: dict[int, list[int]] = {}
+    for k, r in enumerate(rows):
+        buckets.setdefault(-(-len(r) // WIDTH_BUCKET) * WIDTH_BUCKET, []).append(k)
+    device = next(model.parameters()).device
+    out: list[list[float]] = [[] for _ in rows]
+    for width, members in sorted(buckets.items()):
+        ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+        for j, k in enumerate(members):
+            ids[j, :len(rows[k])] = torch.tensor(rows[k])
+        with torch.no_grad():
+            logits = model(input_ids=ids.to(device)).logits[:, :-1]
+            logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).float().cpu()
+        for j, k in enumerate(members):  # from the prompt's last token
+            first = len(prompts[k]) - 1
+            out[k] = logp[j, first:first + len(responses[k])].tolist()
+    return out

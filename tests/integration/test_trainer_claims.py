@@ -56,12 +56,20 @@ def _roll_out(client: TransferQueueClient, rows: int) -> None:
         "weights_epoch": [0] * k,
     }, versions=[0] * k, length_column="response_ids", lease=batch)
     client.ack(batch)
+    # the reference task (what the trainer or an idle replica computes): constant
+    # log-probs; the trainer claims a row once it has them
+    ref = client.claim_get("reference", rows, ["response_ids"], wait=5.0, min_count=rows)
+    assert len(ref) == rows, len(ref)
+    client.write(ref.indices, {"ref_logp": [np.array([-1.0] * 3, np.float32)] * rows},
+                 lease=ref)
+    client.ack(ref)
 
 
 def test_rows_claimed_again_after_their_lease_expired_are_trained_once():
     job = resolve_paths(load_rljob(str(REPO / "examples/quickstart.yaml")), REPO / "examples")
     spec = job.spec
     assert spec.workflow.mode == "async"  # arrival order: a slot listed twice would be trained twice
+    assert spec.algorithm.kl_coef > 0  # the reference's log-probs are a task of their own
     n, g = spec.algorithm.samples_per_step, spec.algorithm.group_size
     half = n // 2 - (n // 2) % g
     server = TQServer(None, lease_seconds=2.0)
@@ -91,6 +99,7 @@ def test_rows_claimed_again_after_their_lease_expired_are_trained_once():
         trained = []
         while (chunk := source.next_micro_batch()) is not None:
             trained += [s.slot for s in chunk]
+            assert all(s.ref_logp == [-1.0] * 3 for s in chunk)
         assert sorted(trained) == list(range(n)), trained
         assert (source.rows_claimed, source.rows_reclaimed) == (n, half)
         leases = source.take_leases()

@@ -14,14 +14,14 @@ from pathlib import Path
 from .rundir import RunDir
 
 COLORS = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
-          "weight-sync": "#8172B2"}
-WORK = ("generate", "train", "optimizer")
+          "reference": "#DD8452", "weight-sync": "#8172B2"}
+WORK = ("generate", "train", "optimizer", "reference")
 
 
 @dataclass
 class Span:
     worker: str
-    kind: str  # generate | train | optimizer | weight-sync
+    kind: str  # generate | train | optimizer | reference | weight-sync
     start: float
     end: float
     step: int

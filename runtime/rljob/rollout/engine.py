@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
 from ..infra.registry import Registry
-from ..sampling import TokenDistribution, sampled_logprobs, seeded_sample
+from ..sampling import TokenDistribution, row_logprobs, seeded_sample
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,6 @@ class RolloutEngine(ABC):
 
 ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngine)
 register_engine = ENGINES.register
-
-
-WIDTH_BUCKET = 16  # tokens: the hf engine's log-prob forwards pad a row to a multiple
 
 
 class _SeededSampler:
@@ -187,35 +184,12 @@ class HFEngine(RolloutEngine):
 
     def sampled_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                          dist: TokenDistribution) -> list[list[float]]:
-        """The log-probs of sampled tokens under the distribution they were drawn from
-        (sampling.py), from forwards over the prompt+response rows, right-padded as the
-        trainer pads them. A row's bits must not depend on the rows beside it: a sample
-        streamed in a small batch (periodic) has to carry the bits it carries in a
-        whole-step batch (sync), so that the trainer's update from them is the same
-        (the test of periodic against sync checks it). Causal attention keeps every
-        real token off the pads, and the number of rows does not change a row's bits,
-        but the padded width does (the attention kernel blocks by it). So the rows go
-        in buckets by their own length (`WIDTH_BUCKET` tokens), each bucket one forward
-        at its width: a row's width follows from the row alone. The generation's own
-        left-padded, cached logits differ from batch to batch in the last bits."""
-        torch = self.torch
-        rows = [p + r for p, r in zip(prompts, responses)]
-        buckets: dict[int, list[int]] = {}
-        for k, r in enumerate(rows):
-            buckets.setdefault(-(-len(r) // WIDTH_BUCKET) * WIDTH_BUCKET, []).append(k)
-        device = next(self.model.parameters()).device
-        out: list[list[float]] = [[] for _ in rows]
-        for width, members in sorted(buckets.items()):
-            ids = torch.full((len(members), width), self.tok.pad_token_id, dtype=torch.long)
-            for j, k in enumerate(members):
-                ids[j, :len(rows[k])] = torch.tensor(rows[k])
-            with torch.no_grad():
-                logits = self.model(input_ids=ids.to(device)).logits[:, :-1]
-                logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).cpu()
-            for j, k in enumerate(members):  # from the prompt's last token
-                first = len(prompts[k]) - 1
-                out[k] = logp[j, first:first + len(responses[k])].tolist()
-        return out
+        """The log-probs of sampled tokens under the distribution they were drawn from,
+        from forwards over the prompt+response rows, right-padded as the trainer pads
+        them, in width buckets (`sampling.row_logprobs`: a row's bits follow from the
+        row alone). The generation's own left-padded, cached logits differ from batch
+        to batch in the last bits."""
+        return row_logprobs(self.model, self.tok.pad_token_id, prompts, responses, dist)
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,

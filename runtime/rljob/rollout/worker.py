@@ -25,6 +25,8 @@ from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
+from ..sampling import TokenDistribution
+from ..trainer.reference import ReferenceFromRunDir, ReferenceWork, replicas_take_it
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
@@ -65,6 +67,7 @@ class RolloutWorker:
         self.claim_policy = rollout_claim_policy(spec.rollout.dispatch, replica,
                                                  spec.rollout.replicas)
         self.engine = self.receiver = self.tq = self.keeper = self.cores = None
+        self.reference = None  # this replica's share of the reference task
         self.run_dir = run_dir
         self.logged_swaps = 0
 
@@ -95,6 +98,18 @@ class RolloutWorker:
         self.cores = CoreShare.open(self.run_dir, self.name) if model is not None else None
         if self.cores is not None:
             self.cores.hook(model)
+        if model is not None and self.run_dir is not None and replicas_take_it(spec):
+            # a local run: while parked, this replica computes reference log-probs
+            # (trainer/reference.py) from the weights the trainer writes
+            def reference_model():
+                return build_model(spec.model, self.tok, seed=spec.algorithm.seed,
+                                   dtype=torch.float32)
+
+            self.reference = ReferenceWork(
+                self.tq_address, ReferenceFromRunDir(self.run_dir, reference_model),
+                self.tok.pad_token_id, TokenDistribution.of(spec.rollout, len(self.tok)),
+                rows=32, compute=lambda: computing(self.cores),
+                spans=self.spans)
         self.reward_fn = get_reward(spec.reward.name)  # a file's path is absolute here
         self.receiver = WeightReceiver(self.weights_address, self.name,
                                        spec.workflow.weight_sync, spec.weight_transport,
@@ -123,6 +138,8 @@ class RolloutWorker:
             self.keeper.close()
         if self.receiver is not None:
             self.receiver.stop()
+        if self.reference is not None:
+            self.reference.close()
         if self.tq is not None:
             self.tq.close()
         self.spans.close()
@@ -223,7 +240,7 @@ class RolloutWorker:
         try:
             while not self.stop.is_set():
                 self._tick()
-                batch, latest = ahead.result()
+                batch, latest = self._await_claim(ahead)
                 ahead = io.submit(self.claim)
                 if not batch.rows:
                     continue
@@ -261,6 +278,13 @@ class RolloutWorker:
             except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
                 log.warning("could not release a claimed batch: %s", exc)
             io.shutdown()
+
+    def _await_claim(self, ahead: Future):
+        """The claim in flight; while it waits (parked by the staleness bound), the
+        reference task's rows."""
+        while self.reference is not None and not ahead.done() and not self.stop.is_set():
+            self.reference.once(wait=0.02)
+        return ahead.result()
 
     # ---- a concurrent engine (vLLM): groups in flight ---------------------------
     def _run_streaming(self) -> None:

@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper, broadcast_object
 from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
-from ..workflow.tasks import tasks_for, train_reads
+from ..workflow.tasks import reference_task, tasks_for, train_reads
 from ..workflow.dynamic_sampling import StepLanes, replacement_example
 from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
 from ..sampling import TokenDistribution
@@ -59,6 +60,7 @@ from .batch import make_batch
 from .lineage import Lineage
 from . import mcore  # noqa: F401 - registers trainer.engine megatron
 from .policy import make_policy
+from .reference import ReferenceWork, replicas_take_it, save_weights
 from .sinks import open_sinks
 
 log = logging.getLogger("rljob.trainer")
@@ -80,6 +82,7 @@ class Sample:
     advantage: float = 0.0  # grpo: the response's group-relative advantage
     token_advantages: list[float] | None = None  # ppo: the critic's GAE, per token
     critic_version: int = -1
+    ref_logp: list[float] | None = None  # the reference task's, per response token
 
 
 class Stopped(Exception):
@@ -107,8 +110,9 @@ class StepSource:
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None,
-                 health=None, draw=None):
+                 health=None, draw=None, idle=None):
         self.spec, self.tq, self.step = spec, tq, step
+        self.idle = idle  # (step) -> work done while the next micro-batch is not there
         self.lineage = lineage
         self.health = health  # raises if a producer in this process (the critic) failed
         self.reads = train_reads(spec)
@@ -170,6 +174,9 @@ class StepSource:
                           finished_at=float(d["finished_at"][i]),
                           epoch=int(d["weights_epoch"][i]))
                    for i, row in enumerate(batch.rows)]
+        if "ref_logp" in d:  # the reference task's
+            for i, s in enumerate(samples):
+                s.ref_logp = d["ref_logp"][i].tolist()
         if "advantages" in d:  # ppo
             for i, s in enumerate(samples):
                 s.token_advantages = d["advantages"][i].tolist()
@@ -260,7 +267,17 @@ class StepSource:
                     raise Stopped
                 if self.health is not None:
                     self.health()
-                self._arrived.wait(0.2)
+                if self.idle is not None:
+                    # the reference's log-probs of rows of this step, the lock let go
+                    # meanwhile (the claimer adds arrivals)
+                    self._arrived.release()
+                    try:
+                        worked = self.idle(self.step)
+                    finally:
+                        self._arrived.acquire()
+                    if worked:
+                        continue
+                self._arrived.wait(0.01 if self.idle is not None else 0.2)
             chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end
         if self.spec.algorithm.critic:
@@ -360,6 +377,7 @@ class TrainerWorker:
         self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
         self.spans = SpanLog(run_dir, self.name)
         self.sender = self.tq = self.keeper = self.critic = self.sinks = self.source = None
+        self.reference: ReferenceWork | None = None
         self.examples = None  # the dataset, once filterGroups draws from it
         self.start = self.version = self.checkpointed = 0
         self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
@@ -420,6 +438,8 @@ class TrainerWorker:
             if back:
                 log.info("gave back %d rows an earlier trainer held", back)
             self.keeper = LeaseKeeper(self.tq)
+            if reference_task(spec):
+                self.reference = self._reference_work()
             if spec.algorithm.critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
@@ -442,6 +462,23 @@ class TrainerWorker:
         self.start = ck["step"]
         return ref_state, ck["optimizer"], ck.get("lineage")
 
+    def _reference_work(self) -> ReferenceWork:
+        """Rank 0's share of the reference task (reference.py); in a local run the
+        reference's weights also go into the run directory, for the replicas."""
+        policy, tok = self.policy, self.tok
+        if self.run_dir is not None and replicas_take_it(self.spec):
+            save_weights(self.run_dir.root, policy.ref)
+
+        @contextmanager
+        def compute():
+            with computing(self.cores), policy.autocast():
+                yield
+
+        return ReferenceWork(self.tq_address, policy.ref, tok.pad_token_id,
+                             TokenDistribution.of(self.spec.rollout, len(tok)),
+                             rows=16, compute=compute,
+                             spans=self.spans)
+
     def run(self) -> None:
         for t in range(self.start, self.steps):
             if self.stop.is_set() or not self.step(t):
@@ -457,6 +494,8 @@ class TrainerWorker:
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        if self.reference is not None:
+            self.reference.close()
         if self.critic is not None:
             self.critic.close()
         if self.sender is not None:
@@ -490,7 +529,8 @@ class TrainerWorker:
         if rank == 0:
             self.source = StepSource(spec, self.tq, t, self.keeper, self.stop, self.lineage,
                                      health=self.critic.check if self.critic else None,
-                                     draw=self._draw_replacements)
+                                     draw=self._draw_replacements,
+                                     idle=self._reference_rows if self.reference else None)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
         sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
@@ -552,6 +592,10 @@ class TrainerWorker:
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
         return True
+
+    def _reference_rows(self, step: int) -> int:
+        """Waiting for samples: the reference's log-probs of rows of `step`."""
+        return self.reference.once(partition=step)
 
     def _draw_replacements(self, step: int, groups: list[int]) -> None:
         """filterGroups: put the prompts of replacement groups of `step` into its
@@ -731,10 +775,13 @@ def _micro_step(policy, shard, t, tok, spec, last):
                            tok.pad_token_id, spec.trainer.packing).to(policy.device)
         dist = TokenDistribution.of(spec.rollout, len(tok))
         logp = policy.logprobs(batch, dist)
-        with torch.no_grad():
-            # no KL term, no reference forward
-            ref_logp = (policy.ref_logprobs(batch, dist) if spec.algorithm.kl_coef
-                        else logp.detach())
+        if not spec.algorithm.kl_coef:
+            ref_logp = logp.detach()  # no KL term, no reference forward
+        elif shard[0].ref_logp is not None:  # the reference task computed them
+            ref_logp = _per_token(batch, [s.ref_logp for s in shard])
+        else:
+            with torch.no_grad():
+                ref_logp = policy.ref_logprobs(batch, dist)
         parts = policy_loss(spec.algorithm)(PolicyInputs(
             logp, logp.detach(), _per_token(batch, [s.rollout_logp for s in shard]), ref_logp,
             _advantages(batch, shard), batch.mask,

@@ -6,7 +6,11 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           reward (float32), reward_error (json), started_at / finished_at (float64:
           the group's generation span, what Tgen is made of),
           weights_epoch (int64: the trainer life whose weights made the sample)
-train   : response_ids, reward (+ the row's policy version in its metadata)
+reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
+          frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
+          torch, computed by whichever side waits (trainer/reference.py)
+train   : response_ids, reward (+ the row's policy version in its metadata), and
+          ref_logp when the reference task runs
 lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
 critic  : response_ids, reward → values, advantages, returns (float32, one per
           response token: the critic's values and GAE over them), critic_version
@@ -29,6 +33,7 @@ ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            scalar("finished_at", "float64"),
                                            scalar("weights_epoch", "int64")])
 TRAIN = TaskSpec("train", ["response_ids", "reward"])
+REFERENCE = TaskSpec("reference", ["response_ids"], [tensor("ref_logp", "float32")])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
 # sample (its prompt, and its response length from the row's metadata)
 LENGTHS = TaskSpec("lengths", ["response_ids"])
@@ -42,20 +47,34 @@ TRAIN_PPO = TaskSpec("train", ["response_ids", "reward", "advantages"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 
+def reference_task(spec) -> bool:
+    """Whether the reference's log-probs are a task of their own: a KL term to a
+    reference the torch trainer holds as a transformers model (megatron's
+    reference computes inside the trainer's micro-steps)."""
+    return spec.algorithm.kl_coef > 0 and spec.trainer.engine == "torch"
+
+
 def tasks_for(spec) -> tuple:
     """The job's tasks: every worker registers the same ones."""
-    tasks = (DRIVER, ROLLOUT) + ((TRAIN_PPO, CRITIC) if spec.algorithm.critic else (TRAIN,))
+    train = TRAIN_PPO if spec.algorithm.critic else TRAIN
+    if reference_task(spec):
+        train = TaskSpec("train", [*train.consumes, "ref_logp"])
+    tasks = (DRIVER, ROLLOUT, train) + ((CRITIC,) if spec.algorithm.critic else ())
+    tasks += (REFERENCE,) if reference_task(spec) else ()
     return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
 
 
 def train_reads(spec) -> list[str]:
-    """The columns the trainer reads (ppo: the critic's advantages too)."""
-    return TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
+    """The columns the trainer reads (ppo: the critic's advantages too; the
+    reference's log-probs when they are a task)."""
+    return (TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
+            + (["ref_logp"] if reference_task(spec) else []))
 
 ROLLOUT_READS = ["prompt", "answer", "extra", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
                "started_at", "finished_at", "weights_epoch"]
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
+REFERENCE_READS = ["prompt_ids", "response_ids"]
 
 
 PERIODIC_PIECES = 4  # periodic: rollout batches a step at least, so they overlap training

@@ -1,0 +1,153 @@
+"""The reference task: the frozen reference's log-probs of each finished sample,
+computed by whichever side of the job waits.
+
+With `algorithm.klCoef` > 0 the trainer needs, for every response token, the
+reference policy's log-prob (the KL term). It is a TransferQueue task of its
+own (`workflow/tasks.py`: `reference` reads prompt_ids and response_ids and
+writes ref_logp; `train` reads ref_logp), so it is not tied to the trainer's
+micro-steps: a sample's reference log-probs can be computed as soon as the
+sample exists, by any worker holding the reference weights.
+
+Two kinds of worker take it, each only while it has nothing else to do:
+
+- the trainer (rank 0), while it waits for the samples of its next micro-batch,
+  takes the rows of the step it trains;
+- in a local run, a rollout replica of the hf engine on CPU, while its claim for
+  prompts waits (parked by the staleness bound in a training-bound job), takes
+  any rows. The trainer writes the reference weights into the run directory
+  (`reference.safetensors`) when it freezes them; the replica loads them the
+  first time it has time.
+
+So in a training-bound job the idle rollout cores compute what the trainer
+would, and in a generation-bound one the waiting trainer keeps them. Who
+computes a row changes nothing in it: `sampling.row_logprobs` gives a row the
+same bits whatever was batched with it, from the same weights in the same
+dtype (float32 on CPU), so a streamed step still makes the update a whole-step
+step makes (tests/training: periodic equals sync bit for bit)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from ..sampling import TokenDistribution, row_logprobs
+from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue.client import TransferQueueError
+from ..workflow.tasks import REFERENCE_READS, reference_task
+
+log = logging.getLogger("rljob.reference")
+
+WEIGHTS = "reference.safetensors"  # in a local run's directory
+
+
+def replicas_take_it(spec) -> bool:
+    """Whether the rollout replicas of a local run take the reference task too: an
+    in-process transformers model (hf engine) on the device the trainer's
+    reference runs on (CPU: the bits of a row then do not depend on the side)."""
+    return (reference_task(spec) and spec.rollout.engine == "hf"
+            and spec.accelerator_for("rollout").type == "cpu"
+            and spec.accelerator_for("trainer").type == "cpu")
+
+
+def save_weights(run_root: Path, model) -> None:
+    """The frozen reference's weights, for the rollout replicas of a local run
+    (written once; a resumed run's reference is the same)."""
+    from safetensors.torch import save_file
+
+    path = Path(run_root) / WEIGHTS
+    if path.exists():
+        return
+    tmp = path.with_name(path.name + ".partial")
+    # tied weights share storage: safetensors stores each tensor once, by name
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp))
+    tmp.replace(path)
+
+
+class ReferenceWork:
+    """One worker's share of the reference task: `once()` claims up to `rows`
+    rows, computes their reference log-probs and writes them under the claim's
+    lease. `model` is the frozen reference, or a `ReferenceFromRunDir` (no model
+    while the trainer has not written it yet)."""
+
+    def __init__(self, tq_address: str, model, pad_id: int, dist: TokenDistribution,
+                 rows: int = 16, compute=nullcontext, spans=None):
+        self.tq = TransferQueueClient(tq_address)  # its own: the worker's is busy elsewhere
+        self._model, self.pad_id, self.dist, self.rows = model, pad_id, dist, rows
+        self.compute = compute  # () -> the context the forwards run in
+        self.spans = spans  # the worker's SpanLog: a "reference" span per chunk
+        self.done = 0  # rows this worker computed
+        self.seconds = 0.0
+
+    def model(self):
+        return self._model() if isinstance(self._model, ReferenceFromRunDir) else self._model
+
+    def once(self, partition: int | None = None, wait: float = 0.0) -> int:
+        """Claim, compute and write up to `rows` rows (of `partition`, else any);
+        the number computed (0: none was ready, or the reference is not there)."""
+        model = self.model()
+        if model is None:
+            return 0
+        kwargs = {"partition": partition} if partition is not None else {}
+        try:
+            batch = self.tq.claim_get("reference", self.rows, REFERENCE_READS, wait=wait,
+                                      min_count=1, **kwargs)
+        except TransferQueueError as exc:
+            if exc.unavailable:
+                return 0  # it restarts: the next call claims again
+            raise
+        if not batch.rows:
+            return 0
+        t0 = time.time()
+        with self.compute():
+            logps = row_logprobs(model, self.pad_id,
+                                 [x.tolist() for x in batch.data["prompt_ids"]],
+                                 [x.tolist() for x in batch.data["response_ids"]], self.dist)
+        t1 = time.time()
+        self.seconds += t1 - t0
+        if self.spans is not None:
+            self.spans.add("reference", t0, t1, batch.rows[0].partition)
+        return self._write(batch, logps)
+
+    def _write(self, batch: Batch, logps: list[list[float]]) -> int:
+        import numpy as np
+
+        try:
+            self.tq.write(batch.indices, {"ref_logp": [np.asarray(x, np.float32) for x in logps]},
+                          lease=batch)
+            self.tq.ack(batch)
+        except TransferQueueError as exc:
+            # the lease expired (this worker was paused): the rows went back and
+            # another worker computes them
+            log.warning("dropped the reference log-probs of %d rows: %s", len(logps), exc)
+            return 0
+        self.done += len(logps)
+        return len(logps)
+
+    def close(self) -> None:
+        self.tq.close()
+
+
+class ReferenceFromRunDir:
+    """The reference model a rollout replica loads from the run directory once the
+    trainer has written it (None until then)."""
+
+    def __init__(self, run_root: Path, build):
+        self.path = Path(run_root) / WEIGHTS
+        self.build = build  # () -> a fresh model of the job's architecture, float32
+        self.model = None
+
+    def __call__(self):
+        if self.model is None and self.path.exists():
+            from safetensors.torch import load_file
+
+            model = self.build()
+            model.load_state_dict(load_file(str(self.path)))
+            self.model = model.eval()
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+            log.info("reference weights loaded: computing the reference task's rows "
+                     "while waiting for prompts")
+        return self.model
