@@ -180,14 +180,26 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
     assert AlgorithmSpec.model_validate({"name": "ppo", "groupSize": 4, "lambda": 0.9}).lam == 0.9
 
     class Spec:  # what tasks_for and train_reads look at
-        def __init__(self, algorithm):
+        def __init__(self, algorithm, engine="torch"):
             self.algorithm = algorithm
             self.rollout = type("R", (), {"dispatch": "fifo"})()
+            self.trainer = type("T", (), {"engine": engine})()
 
     names = {t.name: t for t in tasks_for(Spec(ppo))}
     assert "critic" in names and "advantages" in names["train"].consumes
     assert "critic" not in {t.name for t in tasks_for(Spec(grpo))}
     assert "advantages" in train_reads(Spec(ppo)) and "advantages" not in train_reads(Spec(grpo))
+    # a KL term (klCoef 0.001 by default) to a torch trainer's reference: the reference's
+    # log-probs are a task the trainer waits for; megatron's and klCoef 0 have none
+    for algo in (ppo, grpo):
+        names = {t.name: t for t in tasks_for(Spec(algo))}
+        assert "ref_logp" in names["train"].consumes and "ref_logp" in train_reads(Spec(algo))
+        assert names["reference"].consumes == {"response_ids"}
+    no_kl = AlgorithmSpec(kl_coef=0.0)
+    for spec in (Spec(grpo, "megatron"), Spec(no_kl)):
+        names = {t.name: t for t in tasks_for(spec)}
+        assert "reference" not in names and "ref_logp" not in names["train"].consumes
+        assert "ref_logp" not in train_reads(spec)
     with pytest.raises(ValueError, match="groupSize"):
         AlgorithmSpec(name="grpo", group_size=1)
 

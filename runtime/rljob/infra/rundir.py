@@ -11,6 +11,8 @@ the commands that read it (`rljob run --run-dir`, a pod's /checkpoints):
                                while it is written)
     checkpoints/critic/step-N.pt   PPO's critic after step N
     final/                     the last weights, in Hugging Face's layout
+    reference.safetensors      the frozen reference, for the replicas that compute
+                               the reference task (local runs; trainer/reference.py)
     reward.png, timeline.png   the plots of a finished run
 """
 

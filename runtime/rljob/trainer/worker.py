@@ -14,7 +14,10 @@ A micro-step's log-probs, each of a token under the sampling distribution
 the proximal policy's, the same detached (one optimizer step per step, so the
 weights at the step's start are the current ones: no second forward); the
 behaviour policy's, which the rollout engine reported while sampling and the row
-carries; the frozen reference's. The policy loss that combines them is the one
+carries; the frozen reference's, which the row carries too when the reference
+is a task of its own (reference.py: computed by rank 0 while it waits for
+samples, or by an idle replica), else (megatron) computed in the micro-step.
+The policy loss that combines them is the one
 `algorithm.offPolicyCorrection` names (algorithms.py), and each step reports the
 importance weights and the engine mismatch they show (`OffPolicyStats`).
 """
