@@ -89,6 +89,7 @@ class ReferenceWork:
         the number computed (0: none was ready, or the reference is not there)."""
         model = self.model()
         if model is None:
+            time.sleep(wait)  # as a claim that found nothing: the caller polls
             return 0
         kwargs = {"partition": partition} if partition is not None else {}
         try:
