@@ -31,7 +31,6 @@ import yaml
 
 from .api import RLJob
 from .infra.cores import Layout, write_layout
-from .trainer.reference import WEIGHTS as REFERENCE_WEIGHTS
 from .infra.devices import count as count_devices, device_plan, worker_env
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
@@ -224,7 +223,7 @@ class LocalRun:
             tq_args += ["--redis", url]
         self.purge_storage()  # a fresh or resumed run starts from a checkpoint, not a table
         if not self.resume:  # an earlier run's reference is not this one's
-            (self.run_dir / REFERENCE_WEIGHTS).unlink(missing_ok=True)
+            self.layout.reference.unlink(missing_ok=True)
         write_layout(self.run_dir, self.core_layout())
         tq = self._spawn("transferqueue", tq_args)
         self._wait_listening(tq, "transferqueue")

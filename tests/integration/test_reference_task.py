@@ -15,8 +15,9 @@ from rljob.api.validation import load_rljob
 from rljob.inputs.models import build_model, load_tokenizer
 from rljob.preflight import resolve_paths
 from rljob.sampling import TokenDistribution, row_logprobs
-from rljob.trainer.reference import (WEIGHTS, ReferenceFromRunDir, ReferenceWork,
-                                     replicas_take_it, save_weights)
+from rljob.infra.rundir import RunDir
+from rljob.trainer.reference import (ReferenceFromRunDir, ReferenceWork, replicas_take_it,
+                                     save_weights)
 from rljob.transferqueue import TransferQueueClient
 from rljob.workflow.tasks import ROLLOUT_READS, tasks_for, train_reads
 
@@ -53,13 +54,14 @@ def test_the_trainer_and_a_replica_share_the_reference_rows_bit_for_bit(tq, tmp_
     assert not client.claim("train", 32, partition=0, wait=0.2)
 
     # the trainer writes its reference; the replica loads it the first time it looks
-    loaded = ReferenceFromRunDir(tmp_path, lambda: build_model(spec.model, tok, seed=9,
+    weights = RunDir(tmp_path).reference
+    loaded = ReferenceFromRunDir(weights, lambda: build_model(spec.model, tok, seed=9,
                                                                dtype=torch.float32))
     replica = ReferenceWork(tq.address, loaded, tok.pad_token_id, dist, rows=12)
     assert replica.once() == 0 and loaded.model is None  # not written yet
-    save_weights(tmp_path, trainer_ref)
-    assert (tmp_path / WEIGHTS).exists()
-    trainer = ReferenceWork(tq.address, trainer_ref, tok.pad_token_id, dist, rows=5)
+    save_weights(weights, trainer_ref)
+    assert weights.exists()
+    trainer = ReferenceWork(tq.address, lambda: trainer_ref, tok.pad_token_id, dist, rows=5)
     try:
         done = {"replica": replica.once(), "trainer": trainer.once(partition=0)}
         while sum(done.values()) < 32:

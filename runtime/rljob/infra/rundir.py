@@ -74,6 +74,12 @@ class RunDir:
         return self.root / "final"
 
     @property
+    def reference(self) -> Path:
+        """The frozen reference's weights (safetensors), for the replicas of a local
+        run that compute the reference task (trainer/reference.py)."""
+        return self.root / "reference.safetensors"
+
+    @property
     def reward_plot(self) -> Path:
         return self.root / "reward.png"
 

@@ -27,6 +27,7 @@ from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..sampling import TokenDistribution
 from ..trainer.reference import ReferenceFromRunDir, ReferenceWork, replicas_take_it
+from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
@@ -106,7 +107,8 @@ class RolloutWorker:
                                    dtype=torch.float32)
 
             self.reference = ReferenceWork(
-                self.tq_address, ReferenceFromRunDir(self.run_dir, reference_model),
+                self.tq_address, ReferenceFromRunDir(RunDir.of(self.run_dir).reference,
+                                                     reference_model),
                 self.tok.pad_token_id, TokenDistribution.of(spec.rollout, len(self.tok)),
                 rows=32, compute=lambda: computing(self.cores),
                 spans=self.spans)

@@ -15,7 +15,7 @@ Two kinds of worker take it, each only while it has nothing else to do:
 - in a local run, a rollout replica of the hf engine on CPU, while its claim for
   prompts waits (parked by the staleness bound in a training-bound job), takes
   any rows. The trainer writes the reference weights into the run directory
-  (`reference.safetensors`) when it freezes them; the replica loads them the
+  (`RunDir.reference`) when it freezes them; the replica loads them the
   first time it has time.
 
 So in a training-bound job the idle rollout cores compute what the trainer
@@ -32,14 +32,14 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
+
 from ..sampling import TokenDistribution, row_logprobs
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
 from ..workflow.tasks import REFERENCE_READS, reference_task
 
 log = logging.getLogger("rljob.reference")
-
-WEIGHTS = "reference.safetensors"  # in a local run's directory
 
 
 def replicas_take_it(spec) -> bool:
@@ -51,16 +51,15 @@ def replicas_take_it(spec) -> bool:
             and spec.accelerator_for("trainer").type == "cpu")
 
 
-def save_weights(run_root: Path, model) -> None:
-    """The frozen reference's weights, for the rollout replicas of a local run
-    (written once; a resumed run's reference is the same)."""
+def save_weights(path: Path, model) -> None:
+    """The frozen reference's weights at `path` (`RunDir.reference`), for the rollout
+    replicas of a local run (written once; a resumed run's reference is the same)."""
     from safetensors.torch import save_file
 
-    path = Path(run_root) / WEIGHTS
     if path.exists():
         return
     tmp = path.with_name(path.name + ".partial")
-    # tied weights share storage: safetensors stores each tensor once, by name
+    # a copy each: safetensors refuses tensors that share storage (tied embeddings)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(tmp))
     tmp.replace(path)
@@ -69,20 +68,15 @@ def save_weights(run_root: Path, model) -> None:
 class ReferenceWork:
     """One worker's share of the reference task: `once()` claims up to `rows`
     rows, computes their reference log-probs and writes them under the claim's
-    lease. `model` is the frozen reference, or a `ReferenceFromRunDir` (no model
+    lease. `model()` gives the frozen reference (a `ReferenceFromRunDir` gives None
     while the trainer has not written it yet)."""
 
     def __init__(self, tq_address: str, model, pad_id: int, dist: TokenDistribution,
                  rows: int = 16, compute=nullcontext, spans=None):
         self.tq = TransferQueueClient(tq_address)  # its own: the worker's is busy elsewhere
-        self._model, self.pad_id, self.dist, self.rows = model, pad_id, dist, rows
+        self.model, self.pad_id, self.dist, self.rows = model, pad_id, dist, rows
         self.compute = compute  # () -> the context the forwards run in
         self.spans = spans  # the worker's SpanLog: a "reference" span per chunk
-        self.done = 0  # rows this worker computed
-        self.seconds = 0.0
-
-    def model(self):
-        return self._model() if isinstance(self._model, ReferenceFromRunDir) else self._model
 
     def once(self, partition: int | None = None, wait: float = 0.0) -> int:
         """Claim, compute and write up to `rows` rows (of `partition`, else any);
@@ -107,14 +101,11 @@ class ReferenceWork:
                                  [x.tolist() for x in batch.data["prompt_ids"]],
                                  [x.tolist() for x in batch.data["response_ids"]], self.dist)
         t1 = time.time()
-        self.seconds += t1 - t0
         if self.spans is not None:
             self.spans.add("reference", t0, t1, batch.rows[0].partition)
         return self._write(batch, logps)
 
     def _write(self, batch: Batch, logps: list[list[float]]) -> int:
-        import numpy as np
-
         try:
             self.tq.write(batch.indices, {"ref_logp": [np.asarray(x, np.float32) for x in logps]},
                           lease=batch)
@@ -124,7 +115,6 @@ class ReferenceWork:
             # another worker computes them
             log.warning("dropped the reference log-probs of %d rows: %s", len(logps), exc)
             return 0
-        self.done += len(logps)
         return len(logps)
 
     def close(self) -> None:
@@ -135,8 +125,8 @@ class ReferenceFromRunDir:
     """The reference model a rollout replica loads from the run directory once the
     trainer has written it (None until then)."""
 
-    def __init__(self, run_root: Path, build):
-        self.path = Path(run_root) / WEIGHTS
+    def __init__(self, path: Path, build):
+        self.path = Path(path)  # RunDir.reference
         self.build = build  # () -> a fresh model of the job's architecture, float32
         self.model = None
 
@@ -146,9 +136,7 @@ class ReferenceFromRunDir:
 
             model = self.build()
             model.load_state_dict(load_file(str(self.path)))
-            self.model = model.eval()
-            for p in self.model.parameters():
-                p.requires_grad_(False)
+            self.model = model.eval().requires_grad_(False)
             log.info("reference weights loaded: computing the reference task's rows "
                      "while waiting for prompts")
         return self.model

@@ -470,14 +470,14 @@ class TrainerWorker:
         reference's weights also go into the run directory, for the replicas."""
         policy, tok = self.policy, self.tok
         if self.run_dir is not None and replicas_take_it(self.spec):
-            save_weights(self.run_dir.root, policy.ref)
+            save_weights(self.run_dir.reference, policy.ref)
 
         @contextmanager
         def compute():
             with computing(self.cores), policy.autocast():
                 yield
 
-        return ReferenceWork(self.tq_address, policy.ref, tok.pad_token_id,
+        return ReferenceWork(self.tq_address, lambda: policy.ref, tok.pad_token_id,
                              TokenDistribution.of(self.spec.rollout, len(tok)),
                              rows=16, compute=compute,
                              spans=self.spans)
