@@ -134,24 +134,33 @@ def test_right_padding_changes_no_logprob_of_a_real_token():
 
 def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
     """Several groups generated in one call (rollout.maxNumSeqs): each group's samples
-    depend on its own seed only, not on the batch it was generated in."""
-    from rljob.rollout.engine import HFEngine, SamplingParams
+    and their log-probs depend on its own seed only, bit for bit, not on the batch it
+    was generated in (prompts of other lengths, one in another width bucket)."""
+    from rljob.rollout.engine import HFEngine, SamplingParams, prompt_width
 
     tok, model = tiny()
     engine = HFEngine(model, tok)
-    prompts = [tok.encode("12+30="), tok.encode("7+5="), tok.encode("100+23=")]
+    prompts = [tok.encode("12+30="), tok.encode("7+5="), tok.encode("1000000+2300000=")]
+    assert prompt_width(len(prompts[0])) < prompt_width(len(prompts[2]))
     params = SamplingParams(n=4, max_new_tokens=8, temperature=1.0, top_p=0.9)
     together = engine.generate(prompts, SamplingParams(**{**params.__dict__,
                                                           "seeds": (11, 22, 33)}))
     for prompt, seed, got in zip(prompts, (11, 22, 33), together):
         alone = engine.generate([prompt], SamplingParams(**{**params.__dict__, "seed": seed}))[0]
         assert [g.response_ids for g in got] == [g.response_ids for g in alone]
-        for a, b in zip(got, alone):
-            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+        assert [g.logprobs for g in got] == [g.logprobs for g in alone]
     # different seeds draw different samples
     assert [g.response_ids for g in together[0]] != [
         g.response_ids for g in engine.generate([prompts[0]], SamplingParams(
             **{**params.__dict__, "seed": 12}))[0]]
+
+
+def test_every_prompt_is_padded_to_a_bucket_with_at_least_one_pad():
+    from rljob.rollout.engine import PROMPT_BUCKET, prompt_width
+
+    for n in range(0, 70):
+        w = prompt_width(n)
+        assert w % PROMPT_BUCKET == 0 and n < w <= n + PROMPT_BUCKET
 
 
 def test_seeded_sampling_follows_the_distribution():

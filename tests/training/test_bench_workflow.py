@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rljob.planner.cost import overlap_bound
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -39,6 +41,12 @@ def test_bench_workflow_prints_modes_and_speedups():
         assert m["gen_contention"] == pytest.approx(
             m["gen_busy_seconds"] / modes["sync"]["gen_busy_seconds"])
     assert modes["sync"]["gen_contention"] == modes["sync"]["train_contention"] == 1.0
+    # the bound counts the reference's forwards (a task either side takes)
+    sync = modes["sync"]
+    assert sync["reference_seconds"] > 0
+    assert res["bound"]["async(1)"] == pytest.approx(overlap_bound(
+        "async", sync["gen_seconds"], sync["train_seconds"],
+        t_either=sync["reference_seconds"]))
     for m in modes.values():  # the controller's and driver's CPU, read from /proc
         assert set(m["light_cpu_share"]) == {"transferqueue", "driver"}
         assert all(0 <= v < 1 for v in m["light_cpu_share"].values())

@@ -155,6 +155,14 @@ def test_overlap_bounds_of_the_workflow_modes():
     assert overlap_bound("periodic", 0.4, 1.0, pieces=1, gen_fixed=0.2) == 1.0
     assert overlap_bound("periodic", 0.4, 1.0, pieces=4, gen_fixed=9) == pytest.approx(
         1.4 / (0.4 + 0.25 + 3 * 0.4))  # never more than the whole step's generation
+    # work either side takes (the reference task): sync splits it over both sides,
+    # async gives it to whichever waits, up to evening the two sides out
+    assert overlap_bound("sync", 0.4, 1.0, t_either=0.3) == 1.0
+    assert overlap_bound("async", 0.4, 1.0, t_either=0.3) == pytest.approx(1.55 / 1.0)
+    assert overlap_bound("async", 0.4, 1.0, t_either=0.8) == pytest.approx(1.8 / 1.1)
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=1, t_either=0.8) == pytest.approx(1.0)
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=4, t_either=0.8) == pytest.approx(
+        1.8 / (0.1 + 0.1 + 0.25 + 3 * 0.275))
     with pytest.raises(ValueError):
         overlap_bound("periodic", 0.0, 1.0)
 

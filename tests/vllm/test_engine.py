@@ -89,9 +89,9 @@ def test_generation_log_probs_equal_transformers_and_updates_take_effect(engine,
 def test_hf_vllm_and_the_trainer_give_one_log_prob_at_temperature_and_top_p(engine, tok):
     """One definition of a token's log-prob (rljob.sampling): at T=0.7, top-p 0.9 on
     the same weights, vLLM's log-prob of each token it sampled (processed_logprobs),
-    the hf engine's and the trainer's agree; vLLM's raw softmax would not."""
-    from rljob.rollout.engine import HFEngine
-    from rljob.sampling import TokenDistribution
+    transformers' row forward's (`row_logprobs`, the reference task's) and the
+    trainer's agree; vLLM's raw softmax would not."""
+    from rljob.sampling import TokenDistribution, row_logprobs
 
     model = _policy(tok, seed=0, noise=0.05)  # a peaked, trained-looking distribution
     engine.load_weights(model.state_dict(), 5)
@@ -99,7 +99,6 @@ def test_hf_vllm_and_the_trainer_give_one_log_prob_at_temperature_and_top_p(engi
     params = SamplingParams(n=8, max_new_tokens=12, temperature=dist.temperature,
                             top_p=dist.top_p)
     prompts = [tok.encode(t) for t in PROMPTS_TEXT]
-    hf = HFEngine(model, tok)
     worst = {"hf": 0.0, "trainer": 0.0}
     plain_gap = 0.0
     tokens = 0
@@ -109,7 +108,8 @@ def test_hf_vllm_and_the_trainer_give_one_log_prob_at_temperature_and_top_p(engi
         with torch.no_grad():
             trainer = token_logprobs(model, b, dist)
             plain = token_logprobs(model, b)
-        hf_logps = hf.sampled_logprobs([prompt] * len(group), responses, dist)
+        hf_logps = row_logprobs(model, tok.pad_token_id, [prompt] * len(group),
+                                responses, dist)
         for k, (gen, hf_logp) in enumerate(zip(group, hf_logps)):
             on = b.mask[k].bool()
             vllm = torch.tensor(gen.logprobs)

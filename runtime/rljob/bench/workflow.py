@@ -2,7 +2,8 @@
 async(2), side by side: generated tokens/s over the steady state, bubble ratio
 (idle share of the rollout and trainer processes), each mode's speedup over sync,
 the most overlap could give (`planner.cost.overlap_bound`, from the round's own
-sync Tgen and Ttrain) and the fraction of it reached, and each side's compute a
+sync Tgen, Ttrain and the reference's forwards, which either side takes) and the
+fraction of it reached, and each side's compute a
 step next to the other over its compute alone (sync), which is what contention
 for the machine costs.
 
@@ -99,6 +100,9 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
                                 if s.worker.startswith("rollout") and s.kind == "generate") / n,
         "train_busy_seconds": sum(s.end - s.start for s in spans if s.worker == "trainer-0"
                                   and s.kind in ("train", "optimizer")) / n,
+        # the reference's log-probs a step, whichever side computed them (a task of its
+        # own: not in Ttrain, which counts the trainer's micro-steps and optimizer)
+        "reference_seconds": sum(s.end - s.start for s in spans if s.kind == "reference") / n,
         "bubble_ratio": bubble_ratio(spans, window=(t0, t1)),
         # the light processes' share of a core in the steady state (they share the
         # rollout's core)
@@ -180,7 +184,8 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         sync = res["sync"]
         for name, r in res.items():
             r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
-                                       sync["train_seconds"], pieces, shape["gen_fixed"])
+                                       sync["train_seconds"], pieces, shape["gen_fixed"],
+                                       t_either=sync["reference_seconds"])
             r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
     modes = {}
     for m in names:
@@ -253,13 +258,14 @@ def render(results: dict) -> None:
                         f"up to {results['max_num_seqs']} sequences a batch, 1 trainer "
                         f"rank, steady state; medians of {results['rounds']} rounds)")
     for col in ("mode", "tokens/s", "vs sync", "bound", "of bound", "step s", "Tgen s",
-                "Ttrain s", "gen busy s", "train busy s", "bubble ratio", "max staleness"):
+                "Ttrain s", "ref s", "gen busy s", "train busy s", "bubble ratio",
+                "max staleness"):
         table.add_column(col, justify="right")
     for mode, r in results["modes"].items():
         table.add_row(mode, f"{r['tokens_per_s']:.0f}", f"{results['speedup'][mode]:.2f}x",
                       f"{r['bound']:.2f}x", f"{r['of_bound']:.0%}",
                       f"{r['step_seconds']:.2f}", f"{r['gen_seconds']:.2f}",
-                      f"{r['train_seconds']:.2f}",
+                      f"{r['train_seconds']:.2f}", f"{r['reference_seconds']:.2f}",
                       f"{r['gen_busy_seconds']:.2f} ({r['gen_contention']:.2f}x)",
                       f"{r['train_busy_seconds']:.2f} ({r['train_contention']:.2f}x)",
                       f"{r['bubble_ratio']:.0%}", str(r["staleness_max"]))
@@ -294,8 +300,10 @@ def render(results: dict) -> None:
                                for n, v in sorted(r["light_cpu_share"].items()))
         for mode, r in results["modes"].items()))
     pieces = results["periodic_pieces_per_step"]
-    Console().print("bound: the most overlap can give over sync from sync's Tgen and Ttrain "
-                    f"(async: (Tgen + Ttrain) / max; periodic: {pieces} rollout batch(es) a "
+    Console().print("bound: the most overlap can give over sync from sync's Tgen, Ttrain "
+                    "and ref (the reference's forwards a step, which either side takes: sync "
+                    "splits them over both) (async: (Tgen + Ttrain + ref/2) / "
+                    f"max(Tgen, Ttrain, (Tgen + Ttrain + ref)/2); periodic: {pieces} rollout batch(es) a "
                     "step, fill and drain included, each batch paying generation's fixed part); busy: each side's own compute a step, "
                     "and in brackets over sync's, where it runs alone")
 

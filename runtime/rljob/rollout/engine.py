@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
 from ..infra.registry import Registry
-from ..sampling import TokenDistribution, row_logprobs, seeded_sample
+from ..sampling import TokenDistribution, sampled_logprobs, seeded_sample
 
 
 @dataclass(frozen=True)
@@ -102,25 +102,50 @@ register_engine = ENGINES.register
 
 class _SeededSampler:
     """A logits processor that samples itself (per-row uniforms drawn from each
-    prompt's seed) and hands `generate` a one-hot choice to take greedily."""
+    prompt's seed) and hands `generate` a one-hot choice to take greedily. It keeps
+    each chosen token's log-prob under `dist`, from the logits it was drawn from."""
 
     def __init__(self, uniforms, width: int, dist: TokenDistribution):
         self.uniforms, self.width, self.dist = uniforms, width, dist
+        self.logprobs: list = []  # per generated position: [rows]
 
     def __call__(self, input_ids, scores):
         import torch
 
         t = input_ids.shape[1] - self.width
         tok = seeded_sample(scores, self.uniforms[:, t], self.dist)  # a tokenizer id
+        self.logprobs.append(sampled_logprobs(scores, tok, self.dist).float().cpu())
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
+
+
+PROMPT_BUCKET = 8  # tokens: on CPU prompts are left-padded to the next multiple of this
+
+
+def prompt_width(length: int) -> int:
+    """The width a prompt of `length` tokens is left-padded to on CPU (pure): the
+    next multiple of PROMPT_BUCKET above it, so every prompt has at least one pad
+    and every row of a batch computes under the padding mask (a batch without any
+    pad lets transformers drop the mask and run another attention kernel). Every
+    padded token is computed in the prefill: the bucket is small."""
+    return (length // PROMPT_BUCKET + 1) * PROMPT_BUCKET
 
 
 @register_engine("hf")
 class HFEngine(RolloutEngine):
     """transformers `generate` on left-padded batches of many prompts; sampling is done
     per row from each prompt's own seed (`seeded_sample`), so a batch of any size
-    gives every prompt the samples it would get alone."""
+    gives every prompt the samples it would get alone.
+
+    The log-probs reported are those of the logits each token was drawn from. On
+    CPU a row's bits follow from the row alone: prompts go in buckets by length
+    (`prompt_width`), each bucket one `generate` at its width (on an accelerator,
+    whose kernels are chosen by shape, one `generate` at the batch's), the padding mask
+    keeps every real token off the pads, and the model attends eagerly (torch's
+    fused attention splits a one-token query's keys over threads by the batch's
+    size); the rows beside a row, their number and their lengths change none of
+    its logits. So a streamed step samples and reports what a whole-step batch
+    does, bit for bit, with no second forward."""
 
     def __init__(self, model, tokenizer):
         import torch
@@ -128,6 +153,8 @@ class HFEngine(RolloutEngine):
         self.torch = torch
         self.model = model.eval()
         self.tok = tokenizer
+        if self.weight_device().type == "cpu":
+            self.model.set_attn_implementation("eager")
 
     @classmethod
     def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator: str,
@@ -145,16 +172,6 @@ class HFEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         torch = self.torch
-        pad = self.tok.pad_token_id
-        eos = self.tok.eos_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        from transformers import LogitsProcessorList
-
         uniforms = []
         for seed in params.prompt_seeds(len(prompts)):
             gen = torch.Generator()
@@ -165,7 +182,33 @@ class HFEngine(RolloutEngine):
             uniforms.append(torch.rand(params.n, params.max_new_tokens, generator=gen,
                                        dtype=torch.float64))
         dist = replace(params.distribution, vocab=len(self.tok))
-        sampler = _SeededSampler(torch.cat(uniforms), width, dist)
+        exact = self.weight_device().type == "cpu"  # accelerator kernels go by shape anyway
+        longest = max(len(p) for p in prompts)
+        buckets: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            buckets.setdefault(prompt_width(len(p)) if exact else longest, []).append(i)
+        out: list[list[Generation]] = [[] for _ in prompts]
+        for width, members in sorted(buckets.items()):
+            groups = self._generate([prompts[i] for i in members],
+                                    torch.cat([uniforms[i] for i in members]), width,
+                                    params, dist)
+            for i, group in zip(members, groups):
+                out[i] = group
+        return out
+
+    def _generate(self, prompts: list[list[int]], uniforms, width: int,
+                  params: SamplingParams, dist: TokenDistribution) -> list[list[Generation]]:
+        """One `generate` of `prompts` left-padded to `width`, n rows each."""
+        torch = self.torch
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        from transformers import LogitsProcessorList
+
+        sampler = _SeededSampler(uniforms, width, dist)
         device = next(self.model.parameters()).device
         # n rows per prompt (prompt-major), as the uniforms are laid out
         ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
@@ -177,19 +220,10 @@ class HFEngine(RolloutEngine):
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
         new = out.sequences[:, width:].cpu().tolist()
         responses = [toks[:toks.index(eos) + 1] if eos in toks else toks for toks in new]
-        rows = [p for p in prompts for _ in range(params.n)]  # prompt-major, as generated
-        logps = self.sampled_logprobs(rows, responses, dist)
-        return [[Generation(responses[i * params.n + j], logps[i * params.n + j])
-                 for j in range(params.n)] for i in range(len(prompts))]
-
-    def sampled_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
-                         dist: TokenDistribution) -> list[list[float]]:
-        """The log-probs of sampled tokens under the distribution they were drawn from,
-        from forwards over the prompt+response rows, right-padded as the trainer pads
-        them, in width buckets (`sampling.row_logprobs`: a row's bits follow from the
-        row alone). The generation's own left-padded, cached logits differ from batch
-        to batch in the last bits."""
-        return row_logprobs(self.model, self.tok.pad_token_id, prompts, responses, dist)
+        logps = torch.stack(sampler.logprobs, 1).tolist()  # [rows, positions]
+        return [[Generation(responses[k], logps[k][:len(responses[k])])
+                 for k in range(i * params.n, (i + 1) * params.n)]
+                for i in range(len(prompts))]
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,
