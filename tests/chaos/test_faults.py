@@ -276,5 +276,7 @@ def test_an_interrupted_run_stops_everything_checkpoints_and_resumes(tmp_path, s
     assert not worker_pids(run.name, run.run_dir)
     # no checkpoint was due (every 50 steps): the trainer wrote one as it stopped
     assert list((run.run_dir / "checkpoints").glob("step-*/trainer.pt"))
+    if sig != signal.SIGTERM:  # the checkpoint is the same whichever signal wrote it:
+        return  # resuming from it is run once
     again = Run(job_file, tmp_path / "run", "--resume", str(tmp_path / "run"))
     check(again)
