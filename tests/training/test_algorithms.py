@@ -149,6 +149,13 @@ def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
         alone = engine.generate([prompt], SamplingParams(**{**params.__dict__, "seed": seed}))[0]
         assert [g.response_ids for g in got] == [g.response_ids for g in alone]
         assert [g.logprobs for g in got] == [g.logprobs for g in alone]
+    # a batch of fewer rows than MIN_ROWS computes the same bits as a big one
+    one = SamplingParams(n=1, max_new_tokens=8, top_p=0.9)
+    single = engine.generate([prompts[0]], SamplingParams(**{**one.__dict__, "seed": 11}))[0]
+    short = [prompts[0]] + [tok.encode(f"{a}+{a}=") for a in (1, 22, 33, 44, 55)]
+    many = engine.generate(short, SamplingParams(**{**one.__dict__, "seeds": (11, 1, 2, 3, 4, 5)}))
+    assert [(g.response_ids, g.logprobs) for g in single] == [
+        (g.response_ids, g.logprobs) for g in many[0]]
     # different seeds draw different samples
     assert [g.response_ids for g in together[0]] != [
         g.response_ids for g in engine.generate([prompts[0]], SamplingParams(

@@ -303,8 +303,9 @@ def render(results: dict) -> None:
     Console().print("bound: the most overlap can give over sync from sync's Tgen, Ttrain "
                     "and ref (the reference's forwards a step, which either side takes: sync "
                     "splits them over both) (async: (Tgen + Ttrain + ref/2) / "
-                    f"max(Tgen, Ttrain, (Tgen + Ttrain + ref)/2); periodic: {pieces} rollout batch(es) a "
-                    "step, fill and drain included, each batch paying generation's fixed part); busy: each side's own compute a step, "
+                    "max(Tgen, Ttrain, (Tgen + Ttrain + ref)/2); periodic: "
+                    f"{pieces} rollout batch(es) a step, fill and drain included, each batch "
+                    "paying generation's fixed part); busy: each side's own compute a step, "
                     "and in brackets over sync's, where it runs alone")
 
 

@@ -120,6 +120,9 @@ class _SeededSampler:
 
 
 PROMPT_BUCKET = 8  # tokens: on CPU prompts are left-padded to the next multiple of this
+# rows a `generate` computes at least: a decode step's matrix products over fewer rows
+# take another BLAS path, with other bits (a batch of 1-3 rows gets copies of its last)
+MIN_ROWS = 4
 
 
 def prompt_width(length: int) -> int:
@@ -208,10 +211,15 @@ class HFEngine(RolloutEngine):
             attn[i, width - len(p):] = 1
         from transformers import LogitsProcessorList
 
-        sampler = _SeededSampler(uniforms, width, dist)
         device = next(self.model.parameters()).device
         # n rows per prompt (prompt-major), as the uniforms are laid out
         ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
+        if len(ids) < MIN_ROWS:  # copies of the last row, dropped below
+            extra = MIN_ROWS - len(ids)
+            ids, attn = torch.cat([ids, ids[-1:].expand(extra, -1)]), \
+                torch.cat([attn, attn[-1:].expand(extra, -1)])
+            uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
+        sampler = _SeededSampler(uniforms, width, dist)
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
