@@ -124,6 +124,15 @@ def test_hf_vllm_and_the_trainer_give_one_log_prob_at_temperature_and_top_p(engi
     assert plain_gap > 0.05  # the definitions differ: the test would see the wrong one
 
 
+def test_vllms_own_workers_already_sample_with_the_engines_logprobs_mode(engine):
+    """The call the engine makes at start for platforms whose runner builds its own
+    sampler (vllm-ascend) finds vLLM's CPU workers already reporting processed
+    log-probs: nothing to change."""
+    got = engine._call(engine.llm.collective_rpc("rljob_logprobs_mode",
+                                                 args=("processed_logprobs",)))
+    assert got == [None] * engine.weight_ranks
+
+
 def test_a_groups_samples_depend_on_its_seed_only(engine, tok):
     engine.load_weights(_policy(tok, seed=0).state_dict(), 2)
     prompt = tok.encode("12+34=")

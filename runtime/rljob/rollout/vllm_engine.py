@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -118,6 +119,12 @@ class VLLMEngine(RolloutEngine):
                                         daemon=True)
         self._thread.start()
         args = engine_args(model_spec, rollout_spec, accelerator, len(tokenizer), seed)
+        if accelerator == "ascend":
+            # vllm-ascend converts weights to the NPU's FRACTAL_NZ layout by default
+            # (vllm_ascend/envs.py:88-92 at 0.23.0); its own RL weight update refuses
+            # that layout (vllm_ascend/worker/worker.py:295-301), and ours reloads
+            # weights in place the same way
+            os.environ.setdefault("VLLM_ASCEND_ENABLE_NZ", "0")
         log.info("starting vLLM: %s", args)
 
         async def start():
@@ -128,6 +135,13 @@ class VLLMEngine(RolloutEngine):
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
         self.llm = self._call(start())
+        # a platform whose model runner built its sampler without the engine's
+        # logprobs_mode (vllm-ascend) is given it (vllm_ext.rljob_logprobs_mode)
+        before = self._call(self.llm.collective_rpc("rljob_logprobs_mode",
+                                                    args=(args["logprobs_mode"],)))
+        if any(before):
+            log.info("vLLM's workers sampled with logprobs_mode %s; set to %s",
+                     sorted({b for b in before if b}), args["logprobs_mode"])
 
     def _call(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)

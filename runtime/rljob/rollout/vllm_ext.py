@@ -10,7 +10,10 @@ replica runs it; each keeps the shard its tensor-parallel rank needs.
 
 `rljob_join` / `rljob_receive` are the collective path: each worker joins the
 replica's weight group as rank first_rank + its rank, and receives a version's
-buckets from the trainer into its own device before the same reload."""
+buckets from the trainer into its own device before the same reload.
+
+`rljob_logprobs_mode` gives the worker's sampler the engine's `logprobs_mode`
+where the platform's model runner built its own sampler without it."""
 
 from __future__ import annotations
 
@@ -46,3 +49,22 @@ class WeightUpdateExtension:
         state = unpack([Slot(*s) for s in slots], buckets)
         self.model_runner.reload_weights(weights_iterator=list(state.items()))
         return received, len(state)
+
+    def rljob_logprobs_mode(self, mode: str) -> str | None:
+        """Make the worker's sampler report `mode` log-probs; return the mode it had
+        when that differed (None when it already did). vllm-ascend 0.23.0's
+        NPUModelRunner replaces vLLM's sampler with `AscendSampler()`, built without
+        the engine's logprobs_mode (vllm_ascend/worker/model_runner_v1.py:333), so it
+        keeps the default raw_logprobs (vllm_ascend/sample/sampler.py:73-76) although
+        its top-k/top-p step computes processed log-probs when asked (sampler.py:
+        164-180, read at sampling time): the log-probs would be of the model's raw
+        softmax, not of the distribution the tokens were drawn from."""
+        sampler = getattr(self.model_runner, "sampler", None)
+        before = getattr(sampler, "logprobs_mode", mode)
+        if before == mode:
+            return None
+        sampler.logprobs_mode = mode
+        inner = getattr(sampler, "topk_topp_sampler", None)
+        if inner is not None and hasattr(inner, "logprobs_mode"):
+            inner.logprobs_mode = mode
+        return before

@@ -287,14 +287,26 @@ class MegatronEngine:
 
 def _load_mindspeed(device) -> None:
     """On Ascend, MindSpeed patches mcore for torch_npu (fused kernels, hccl); it
-    must be imported before mcore builds a model."""
+    must be imported before mcore builds a model. Its adaptor parses the process's
+    command line when imported (26.1.0_core_r0.12.1: `args_utils.get_mindspeed_args`,
+    `parse_known_args` over sys.argv: `-h` would exit the process and a flag named
+    like one of its features would switch it on), so it sees the program name only.
+    It imports `megatron.training` (`mindspeed/te/pytorch/fp8/tensor/float8_tensor.py`),
+    which PyPI's megatron-core does not ship: the runtime image puts Megatron-LM's
+    source of the same release on PYTHONPATH (images/runtime/Dockerfile)."""
     if device.kind != "ascend":
         return
+    import sys
+
+    argv, sys.argv = sys.argv, sys.argv[:1]
     try:
         import mindspeed.megatron_adaptor  # noqa: F401 - patches megatron.core on import
     except ImportError as exc:
-        raise RuntimeError("trainer.engine megatron on accelerator.type ascend needs "
-                           "MindSpeed: pip install 'rljob[npu]' in the runtime image") from exc
+        raise RuntimeError(f"trainer.engine megatron on accelerator.type ascend needs "
+                           f"MindSpeed and Megatron-LM's megatron.training ({exc}): use "
+                           f"the runtime image (images/runtime/Dockerfile)") from exc
+    finally:
+        sys.argv = argv
 
 
 def load_mcore_state(model, state: dict[str, torch.Tensor]) -> None:
