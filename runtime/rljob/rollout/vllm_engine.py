@@ -120,10 +120,10 @@ class VLLMEngine(RolloutEngine):
         self._thread.start()
         args = engine_args(model_spec, rollout_spec, accelerator, len(tokenizer), seed)
         if accelerator == "ascend":
-            # vllm-ascend converts weights to the NPU's FRACTAL_NZ layout by default
-            # (vllm_ascend/envs.py:88-92 at 0.23.0); its own RL weight update refuses
-            # that layout (vllm_ascend/worker/worker.py:295-301), and ours reloads
-            # weights in place the same way
+            # vllm-ascend casts weights to the NPU's FRACTAL_NZ layout (0.23.0,
+            # vllm_ascend/envs.py:88-92: 1, the default, for quantized weights; 2
+            # wherever it can); its own RL weight update refuses any setting but 0
+            # (vllm_ascend/worker/worker.py:295-301), and ours reloads in place too
             os.environ.setdefault("VLLM_ASCEND_ENABLE_NZ", "0")
         log.info("starting vLLM: %s", args)
 
