@@ -156,7 +156,10 @@ class HFEngine(RolloutEngine):
         self.torch = torch
         self.model = model.eval()
         self.tok = tokenizer
-        if self.weight_device().type == "cpu":
+        # on CPU a row's bits follow from the row alone (the docstring says how); an
+        # accelerator's kernels are chosen by shape anyway
+        self.row_exact = self.weight_device().type == "cpu"
+        if self.row_exact:
             self.model.set_attn_implementation("eager")
 
     @classmethod
@@ -185,11 +188,11 @@ class HFEngine(RolloutEngine):
             uniforms.append(torch.rand(params.n, params.max_new_tokens, generator=gen,
                                        dtype=torch.float64))
         dist = replace(params.distribution, vocab=len(self.tok))
-        exact = self.weight_device().type == "cpu"  # accelerator kernels go by shape anyway
         longest = max(len(p) for p in prompts)
         buckets: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
-            buckets.setdefault(prompt_width(len(p)) if exact else longest, []).append(i)
+            buckets.setdefault(prompt_width(len(p)) if self.row_exact else longest,
+                               []).append(i)
         out: list[list[Generation]] = [[] for _ in prompts]
         for width, members in sorted(buckets.items()):
             groups = self._generate([prompts[i] for i in members],
@@ -211,7 +214,7 @@ class HFEngine(RolloutEngine):
             attn[i, width - len(p):] = 1
         from transformers import LogitsProcessorList
 
-        device = next(self.model.parameters()).device
+        device = self.weight_device()
         # n rows per prompt (prompt-major), as the uniforms are laid out
         ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
         if len(ids) < MIN_ROWS:  # copies of the last row, dropped below
