@@ -216,6 +216,19 @@ def _check_context(spec, context: int, tok, examples, problems: list[str]) -> No
             f"{max(context - longest, 0)}")
 
 
+def _check_rollout_memory(spec, config: dict, problems: list[str]) -> None:
+    """vLLM's share of each rollout accelerator leaves room for a weight update and
+    the runtime, and holds the weights' shard and one sequence's KV cache
+    (planner/memory.py, with the accelerator type's datasheet memory)."""
+    from .planner.memory import for_rollout
+    from .weights.collective import BUCKET_BYTES
+
+    kind = spec.accelerator_for("rollout").type
+    if kind != "cpu":
+        problems += for_rollout(config, spec.model.dtype, spec.rollout, kind,
+                                BUCKET_BYTES).problems
+
+
 def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> list[str]:
     """Every problem of `job` (paths already resolved) that shows on this machine;
     `volumes_here`: paths on the job's PVCs are readable here too (in one of its pods,
@@ -236,6 +249,8 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
         problem = architecture_problem(config)
         if problem:
             problems.append(f"trainer.engine: {problem}")
+    if isinstance(config, dict) and spec.rollout.engine == "vllm":
+        _check_rollout_memory(spec, config, problems)
     examples = (_check_dataset(spec, where, problems)
                 if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, examples, problems)

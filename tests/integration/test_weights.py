@@ -310,3 +310,61 @@ def test_bench_weights_prints_both_transports():
         t = r["transports"][name]
         assert abs(t["bytes"] - want) <= 1 and t["transfer_seconds"] > 0, name
     assert r["collective_over_grpc"]["transfer_seconds"] > 0
+
+
+def test_a_streamed_receive_takes_each_bucket_only_when_asked(monkeypatch):
+    """A tensor-parallel worker's side of a broadcast (`receive_stream`, real gloo
+    group of two): bucket i+1 is received only after bucket i's tensors were taken,
+    so the worker holds one bucket beyond what it keeps; the tensors are bit-exact."""
+    from rljob.weights import collective as coll
+
+    want = weights(5)
+    slots, buckets = coll.pack(iter(want.items()), bucket_bytes=1 << 20)
+    assert len(buckets) >= 2
+    store, address = coll.open_store("127.0.0.1:1")
+    received = []
+    real = coll.broadcast
+
+    def counted(group, tensor, root=0):
+        real(group, tensor, root)
+        if threading.current_thread().name == "receiver":
+            received.append(tensor.numel())
+
+    monkeypatch.setattr(coll, "broadcast", counted)
+
+    def send():
+        group, _ = coll.new_group("gloo", address, "t", 0, 2, timeout=30)
+        for b in buckets:
+            coll.broadcast(group, b)
+
+    got, seen_at = {}, {}
+
+    def take():
+        group, _ = coll.new_group("gloo", address, "t", 1, 2, timeout=30)
+        seconds = [0.0]
+        for name, t in coll.receive_stream(group, [b.numel() for b in buckets], slots,
+                                           torch.device("cpu"), seconds):
+            seen_at[name] = len(received)
+            got[name] = t.clone()
+        assert seconds[0] > 0
+
+    sender = threading.Thread(target=send)
+    receiver = threading.Thread(target=take, name="receiver")
+    sender.start(), receiver.start()
+    sender.join(60), receiver.join(60)
+    assert_same(got, want)
+    # each tensor was handed over when only its own bucket (and those before) had come
+    assert seen_at == {s.name: s.bucket + 1 for s in slots}
+    del store
+
+
+def test_a_version_published_as_a_stream_is_served_whole(sender):
+    """`publish` takes (name, tensor) pairs one at a time (a trainer's `hf_tensors`)."""
+    sender.publish(7, iter(weights(7).items()))
+    client = WeightClient(f"127.0.0.1:{sender.port}")
+    try:
+        version, state = client.fetch(7, wait=10)
+        assert version == 7
+        assert_same(state, weights(7))
+    finally:
+        client.close()

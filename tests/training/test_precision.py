@@ -89,3 +89,30 @@ def test_gradients_are_clipped_to_max_grad_norm():
     policy.clip_grad_norm(10 * norm)  # a norm under the bound is left alone
     assert all(torch.allclose(p.grad, g / 4, rtol=1e-3, atol=1e-9)
                for p, g in zip(policy.parameters(), grads))
+
+
+def test_the_frozen_reference_keeps_its_matrices_in_the_compute_dtype_and_its_bits():
+    """The reference computes under the same autocast as the policy: its matrix
+    weights are stored in bfloat16 (about half the memory of a float32 copy) and its
+    log-probs equal, bit for bit, those of a float32 copy of the same weights."""
+    import copy
+
+    tok = load_tokenizer(SPEC.model)
+    batch = _batch(tok)
+    policy = TorchPolicy(SPEC, tok, resolve("cpu"), torch.device("cpu"), 0, 1,
+                         compute=torch.bfloat16)
+    float32_ref = copy.deepcopy(policy.model).eval()
+    policy.freeze_reference()
+    dtypes = {n: p.dtype for n, p in policy.ref.named_parameters()}
+    assert {d for n, d in dtypes.items() if n.endswith("proj.weight")} == {torch.bfloat16}
+    assert dtypes["model.embed_tokens.weight"] == torch.float32  # autocast leaves it
+    assert {d for n, d in dtypes.items() if "norm" in n} == {torch.float32}
+    nbytes = sum(p.numel() * p.element_size() for p in policy.ref.parameters())
+    full = sum(p.numel() * p.element_size() for p in float32_ref.parameters())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = token_logprobs(float32_ref, batch).float()
+    got = policy.ref_logprobs(batch)
+    print(f"reference: {nbytes / 1e6:.2f} MB in bfloat16 matrices, {full / 1e6:.2f} MB "
+          "in float32")
+    assert nbytes < 0.75 * full
+    assert torch.equal(got, want)

@@ -43,3 +43,29 @@ def test_unpack_gives_back_every_tensor_bit_exact_as_views():
     buckets[0].zero_()  # views: the buckets' bytes, no copy
     assert not got["a"].any()
     assert torch.equal(want["a"], state()["a"])  # pack copied: the source is untouched
+
+
+def test_a_stream_packs_as_planned_holding_one_buckets_tensors_at_a_time():
+    """The sender copies a stream of freshly made tensors (a cast, a gathered shard)
+    into host buckets as they come: it keeps at most the open bucket's tensors
+    alive, and the layout is `plan_buckets`'."""
+    import weakref
+
+    want = state()
+    alive: list[weakref.ref] = []
+    most = 0
+
+    def fresh():
+        nonlocal most
+        for name, t in want.items():
+            most = max(most, sum(r() is not None for r in alive))
+            copy = t.clone()
+            alive.append(weakref.ref(copy))
+            yield name, copy
+
+    slots, buckets = pack(fresh(), bucket_bytes=256)
+    assert (slots, [b.numel() for b in buckets]) == plan_buckets(want, bucket_bytes=256)
+    assert most <= 3  # a, b, c share the first bucket; the stream never held more
+    for name, t in unpack(slots, buckets).items():
+        assert torch.equal(t, want[name])
+    assert all(r() is None for r in alive)

@@ -444,6 +444,16 @@ class RolloutSpec(ApiModel):
         "so generation overlaps training). The hf engine generates them in one call; vllm "
         "keeps that many in flight, claiming more as groups finish (continuous batching).",
     )
+    memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's share of each rollout accelerator's memory (its "
+        "gpu_memory_utilization: weights, activations, KV cache); the rest holds a weight "
+        "update's buffers and the runtime's. Unset: computed from the model at start "
+        "(planner/memory.py; 0.94 for Qwen2.5-7B with tensorParallel 4 on a 64 GB 910B). "
+        "Not used on CPU.",
+    )
     temperature: float = Field(1.0, gt=0, le=10)
     top_p: float = Field(1.0, gt=0, le=1)
     accelerator: AcceleratorSpec | None = Field(

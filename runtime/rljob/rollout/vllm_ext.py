@@ -1,16 +1,18 @@
 """Runs inside vLLM's worker processes: mixed into the worker class through
 `worker_extension_cls` (so it imports nothing heavier than torch at load time).
 
-`rljob_reload` takes a weight version as safetensors bytes (tensors inside
-`collective_rpc` arguments would arrive as plain lists) and reloads it in place
-through the model runner's `reload_weights`, which keeps every backend's own
-weight layout (the CPU backend repacks linear weights after a load, so loading
-into the model's parameters directly does not work there). Every worker of the
-replica runs it; each keeps the shard its tensor-parallel rank needs.
+`rljob_reload` takes a weight version as a safetensors file the rollout wrote
+(tensors inside `collective_rpc` arguments would arrive as plain lists, and bytes
+would be copied to every worker whole) and reloads it in place through the model
+runner's `reload_weights`, which keeps every backend's own weight layout (the CPU
+backend repacks linear weights after a load, so loading into the model's
+parameters directly does not work there). Every worker of the replica runs it,
+reading one tensor at a time; each keeps the shard its tensor-parallel rank needs.
 
 `rljob_join` / `rljob_receive` are the collective path: each worker joins the
 replica's weight group as rank first_rank + its rank, and receives a version's
-buckets from the trainer into its own device before the same reload.
+buckets from the trainer into its own device, feeding each bucket's tensors to
+the same reload before the next bucket comes.
 
 `rljob_logprobs_mode` gives the worker's sampler the engine's `logprobs_mode`
 where the platform's model runner built its own sampler without it."""
@@ -19,13 +21,17 @@ from __future__ import annotations
 
 
 class WeightUpdateExtension:
-    def rljob_reload(self, data: bytes) -> int:
-        """Load a Hugging Face-named state dict (safetensors bytes); return its tensor count."""
-        from safetensors.torch import load
+    def rljob_reload(self, path: str) -> int:
+        """Load a Hugging Face-named version from the safetensors file at `path`, one
+        tensor at a time (each worker keeps its shard of each: the file's pages are
+        shared by the replica's workers); return its tensor count."""
+        from safetensors import safe_open
 
-        state = load(data)
-        self.model_runner.reload_weights(weights_iterator=list(state.items()))
-        return len(state)
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            self.model_runner.reload_weights(
+                weights_iterator=((name, f.get_tensor(name)) for name in names))
+        return len(names)
 
     def rljob_join(self, backend: str, store: str, prefix: str, first_rank: int,
                    world: int) -> int:
@@ -38,17 +44,18 @@ class WeightUpdateExtension:
         return rank
 
     def rljob_receive(self, sizes: list[int], slots: list) -> tuple[float, int]:
-        """Receive one broadcast version and reload it; return (seconds receiving, tensors)."""
-        import time
+        """Receive one broadcast version and reload it as it comes, bucket by bucket
+        (`receive_stream`: the worker holds one bucket beyond its shard); return
+        (seconds receiving, tensors)."""
+        from rljob.weights.collective import Slot, device_of, receive_stream
 
-        from rljob.weights.collective import Slot, device_of, receive, unpack
-
-        t0 = time.monotonic()
-        buckets = receive(self._rljob_group, sizes, device_of(self._rljob_backend))
-        received = time.monotonic() - t0
-        state = unpack([Slot(*s) for s in slots], buckets)
-        self.model_runner.reload_weights(weights_iterator=list(state.items()))
-        return received, len(state)
+        seconds = [0.0]
+        stream = receive_stream(self._rljob_group, sizes, [Slot(*s) for s in slots],
+                                device_of(self._rljob_backend), seconds)
+        self.model_runner.reload_weights(weights_iterator=stream)
+        for _ in stream:  # a loader that stopped early: the group's broadcasts go on
+            pass
+        return seconds[0], len(slots)
 
     def rljob_logprobs_mode(self, mode: str) -> str | None:
         """Make the worker's sampler report `mode` log-probs; return the mode it had

@@ -23,10 +23,12 @@ MindSpeed) and GPU, written against mcore's public API and imported lazily
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..sampling import PLAIN, TokenDistribution, sampled_logprobs
-from .policy import Policy, register_trainer_engine
+from .policy import Policy, matmul_weights_to, register_trainer_engine
 
 
 def _layout(cfg: dict) -> tuple[int, int, int, int]:
@@ -121,40 +123,56 @@ def hf_to_mcore(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Te
     return out
 
 
+_PER_LAYER_TO_HF = {mc: hf for hf, mc in _SAME_PER_LAYER + _OPTIONAL_PER_LAYER}
+_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
+
+
+def mcore_tensor_to_hf(name: str, t: torch.Tensor, cfg: dict, tied: bool
+                       ) -> list[tuple[str, torch.Tensor]]:
+    """One whole mcore tensor under Hugging Face names (pure; views, no copy): a fused
+    qkv gives q, k and v, a fused gate/up gives both; `tied`: the embedding is the
+    head too. A tensor Hugging Face has no name for gives none."""
+    if name == "embedding.word_embeddings.weight":
+        return [("model.embed_tokens.weight", t)] + ([("lm_head.weight", t)] if tied else [])
+    if name == "decoder.final_layernorm.weight":
+        return [("model.norm.weight", t)]
+    if name == "output_layer.weight":
+        return [("lm_head.weight", t)]
+    m = _LAYER.fullmatch(name)
+    if m is None:
+        return []
+    hf, suffix = f"model.layers.{m[1]}.", m[2]
+    if suffix.startswith("self_attention.linear_qkv.") and suffix.endswith(("weight", "bias")):
+        kind = suffix.rsplit(".", 1)[1]
+        _, groups, hd, per = _layout(cfg)
+        block = (per + 2) * hd
+        qs, ks, vs = [], [], []
+        for g in range(groups):
+            b = t[g * block:(g + 1) * block]
+            qs.append(b[:per * hd])
+            ks.append(b[per * hd:(per + 1) * hd])
+            vs.append(b[(per + 1) * hd:])
+        return [(f"{hf}self_attn.q_proj.{kind}", torch.cat(qs)),
+                (f"{hf}self_attn.k_proj.{kind}", torch.cat(ks)),
+                (f"{hf}self_attn.v_proj.{kind}", torch.cat(vs))]
+    if suffix == "mlp.linear_fc1.weight":
+        gate, up = t.chunk(2)
+        return [(f"{hf}mlp.gate_proj.weight", gate), (f"{hf}mlp.up_proj.weight", up)]
+    if suffix in _PER_LAYER_TO_HF:
+        return [(hf + _PER_LAYER_TO_HF[suffix], t)]
+    return []
+
+
+def ties_head(state, cfg: dict) -> bool:
+    """Whether the embedding is also the head (no output layer of its own)."""
+    return bool(cfg.get("tie_word_embeddings")) and "output_layer.weight" not in state
+
+
 def mcore_to_hf(state: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """The inverse of `hf_to_mcore`."""
-    heads, groups, hd, per = _layout(cfg)
-    out = {"model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
-           "model.norm.weight": state["decoder.final_layernorm.weight"]}
-    if "output_layer.weight" in state:
-        out["lm_head.weight"] = state["output_layer.weight"]
-    elif cfg.get("tie_word_embeddings"):
-        out["lm_head.weight"] = state["embedding.word_embeddings.weight"]
-    for i in range(cfg["num_hidden_layers"]):
-        hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
-        for kind in ("weight", "bias"):
-            qkv = state.get(f"{mc}self_attention.linear_qkv.{kind}")
-            if qkv is None:
-                continue
-            block = (per + 2) * hd
-            qs, ks, vs = [], [], []
-            for g in range(groups):
-                b = qkv[g * block:(g + 1) * block]
-                qs.append(b[:per * hd])
-                ks.append(b[per * hd:(per + 1) * hd])
-                vs.append(b[(per + 1) * hd:])
-            out[f"{hf}self_attn.q_proj.{kind}"] = torch.cat(qs)
-            out[f"{hf}self_attn.k_proj.{kind}"] = torch.cat(ks)
-            out[f"{hf}self_attn.v_proj.{kind}"] = torch.cat(vs)
-        for hf_name, mc_name in _SAME_PER_LAYER:
-            out[hf + hf_name] = state[mc + mc_name]
-        for hf_name, mc_name in _OPTIONAL_PER_LAYER:
-            if mc + mc_name in state:
-                out[hf + hf_name] = state[mc + mc_name]
-        gate, up = state[f"{mc}mlp.linear_fc1.weight"].chunk(2)
-        out[f"{hf}mlp.gate_proj.weight"] = gate
-        out[f"{hf}mlp.up_proj.weight"] = up
-    return out
+    tied = ties_head(state, cfg)
+    return {hf_name: v for name, t in state.items()
+            for hf_name, v in mcore_tensor_to_hf(name, t, cfg, tied)}
 
 
 # mcore parameter suffix → how tensor parallelism splits it (dimension, kind)
@@ -411,32 +429,35 @@ class MegatronPolicy(Policy):
         ref.eval()
         for p in ref.parameters():
             p.requires_grad_(False)
+        from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+        matmul_weights_to(ref, self.compute, (ColumnParallelLinear, RowParallelLinear))
         self.ref = ref
 
     def _logprobs(self, model, batch, dist) -> torch.Tensor:
         return mcore_token_logprobs(model, batch.input_ids, dist)
 
-    def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
+    def hf_tensors(self):
         """Collective over the first data-parallel replica's tensor-parallel group:
-        rank 0 (the weight sender) gets the full weights under HF names in the
-        compute dtype, on the host or left on its device; every other rank gets None. Only the shards
-        are sent, only to rank 0 (no all-gather, no copy on the other ranks)."""
+        rank 0 (the weight sender) gets each weight whole, under Hugging Face names in
+        the compute dtype on its device, one parameter at a time (it holds one
+        gathered parameter beyond its own shards); every other rank yields nothing.
+        Only the shards are sent, only to rank 0 (no all-gather)."""
         if self.data_rank != 0:
-            return None
-        mine = {k: v.detach().to(self.compute)
-                for k, v in self.model.state_dict().items() if "_extra_state" not in k}
-        if self.tp > 1:
-            first = self._dist.get_global_rank(self.tp_group, 0)
-            gathered = {}
-            for name, t in mine.items():
+            return
+        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
+        tied = ties_head(state, self.cfg)
+        first = self._dist.get_global_rank(self.tp_group, 0) if self.tp > 1 else 0
+        for name, t in state.items():
+            t = t.detach().to(self.compute)
+            if self.tp > 1:
                 parts = ([torch.empty_like(t) for _ in range(self.tp)]
                          if self.tp_rank == 0 else None)
                 self._dist.gather(t.contiguous(), parts, dst=first, group=self.tp_group)
-                gathered[name] = parts
-            if self.tp_rank != 0:
-                return None
-            mine = unshard_tp([{n: p[r] for n, p in gathered.items()} for r in range(self.tp)])
-        return {k: v.cpu() if on_host else v for k, v in mcore_to_hf(mine, self.cfg).items()}
+                if self.tp_rank != 0:
+                    continue
+                t = unshard_tp([{name: p} for p in parts])[name]
+            yield from mcore_tensor_to_hf(name, t, self.cfg, tied)
 
     def _grad_sumsq(self) -> torch.Tensor:
         """Tensor-parallel shards count once each, replicated weights (norms) once

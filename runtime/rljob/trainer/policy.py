@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -34,6 +35,24 @@ def compute_dtype(spec: RLJobSpec, device: Device) -> torch.dtype:
     """What the passes compute in (and rollouts receive): `model.dtype` on an
     accelerator, float32 on CPU (pure)."""
     return torch.float32 if device.kind == "cpu" else getattr(torch, spec.model.dtype)
+
+
+def matmul_weights_to(model: torch.nn.Module, dtype: torch.dtype,
+                      kinds: tuple[type, ...] = (torch.nn.Linear,)) -> None:
+    """The weights of `model`'s matrix products (modules of `kinds`) in `dtype`, in
+    place: autocast to `dtype` casts them so before every product anyway, so the
+    model computes the same bits in about half the memory (a frozen reference in
+    the compute dtype). Embeddings, norms and biases keep their dtype (autocast
+    leaves them be), and so does a weight shared with another module (a head tied
+    to the embedding)."""
+    if dtype == torch.float32:
+        return
+    other = {id(p) for m in model.modules() if not isinstance(m, kinds)
+             for p in m.parameters(recurse=False)}
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, kinds) and isinstance(w, torch.nn.Parameter) and id(w) not in other:
+            w.data = w.data.to(dtype)
 
 
 class Policy:
@@ -99,6 +118,16 @@ class Policy:
             return nullcontext()
         return self.wrapped.no_sync()
 
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective: the weights rollouts load, under Hugging Face names in the
+        compute dtype, one at a time on the sending rank; nothing on the others
+        (which still take their part)."""
+        raise NotImplementedError
+
+    def hf_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective: `hf_tensors` on the host, on the sending rank; None elsewhere."""
+        return {k: v.to("cpu") for k, v in self.hf_tensors()} or None
+
     def checkpoint_state(self) -> dict:
         return {"model": self.model.state_dict(), "ref": self.ref.state_dict()}
 
@@ -133,25 +162,26 @@ class TorchPolicy(Policy):
         self.ref = None
 
     def freeze_reference(self, state: dict | None = None) -> None:
-        """The reference is the policy as it is now (or `state`), frozen."""
+        """The reference is the policy as it is now (or `state`), frozen, its matrix
+        weights in the compute dtype (`matmul_weights_to`)."""
         self.ref = copy.deepcopy(self.model).eval()
         if state is not None:
             self.ref.load_state_dict(state)
         for p in self.ref.parameters():
             p.requires_grad_(False)
+        matmul_weights_to(self.ref, self.compute)
 
     def _logprobs(self, model, batch: TokenBatch, dist: TokenDistribution) -> torch.Tensor:
         return token_logprobs(model, batch, dist)
 
-    def hf_state(self, on_host: bool = True) -> dict[str, torch.Tensor] | None:
-        """Weights under Hugging Face names in the compute dtype (what rollouts
-        load), on the host or left on the device; only rank 0 sends them, the
-        others get None (no copy)."""
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Weights under Hugging Face names in the compute dtype (what rollouts load),
+        on this rank's device, one at a time (a cast makes one tensor at a time, not
+        a second model); only rank 0 sends them, the others yield nothing."""
         if self.rank != 0:
-            return None
-        where = "cpu" if on_host else None
-        return {k: v.detach().to(where, self.compute)
-                for k, v in self.model.state_dict().items()}
+            return
+        for k, v in self.model.state_dict().items():
+            yield k, v.detach().to(self.compute)
 
     def saves_checkpoint(self, rank: int) -> bool:
         return rank == 0  # every rank holds the same weights

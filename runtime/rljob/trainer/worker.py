@@ -415,8 +415,6 @@ class TrainerWorker:
         # this life's epoch: samples of weights a dead life published after `start` are
         # not in its history and are made again
         self.lineage = Lineage.restored(new_epoch(), recorded)
-        # collective: sent from this device, no host copy
-        self.on_host = spec.weight_transport != "collective"
         if rank == 0:
             self.sender = WeightSender(self.weights_listen, self.lineage.epoch,
                                        spec.weight_transport)
@@ -431,10 +429,14 @@ class TrainerWorker:
         self.opt = make_optimizer(self.policy, spec.algorithm.lr)
         if opt_state is not None:
             self.opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard
-        # collective (megatron gathers tensor-parallel shards)
-        state = self.policy.hf_state(self.on_host)
+        # collective (megatron gathers tensor-parallel shards): the critic starts
+        # from the policy's weights; the sender copies them a tensor at a time
+        state = self.policy.hf_state() if spec.algorithm.critic else None
+        tensors = state if state is not None else self.policy.hf_tensors()
+        if rank != 0:
+            drain(tensors)
         if rank == 0:
-            self.sender.publish(self.start, state)
+            self.sender.publish(self.start, tensors)
             self.tq = TransferQueueClient(self.tq_address)
             self.tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares it
             back = self.tq.release_consumer()  # what an earlier life of this rank held
@@ -574,13 +576,15 @@ class TrainerWorker:
             log.info("optimizer state on this rank: %.2f MB (%s over %d data-parallel "
                      "rank(s))", optimizer_state_bytes(self.opt) / 1e6,
                      "ZeRO-1" if policy.data_world > 1 else "AdamW", policy.data_world)
-        state = policy.hf_state(self.on_host)  # collective
+        tensors = policy.hf_tensors()  # collective: the sender (rank 0) consumes it
+        if rank != 0:
+            drain(tensors)
         if rank == 0:
             # the step's rows stay leased (kept alive) until a checkpoint holds the
             # update: a trainer that dies before then trains them again
             self.uncommitted += self.source.take_leases()
             with self.spans.span("weight-sync", t):
-                self.sender.publish(self.version, state)
+                self.sender.publish(self.version, tensors)
             m = _step_metrics(t, samples, train_spans, time.time() - t_wall, sums)
             m |= _off_policy_figures(off_policy)
             if spec.algorithm.filter_groups:
@@ -668,6 +672,12 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
         worker.setup().run()
     finally:
         worker.close()
+
+
+def drain(tensors) -> None:
+    """A non-sending rank's part of a collective `hf_tensors` (its gathers)."""
+    for _ in tensors:
+        pass
 
 
 def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps, resume):

@@ -10,7 +10,12 @@ bucket) and then broadcasts the buckets, which the replica's ranks receive into
 buffers of their own device. gRPC stays the control plane (versions, epochs,
 reports) and the data path across clusters (`weightTransport: grpc`).
 
-Pure parts: `plan_buckets` (layout), `pack` / `unpack` (tensors ↔ buckets);
+Memory: the sender packs a version into host buckets one tensor at a time and
+stages one bucket at a time on its device to broadcast it; a receiver holds one
+bucket on its device beyond what it keeps (`receive_stream`: a tensor-parallel
+worker keeps its shard; `receive`: a whole-model engine keeps a host copy).
+
+Pure parts: `plan_buckets` (layout), `unpack` (buckets → tensors);
 the process groups are torch.distributed's own backends, made without a default
 group (`new_group`), so a trainer rank already in its gang's group can join a
 group per replica.
@@ -19,6 +24,8 @@ group per replica.
 from __future__ import annotations
 
 import datetime
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -62,26 +69,51 @@ def plan_buckets(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTE
     return slots, sizes
 
 
-def pack(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES
-         ) -> tuple[list[Slot], list[torch.Tensor]]:
-    """A copy of `state` in byte buckets on its own device (one snapshot: the trainer
-    goes on training while replicas receive it)."""
-    slots, sizes = plan_buckets(state, bucket_bytes)
-    device = next(iter(state.values())).device if state else torch.device("cpu")
-    buckets = [torch.empty(s, dtype=torch.uint8, device=device) for s in sizes]
-    for slot, t in zip(slots, state.values()):
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        buckets[slot.bucket][slot.offset:slot.offset + slot.nbytes].copy_(flat)
+def pack(tensors, bucket_bytes: int = BUCKET_BYTES) -> tuple[list[Slot], list[torch.Tensor]]:
+    """A host copy of `tensors` (a dict, or (name, tensor) pairs given one at a time)
+    in byte buckets laid out as `plan_buckets` does: one snapshot, which replicas
+    receive while the trainer goes on training. Holds at most one bucket's tensors
+    besides the buckets already packed, so a stream of freshly made tensors (a
+    gathered shard, a cast to the compute dtype) costs its device one bucket, not a
+    model. Buckets of an accelerator's tensors are in pinned memory (fast copies)."""
+    items = tensors.items() if isinstance(tensors, dict) else tensors
+    slots: list[Slot] = []
+    buckets: list[torch.Tensor] = []
+    pending: list[tuple[Slot, torch.Tensor]] = []
+    size = 0
+
+    def close() -> None:
+        pin = pending[0][1].device.type != "cpu"
+        bucket = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        for slot, t in pending:
+            flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            bucket[slot.offset:slot.offset + slot.nbytes].copy_(flat)
+        buckets.append(bucket)
+        pending.clear()
+
+    for name, t in items:
+        n = _nbytes(t)
+        start = -(-size // 16) * 16 if pending else 0
+        if pending and size and start + n > bucket_bytes:
+            close()
+            start = 0
+        slot = Slot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), len(buckets),
+                    start, n)
+        slots.append(slot)
+        pending.append((slot, t))
+        size = start + n
+    if pending:
+        close()
     return slots, buckets
+
+
+def _view(s: Slot, bucket: torch.Tensor) -> torch.Tensor:
+    return bucket[s.offset:s.offset + s.nbytes].view(getattr(torch, s.dtype)).reshape(s.shape)
 
 
 def unpack(slots: list[Slot], buckets: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors of `slots` as views into `buckets` (no copy)."""
-    out = {}
-    for s in slots:
-        raw = buckets[s.bucket][s.offset:s.offset + s.nbytes]
-        out[s.name] = raw.view(getattr(torch, s.dtype)).reshape(s.shape)
-    return out
+    return {s.name: _view(s, buckets[s.bucket]) for s in slots}
 
 
 def device_of(backend: str) -> torch.device:
@@ -153,15 +185,39 @@ def broadcast(group, tensor: torch.Tensor, root: int = 0) -> None:
 
 
 def receive(group, sizes: list[int], device: torch.device) -> list[torch.Tensor]:
-    """A non-root rank's side of one version: the buckets, in order."""
+    """A non-root rank's side of one version, kept in host memory: each bucket is
+    received into `device` (NCCL and HCCL need device buffers) and moved to the host
+    before the next, so the device holds one bucket beyond what it had."""
     buckets = []
     for size in sizes:
         b = torch.empty(size, dtype=torch.uint8, device=device)
         broadcast(group, b)
-        buckets.append(b)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        buckets.append(b if b.device.type == "cpu" else b.to("cpu"))
     return buckets
+
+
+def receive_stream(group, sizes: list[int], slots: list[Slot], device: torch.device,
+                   seconds: list[float] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """A non-root rank's side of one version as a stream: bucket i is received into
+    `device` and its tensors (views) are yielded before bucket i+1 is received, so a
+    rank that keeps only its shard of what it is given (a tensor-parallel worker's
+    weight loaders) holds one bucket beyond its shard, not the model. Every rank of
+    the group must consume the stream to its end. The seconds spent receiving are
+    added to `seconds[0]`."""
+    by_bucket: list[list[Slot]] = [[] for _ in sizes]
+    for s in slots:
+        by_bucket[s.bucket].append(s)
+    for size, mine in zip(sizes, by_bucket):
+        t0 = time.monotonic()
+        b = torch.empty(size, dtype=torch.uint8, device=device)
+        broadcast(group, b)
+        if b.device.type == "cuda":
+            torch.cuda.synchronize(b.device)
+        if seconds is not None:
+            seconds[0] += time.monotonic() - t0
+        for s in mine:
+            yield s.name, _view(s, b)
+        del b
 
 
 def hccl_group_class():

@@ -4,6 +4,7 @@ replica (`collective.py`), and tracks what every replica reports it loaded."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -22,13 +23,16 @@ log = logging.getLogger("rljob.weights")
 
 
 class _Published:
-    """One version: host bytes per tensor (grpc), or device buckets (collective)."""
+    """One version, in host memory: bytes per tensor (grpc), or buckets (collective)
+    that each replica's group gets staged on `device` one at a time."""
 
     def __init__(self, version: int, tensors: list[tuple[str, str, list[int], bytes]] = (),
-                 slots: list[coll.Slot] = (), buckets: list[torch.Tensor] = ()):
+                 slots: list[coll.Slot] = (), buckets: list[torch.Tensor] = (),
+                 device: torch.device = torch.device("cpu")):
         self.version = version
         self.tensors = list(tensors)
         self.slots, self.buckets = list(slots), list(buckets)
+        self.device = device
         self.total = (sum(len(t[3]) for t in self.tensors)
                       + sum(b.numel() for b in self.buckets))
 
@@ -77,9 +81,11 @@ class _Group:
             return
         try:
             for b in pub.buckets:
-                coll.broadcast(self.group, b if self.backend != "gloo" else b.cpu())
-            if pub.buckets and pub.buckets[0].is_cuda:
-                torch.cuda.synchronize(pub.buckets[0].device)
+                # NCCL/HCCL send from the device: one bucket there at a time
+                coll.broadcast(self.group, b if self.backend == "gloo"
+                               else b.to(pub.device, non_blocking=True))
+            if pub.device.type == "cuda":
+                torch.cuda.synchronize(pub.device)
         except Exception as exc:  # noqa: BLE001 - a replica died or stalled mid-transfer
             log.warning("weight group %s: broadcast of version %d failed: %s",
                         self.name, pub.version, exc)
@@ -113,17 +119,22 @@ class WeightSender(pbg.WeightServiceServicer):
     def version(self) -> int:
         return self._latest.version if self._latest else -1
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Make `version` the one served: with the collective transport a copy of
-        `state_dict` in buckets on its device, else its bytes in host memory."""
+    def publish(self, version: int, tensors) -> None:
+        """Make `version` the one served: a host copy of `tensors` (a dict, or (name,
+        tensor) pairs copied one at a time as they come, e.g. `Policy.hf_tensors`):
+        buckets with the collective transport, bytes per tensor with grpc."""
+        items = iter(tensors.items() if isinstance(tensors, dict) else tensors)
         if self.transport == "collective":
-            pub = _Published(version, (), *coll.pack(state_dict, self.bucket_bytes))
+            first = next(items, None)
+            device = first[1].device if first else torch.device("cpu")
+            chained = itertools.chain([first] if first else [], items)
+            pub = _Published(version, (), *coll.pack(chained, self.bucket_bytes), device=device)
         else:
-            tensors = []
-            for name, t in state_dict.items():
+            host = []
+            for name, t in items:
                 dtype, data = to_bytes(t)
-                tensors.append((name, dtype, list(t.shape), data))
-            pub = _Published(version, tensors)
+                host.append((name, dtype, list(t.shape), data))
+            pub = _Published(version, host)
         with self._cond:
             self._latest = pub
             self._cond.notify_all()
