@@ -515,6 +515,19 @@ def bench_weights(
     _report(bench, bench.run(rounds, layers, dtype), json_out)
 
 
+@bench_app.command("weight-memory")
+def bench_weight_memory(
+    tp: int = typer.Option(2, min=1, help="The vLLM replica's tensor-parallel workers."),
+    bucket_mb: int = typer.Option(16, min=1, help="The collective path's bucket size, MB."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """One weight update to a tensor-parallel vLLM replica (needs vLLM), over grpc and
+    collective: each worker's peak memory growth during it."""
+    from .bench import weight_memory as bench
+
+    _report(bench, bench.run(tp, bucket_mb), json_out)
+
+
 @bench_app.command("trainer")
 def bench_trainer(
     engines: str = typer.Option("torch,megatron", help="Trainer engines, comma-separated "

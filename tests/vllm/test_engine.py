@@ -194,3 +194,21 @@ def test_a_broadcast_version_is_received_by_the_workers_and_loaded(engine, tok):
     finally:
         receiver.stop()
         sender.stop(grace=0)
+
+
+def test_a_tensor_parallel_worker_holds_its_shard_and_one_bucket_during_an_update():
+    """`rljob bench weight-memory` on a 2-worker replica (a 270 MB model, 16 MB
+    buckets): during an update over either transport a worker's private memory grows
+    by far less than the model (a worker that received the whole version would grow
+    by all of it, over gRPC by twice that)."""
+    from rljob.bench import weight_memory
+
+    shape = {**weight_memory.SHAPE, "num_hidden_layers": 6}
+    results = weight_memory.run(tp=2, bucket_mb=16, shape=shape)
+    weight_memory.render(results)
+    assert [r["transport"] for r in results["rows"]] == ["grpc", "collective"]
+    for row in results["rows"]:
+        workers = {n: p for n, p in row["peaks_mb"].items() if n.startswith("worker")}
+        assert len(workers) == 2, row
+        for private, _ in workers.values():
+            assert private < results["model_mb"] / 3, row

@@ -85,6 +85,27 @@ def _workers() -> dict[str, int]:
 
 
 def run(tp: int = 2, bucket_mb: int = 16, shape: dict | None = None) -> dict:
+    cores = max(1, os.cpu_count() or 1)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1",
+           # one CPU per worker
+           "VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp)),
+           # every allocation of 64 KiB or more its own mapping, returned when freed:
+           # the resident size then follows what is allocated, not what the C
+           # allocator keeps
+           "MALLOC_MMAP_THRESHOLD_": str(64 << 10)}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: os.environ.get(k) or v for k, v in env.items()})
+    try:
+        return _measure(tp, bucket_mb, shape)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _measure(tp: int, bucket_mb: int, shape: dict | None) -> dict:
     import torch
 
     from rljob.api.spec import ModelSpec, RolloutSpec
@@ -93,13 +114,6 @@ def run(tp: int = 2, bucket_mb: int = 16, shape: dict | None = None) -> dict:
     from rljob.rollout.vllm_engine import VLLMEngine
     from rljob.weights import WeightReceiver, WeightSender
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # every allocation of 64 KiB or more its own mapping, returned when freed: the
-    # resident size then follows what is allocated, not what the C allocator keeps
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 << 10))
-    cores = max(1, os.cpu_count() or 1)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i % cores)
-                                                                for i in range(tp)))
     cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
            "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
            "torch_dtype": "float32", **(shape or SHAPE)}
