@@ -93,15 +93,32 @@ def _load_tp_rank(rank: int, world: int, port: int, out: str) -> None:
     for k, v in mine.items():
         dist.all_gather(parts[k], v.contiguous())
     gathered = unshard_tp([{k: p[r] for k, p in parts.items()} for r in range(world)])
+    # the trainer's own path: rank 0 gathers one parameter at a time (hf_tensors)
+    from megatron.core import parallel_state
+
+    from rljob.trainer.mcore import MegatronPolicy
+
+    policy = object.__new__(MegatronPolicy)
+    policy.model, policy.cfg, policy.tp, policy.compute = model, cfg, world, torch.float32
+    policy.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    policy.tp_group = parallel_state.get_tensor_model_parallel_group()
+    policy.data_rank, policy._dist = 0, dist
+    streamed = dict(policy.hf_tensors())
     if rank == 0:
         back = mcore_to_hf(gathered, cfg)
-        torch.save({"ok": all(torch.equal(back[k], v) for k, v in state.items())}, out)
+        torch.save({"ok": all(torch.equal(back[k], v) for k, v in state.items()),
+                    "streamed": streamed.keys() == state.keys()
+                    and all(torch.equal(streamed[k], v) for k, v in state.items())}, out)
+    else:
+        assert streamed == {}  # only the sender gets the weights
     dist.destroy_process_group()
 
 
 def test_tensor_parallel_shards_fit_mcores_own_tp2_model_and_gather_back(tmp_path):
     """Two gloo ranks build the GPTModel at tp 2: every shard fits mcore's own
-    parameter of that rank, and gathering them gives the Hugging Face weights back."""
+    parameter of that rank, and gathering them gives the Hugging Face weights back,
+    as does the trainer's stream of them (`MegatronPolicy.hf_tensors`, a parameter's
+    shards gathered onto rank 0 at a time)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -110,7 +127,7 @@ def test_tensor_parallel_shards_fit_mcores_own_tp2_model_and_gather_back(tmp_pat
     out = tmp_path / "result.pt"
     mp.start_processes(_load_tp_rank, args=(2, port, str(out)), nprocs=2, join=True,
                        start_method="spawn")
-    assert torch.load(out)["ok"] is True
+    assert torch.load(out) == {"ok": True, "streamed": True}
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.8, 0.9)])
