@@ -152,16 +152,66 @@ def _local_job(path: Path):
 
 
 def _job_model(path: Path, profile: Path | None):
+    import time
+
     from .planner.job import job_model
     from .planner.profile import Profile
 
     job = _local_job(path)
     try:
         prof = Profile.load(profile) if profile else None
+        if prof is not None:
+            prof, notes = prof.fit(job.spec, time.time())
+            for note in notes:
+                typer.echo(f"{profile}: {note}", err=True)
+            if prof is None:
+                raise typer.Exit(1)
         return job, job_model(job.spec, prof)
     except (OSError, ValueError) as exc:
         typer.echo(f"{profile or path}: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command("profile")
+def profile_cmd(
+    file: Path = JOB_FILE,
+    out: Path = typer.Option(Path("profile.json"), "--out", "-o",
+                             help="Where to write the profile (JSON)."),
+    from_run: Path = typer.Option(None, "--from-run", help="A run directory of this job: "
+                                  "its live profile (the engine's timed calls, the "
+                                  "trainer's tokens/s and the workload of its last steps) "
+                                  "instead of measuring here."),
+    skip_steps: int = typer.Option(3, min=0, help="--from-run: steps left out at the "
+                                   "start (start-up, compilation)."),
+    last_steps: int = typer.Option(20, min=1, help="--from-run: the steps it reads."),
+    train_steps: int = typer.Option(3, min=1, help="Timed trainer steps (offline)."),
+) -> None:
+    """Measure the job's profile: its rollout engine's decode-step seconds against
+    batch size, its trainer's tokens/s and its workload, for `plan --profile`,
+    `simulate --profile` and the operator."""
+    from .planner.live import profile_from_run
+
+    job = _local_job(file)
+    try:
+        if from_run is not None:
+            prof = profile_from_run(from_run, job.spec, skip_steps, last_steps)
+        else:
+            from .profiler import measure
+
+            prof = measure(job.spec, train_steps, log=lambda line: typer.echo(line, err=True))
+    except (OSError, ValueError) as exc:
+        typer.echo(f"{from_run or file}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    prof.save(out)
+    gen = prof.gen
+    typer.echo(f"wrote {out} ({prof.meta['source']}): decode step "
+               + ", ".join(f"{b:g} rows {p * 1e3:.2f} ms"
+                           for b, p in zip(gen.batch_sizes, gen.ptl_seconds))
+               + f"; prefill {gen.prefill_per_token * 1e6:.1f} us/token; trainer "
+               f"{prof.train.tokens_per_second[-1]:.0f} tokens/s at "
+               f"{prof.train.npus[-1]:g} rank(s); {len(prof.output_lengths)} responses, "
+               f"mean {sum(prof.output_lengths) / max(len(prof.output_lengths), 1):.1f} "
+               f"tokens, prompts {prof.prompt_tokens:.1f}")
 
 
 @app.command()

@@ -187,6 +187,44 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
     assert [s for s, _ in points] == list(range(1, 9))
     assert [v for _, v in points] == pytest.approx([m["reward_mean"] for m in ms])
     assert len(tensorboard_scalars(tmp_path / "run", "staleness/max")) == 8
+    if k == 1:  # the run's live profile, and the planner fed with it
+        _check_live_profile(path, tmp_path, ms)
+
+
+def _check_live_profile(path: Path, tmp_path: Path, ms: list[dict]) -> None:
+    """`rljob profile --from-run` reads the run's own timings and workload: the hf
+    engine's decode steps by rows decoded together and its prefill, the trainer's
+    tokens/s, every response length of steps 4-8; `rljob simulate --profile`
+    takes it, and refuses it for a job on another engine."""
+    from rljob.planner.profile import Profile
+
+    out = subprocess.run([sys.executable, "-m", "rljob", "profile", str(path), "--from-run",
+                          str(tmp_path / "run"), "-o", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    prof = Profile.load(tmp_path / "p.json")
+    assert prof.meta["source"].endswith("steps 4-8") and prof.meta["engine"] == "hf"
+    assert prof.gen.source == "live" and prof.gen.batch_sizes
+    assert all(p > 0 for p in prof.gen.ptl_seconds) and prof.gen.prefill_per_token > 0
+    assert prof.train.tokens_per_second[0] > 0
+    assert sorted(prof.output_lengths) == sorted(
+        n for m in ms[3:] for n in m["response_lengths"])
+    assert len(prof.output_lengths) == 5 * 128
+    sim = subprocess.run([sys.executable, "-m", "rljob", "simulate", str(path), "--profile",
+                          str(tmp_path / "p.json"), "-o", str(tmp_path / "s.png"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert sim.returncode == 0, sim.stderr
+    assert [m["step_seconds"] > 0 for m in json.loads(sim.stdout)["modes"]] == [True] * 3
+    other = yaml.safe_load(path.read_text())
+    other["spec"]["rollout"]["engine"] = "vllm"
+    (tmp_path / "vllm.yaml").write_text(yaml.safe_dump(other))
+    refused = subprocess.run([sys.executable, "-m", "rljob", "simulate",
+                              str(tmp_path / "vllm.yaml"), "--profile",
+                              str(tmp_path / "p.json")], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "profile measured on another setup: engine 'hf' (the job's: 'vllm')" in \
+        refused.stderr
 
 
 def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):

@@ -32,7 +32,7 @@ def test_the_7b_example_on_64_gb_devices():
     plan = rollout_memory(m, 4, 64e9, BUCKET_BYTES, 256)
     assert plan.default == plan.fraction == 0.94 and plan.problems == ()
     assert plan.weights == pytest.approx(3.81e9, rel=0.01)
-    assert plan.receive == pytest.approx(1.36e9, rel=0.01)
+    assert plan.receive == pytest.approx(1.63e9, rel=0.01)
     outside = (1 - plan.fraction) * plan.device
     assert plan.receive + plan.reserve <= outside < plan.receive + plan.reserve + 0.01 * 64e9
     # the whole model in buckets on each worker (15.2 GB) did not fit what 0.85 left

@@ -25,6 +25,10 @@ class Span:
     start: float
     end: float
     step: int
+    # what the work was, where a worker says (a profile's input, planner/live.py):
+    # generate: the engine's calls (rows, tokens, prefill and decode seconds);
+    # train: the micro-batch's samples and tokens
+    info: dict | None = None
 
 
 class SpanLog:
@@ -46,9 +50,13 @@ class SpanLog:
         finally:
             self.add(kind, start, time.time(), step)
 
-    def add(self, kind: str, start: float, end: float, step: int) -> None:
+    def add(self, kind: str, start: float, end: float, step: int,
+            info: dict | None = None) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(asdict(Span(self.worker, kind, start, end, step))) + "\n")
+            row = asdict(Span(self.worker, kind, start, end, step, info))
+            if info is None:
+                del row["info"]
+            self._f.write(json.dumps(row) + "\n")
             self._f.flush()
 
     def close(self) -> None:

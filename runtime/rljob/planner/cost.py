@@ -69,10 +69,12 @@ class Workload:
 
 def generation_time(gen: GenProfile, workload: Workload, replicas: int) -> float:
     """Tgen: the step's samples, token-balanced over `replicas` instances; the
-    instance holding the longest sample sets the pace."""
+    instance holding the longest sample sets the pace. A profile that measured the
+    prefill adds it for the instance's share of the prompt tokens."""
     if replicas < 1:
         return math.inf
-    return instance_time(gen, workload.output_tokens / replicas, workload.max_output)
+    prefill = gen.prefill_per_token * workload.samples * workload.prompt_tokens / replicas
+    return prefill + instance_time(gen, workload.output_tokens / replicas, workload.max_output)
 
 
 def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:

@@ -88,7 +88,9 @@ def pipeline_config(model: JobModel, mode: str, streaming: bool = True, steps: i
     samples = spec.algorithm.samples_per_step
     replicas = spec.rollout.replicas
     slots = max(1, min(model.gen.max_batch_size, -(-samples // replicas)))
-    gen_mean = model.workload.mean_output * model.gen.ptl(slots)
+    # a sample decodes its tokens at the batch's step time after the batch's prefill
+    gen_mean = (model.workload.mean_output * model.gen.ptl(slots)
+                + model.gen.prefill_per_token * model.workload.prompt_tokens * slots)
     ttrain = model.ttrain(spec.trainer.world_size)
     if weight_sync_seconds is None:
         # weights over the network at ~10 GB/s, a coarse default

@@ -6,9 +6,11 @@ for the weights, the activations and the KV cache. What is left must hold a weig
 update's buffers and what lives outside vLLM's pool:
 
 - the receive: a worker holds one bucket of a broadcast version (or the largest
-  tensor, when it is larger than a bucket: a tensor is never split), and the
-  in-place reload rebuilds one layer at a time next to the old one (at most the
-  largest tensor's shard); over gRPC a worker reads one tensor at a time, less;
+  tensor, when it is larger than a bucket: a tensor is never split); vLLM's
+  in-place reload keeps a layer's pieces until its last one arrives (a layer
+  straddling two buckets keeps the earlier one: one bucket more) and rebuilds
+  one layer at a time next to the old one (at most the largest tensor's shard);
+  over gRPC a worker reads one tensor at a time, less;
 - the runtime's own (the NPU/GPU context, the collective libraries' buffers of the
   tensor-parallel group and of the weight group): `RUNTIME_RESERVE`.
 
@@ -95,7 +97,8 @@ def rollout_memory(model: ModelBytes, tensor_parallel: int, device_bytes: float,
     """The budget of one device of a replica with `tensor_parallel` devices (pure)."""
     tp = tensor_parallel
     weights = model.params * model.dtype_bytes / tp
-    receive = max(bucket_bytes, model.largest_tensor) + model.largest_tensor / tp
+    receive = (max(bucket_bytes, model.largest_tensor) + bucket_bytes
+               + model.largest_tensor / tp)
     reserve = RUNTIME_RESERVE
     activations = ACTIVATION_RESERVE + 2 * max_num_seqs * model.vocab * 4 / tp
     kv_one = model.kv_per_token * model.context / tp

@@ -107,6 +107,8 @@ class GenProfile:
     ptl_seconds: list[float]
     max_batch_size: int
     source: str = "measured"
+    # seconds of prefill per prompt token (0: not measured; decode dominates)
+    prefill_per_token: float = 0.0
 
     def __post_init__(self):
         if not self.batch_sizes or len(self.batch_sizes) != len(self.ptl_seconds):
@@ -206,13 +208,15 @@ class TrainProfile:
 
 @dataclass
 class Profile:
-    """Everything the planner needs, as one JSON document."""
+    """Everything the planner needs, as one JSON document. `meta`: what it was
+    measured on (planner/live.py `measured_on`); empty for a hand-written profile."""
 
     gen: GenProfile
     train: TrainProfile
     # observed output lengths (tokens) of recent samples; empty = assume from the spec
     output_lengths: list[int] = field(default_factory=list)
     prompt_tokens: float = 256.0
+    meta: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -223,8 +227,8 @@ class Profile:
             raw = json.loads(text)
             return cls(GenProfile(**raw["gen"]), TrainProfile(**raw["train"]),
                        [int(x) for x in raw.get("output_lengths", [])],
-                       float(raw.get("prompt_tokens", 256.0)))
-        except (KeyError, TypeError, ValueError) as exc:
+                       float(raw.get("prompt_tokens", 256.0)), dict(raw.get("meta") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a planner profile: {exc}") from None
 
     @classmethod
@@ -233,3 +237,37 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    def fit(self, spec, now: float, max_age_days: float = 30.0
+            ) -> tuple[Profile | None, list[str]]:
+        """This profile as far as it holds for `spec` (pure): None where it was measured
+        on another model, dtype, engine, accelerator or tensor parallelism (its
+        latencies say nothing of this job); its workload dropped (the spec's assumed
+        instead) where its responses were capped by another rollout.maxNewTokens or
+        it is older than `max_age_days`. Each refusal or drop comes with one line
+        saying which field and why."""
+        if not self.meta:
+            return self, []
+        job = {"model": spec.model.path, "dtype": spec.model.dtype,
+               "engine": spec.rollout.engine,
+               "rollout_accelerator": spec.accelerator_for("rollout").type,
+               "trainer_accelerator": spec.accelerator_for("trainer").type,
+               "tensor_parallel": spec.rollout.tensor_parallel}
+        differ = [f"{k} {self.meta.get(k)!r} (the job's: {v!r})" for k, v in job.items()
+                  if k in self.meta and self.meta[k] != v]
+        if differ:
+            return None, [f"profile measured on another setup: {', '.join(differ)}; "
+                          "measure this job's (rljob profile JOB.yaml)"]
+        notes = []
+        cap = self.meta.get("max_new_tokens")
+        age = (now - self.meta.get("created", now)) / 86400
+        if cap is not None and cap != spec.rollout.max_new_tokens and self.output_lengths:
+            notes.append(f"profile's workload dropped: its responses were capped at "
+                         f"{cap} tokens, the job's rollout.maxNewTokens is "
+                         f"{spec.rollout.max_new_tokens}")
+        elif age > max_age_days and self.output_lengths:
+            notes.append(f"profile's workload dropped: measured {age:.0f} days ago "
+                         f"(older than {max_age_days:.0f})")
+        if notes:
+            return Profile(self.gen, self.train, [], self.prompt_tokens, self.meta), notes
+        return self, []

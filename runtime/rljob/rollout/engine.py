@@ -13,6 +13,7 @@ imports a backend; the rollout worker imports the backends it offers.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
@@ -49,6 +50,21 @@ class Generation:
     logprobs: list[float]  # per response token, under the sampling distribution (sampling.py)
 
 
+@dataclass
+class GenTiming:
+    """One engine call's work and time (a profile's input): `rows` sequences decoded
+    together, the prompt tokens its prefill computed, the tokens it generated, its
+    decode steps, and the seconds of the prefill (to the first token) and of the
+    decode steps after it."""
+
+    rows: int
+    prompt_tokens: int
+    output_tokens: int
+    steps: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
 class RolloutEngine(ABC):
     version: int = -1
     epoch: int = 0  # the weight sender's life `version` came from
@@ -83,6 +99,11 @@ class RolloutEngine(ABC):
 
         return torch.device("cpu")
 
+    def take_timings(self) -> list[GenTiming]:
+        """The calls timed since the last take (engines that time theirs)."""
+        timings, self._timings = getattr(self, "_timings", []), []
+        return timings
+
     def join_weight_group(self, backend: str, store: str, prefix: str, first_rank: int,
                           world: int) -> None:
         """Join the engine's ranks (first_rank, first_rank + 1, ...) to a weight group."""
@@ -108,10 +129,12 @@ class _SeededSampler:
     def __init__(self, uniforms, width: int, dist: TokenDistribution):
         self.uniforms, self.width, self.dist = uniforms, width, dist
         self.logprobs: list = []  # per generated position: [rows]
+        self.times: list[float] = []  # when each position's logits came (perf_counter)
 
     def __call__(self, input_ids, scores):
         import torch
 
+        self.times.append(time.perf_counter())
         t = input_ids.shape[1] - self.width
         tok = seeded_sample(scores, self.uniforms[:, t], self.dist)  # a tokenizer id
         self.logprobs.append(sampled_logprobs(scores, tok, self.dist).float().cpu())
@@ -223,6 +246,7 @@ class HFEngine(RolloutEngine):
                 torch.cat([attn, attn[-1:].expand(extra, -1)])
             uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
         sampler = _SeededSampler(uniforms, width, dist)
+        began = time.perf_counter()
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
@@ -232,6 +256,11 @@ class HFEngine(RolloutEngine):
         new = out.sequences[:, width:].cpu().tolist()
         responses = [toks[:toks.index(eos) + 1] if eos in toks else toks for toks in new]
         logps = torch.stack(sampler.logprobs, 1).tolist()  # [rows, positions]
+        times = sampler.times
+        self._timings = getattr(self, "_timings", [])
+        self._timings.append(GenTiming(
+            len(ids), len(ids) * width, sum(map(len, responses)), len(times),
+            times[0] - began if times else 0.0, times[-1] - times[0] if times else 0.0))
         return [[Generation(responses[k], logps[k][:len(responses[k])])
                  for k in range(i * params.n, (i + 1) * params.n)]
                 for i in range(len(prompts))]

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -261,7 +261,8 @@ class RolloutWorker:
                     groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
                 flat = [x for group in groups for x in group]
                 done = time.time()
-                self.spans.add("generate", t0, done, step)
+                self.spans.add("generate", t0, done, step,
+                               {"calls": [asdict(c) for c in self.engine.take_timings()]})
                 if written is not None:
                     written.result()  # one write in flight at most; a refusal surfaces here
                 # scored and written while the next batch generates
@@ -324,12 +325,24 @@ class RolloutWorker:
                             fut = self.engine.submit(
                                 batch.data["prompt_ids"][first].tolist(), self.params, seed)
                             inflight[fut] = (batch, first, t0)
+                        # sequences in flight beside each of these groups
+                        sharing = len(inflight) * g
                         left[batch.lease], held[batch.lease] = len(batch.rows) // g, batch
                 for fut in [f for f in done if f in inflight]:
                     batch, first, t0 = inflight.pop(fut)
                     group, version, epoch = fut.result()
                     finished = time.time()
-                    self.spans.add("generate", t0, finished, batch.rows[0].partition)
+                    lengths = [len(x.response_ids) for x in group]
+                    prompt = len(batch.data["prompt_ids"][first])
+                    # continuous batching: the group's sequences decoded among about
+                    # `sharing` others; its seconds include its prefill and queueing
+                    self.spans.add("generate", t0, finished, batch.rows[0].partition,
+                                   {"calls": [{"rows": sharing, "prompt_tokens": prompt * g,
+                                               "output_tokens": sum(lengths),
+                                               "steps": max(lengths, default=0),
+                                               "prefill_seconds": 0.0,
+                                               "decode_seconds": finished - t0}],
+                                    "concurrent": True})
                     left[batch.lease] -= 1
                     last = left[batch.lease] == 0
                     if last:

@@ -558,7 +558,9 @@ class TrainerWorker:
             off_policy = off_policy.merge(parts["stats"])
             t1 = time.time()
             train_spans.append((t0, t1))
-            self.spans.add("train", t0, t1, t)
+            self.spans.add("train", t0, t1, t, {
+                "samples": len(shard),
+                "tokens": sum(len(x.prompt_ids) + len(x.response_ids) for x in shard)})
         if len(samples) < n:  # stopped mid-step: nothing of it is applied
             if self.source is not None:
                 self.source.give_back()
@@ -897,9 +899,20 @@ def _step_metrics(t, samples, train_spans, wall, sums) -> dict:
         "tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else 0.0,
         "samples_per_second": len(samples) / wall if wall > 0 else 0.0,
         "response_length": tokens / len(samples),
+        # the step's workload (a profile's input, planner/live.py): every response's
+        # length (at most 256 of them, evenly over the sorted lengths) and the prompts'
+        "response_lengths": _spread(sorted(len(s.response_ids) for s in samples), 256),
+        "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
         "prompts": prompts_digest(s.prompt_ids for s in sorted(samples, key=lambda s: s.slot)),
         **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
     }
+
+
+def _spread(values: list, most: int) -> list:
+    """At most `most` of `values`, evenly spaced over them, both ends kept (pure)."""
+    if len(values) <= most:
+        return list(values)
+    return [values[round(i * (len(values) - 1) / (most - 1))] for i in range(most)]
 
 
 def _checkpoint(run: RunDir, version: int, policy, opt, lineage: Lineage) -> None:

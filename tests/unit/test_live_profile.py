@@ -1,0 +1,93 @@
+"""A profile from a run's own records (planner/live.py, pure parts) and whether a
+profile holds for a job (`Profile.fit`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rljob.api.spec import RLJobSpec
+from rljob.infra.timeline import Span
+from rljob.planner.cost import Workload, generation_time
+from rljob.planner.live import gen_profile, measured_on, train_profile, workload_lengths
+from rljob.planner.profile import GenProfile, Profile, TrainProfile
+
+SPEC = RLJobSpec.model_validate({
+    "model": {"path": "random:examples/models/tiny-qwen2", "tokenizer": "builtin:char"},
+    "dataset": {"path": "examples/data/arith.jsonl"},
+    "rollout": {"maxNewTokens": 6, "maxNumSeqs": 64}})
+
+
+def call(rows, steps, decode, prefill=0.01, prompt=8):
+    return {"rows": rows, "prompt_tokens": rows * prompt, "output_tokens": rows * steps,
+            "steps": steps, "prefill_seconds": prefill, "decode_seconds": decode}
+
+
+def test_decode_steps_by_rows_and_the_prefill_per_token():
+    """A call's first step is its prefill's: its decode steps are the others; the
+    median per row count; the prefill over the prompt tokens it computed."""
+    spans = [Span("rollout-0", "generate", 0, 1, 4, {"calls": [call(16, 6, 0.05),
+                                                             call(32, 6, 0.10)]}),
+             Span("rollout-1", "generate", 0, 1, 4, {"calls": [call(16, 6, 0.07)]}),
+             Span("rollout-0", "generate", 0, 1, 5, {"calls": [call(16, 11, 0.20)]}),
+             Span("trainer-0", "train", 0, 1, 4, {"samples": 8, "tokens": 100})]
+    gen = gen_profile(spans, 64)
+    assert gen.batch_sizes == [16.0, 32.0] and gen.max_batch_size == 64
+    assert gen.ptl_seconds == pytest.approx([0.014, 0.02])  # median of .01, .014, .02
+    assert gen.prefill_per_token == pytest.approx(0.01 / 128)
+    concurrent = Span("rollout-0", "generate", 0, 1, 4,
+                      {"calls": [call(24, 5, 0.5, prefill=0.0)], "concurrent": True})
+    assert gen_profile([concurrent], 64).ptl_seconds == [pytest.approx(0.1)]  # all 5 steps
+    with pytest.raises(ValueError, match="no generate spans with engine timings"):
+        gen_profile([Span("rollout-0", "generate", 0, 1, 4)], 64)  # an older run's
+
+
+def test_the_trainer_s_tokens_per_second_and_the_workload():
+    spans = [Span("trainer-0", "train", 0.0, 1.0, 4, {"samples": 8, "tokens": 300}),
+             Span("trainer-0", "optimizer", 1.0, 1.5, 4),
+             Span("trainer-1", "train", 0.0, 9.0, 4, {"samples": 8, "tokens": 300})]
+    train = train_profile(spans, world=2)
+    assert train.tokens_per_second == [pytest.approx(2 * 300 / 1.5)] and train.npus == [2.0]
+    lengths, prompt = workload_lengths([{"response_lengths": [3, 6], "prompt_tokens": 6.0},
+                                        {"response_lengths": [6], "prompt_tokens": 7.0}])
+    assert (lengths, prompt) == ([3, 6, 6], 6.5)
+
+
+def test_the_prefill_adds_the_instance_s_share_of_prompt_tokens():
+    gen = GenProfile([1, 64], [0.01, 0.02], 64)
+    w = Workload(samples=64, mean_output=10, max_output=20, prompt_tokens=8)
+    plain = generation_time(gen, w, 2)
+    gen.prefill_per_token = 1e-4
+    assert generation_time(gen, w, 2) == pytest.approx(plain + 1e-4 * 64 * 8 / 2)
+
+
+def _profile(**meta) -> Profile:
+    return Profile(GenProfile([16], [0.01], 64), TrainProfile([1], [1000.0]), [5, 6], 6.0,
+                   meta={**measured_on(SPEC, "test"), "created": 1000.0, **meta})
+
+
+def test_a_profile_of_another_setup_is_refused_with_one_line():
+    fit, notes = _profile().fit(SPEC, now=2000.0)
+    assert fit is not None and notes == []
+    for key, value, says in (("engine", "vllm", "engine 'vllm' (the job's: 'hf')"),
+                             ("rollout_accelerator", "ascend", "rollout_accelerator 'ascend'"),
+                             ("model", "/models/other", "model '/models/other'")):
+        fit, notes = _profile(**{key: value}).fit(SPEC, now=2000.0)
+        assert fit is None and len(notes) == 1
+        assert notes[0].startswith("profile measured on another setup: " + says)
+
+
+def test_a_workload_measured_under_another_cap_or_long_ago_is_dropped_not_the_latencies():
+    fit, notes = _profile(max_new_tokens=256).fit(SPEC, now=2000.0)
+    assert fit.output_lengths == [] and fit.gen.ptl_seconds == [0.01]
+    assert notes == ["profile's workload dropped: its responses were capped at 256 tokens, "
+                     "the job's rollout.maxNewTokens is 6"]
+    fit, notes = _profile().fit(SPEC, now=1000.0 + 40 * 86400)
+    assert fit.output_lengths == [] and "measured 40 days ago" in notes[0]
+    hand_written = Profile(GenProfile([16], [0.01], 64), TrainProfile([1], [1000.0]))
+    assert hand_written.fit(SPEC, now=0.0) == (hand_written, [])
+
+
+def test_a_malformed_profile_file_says_so():
+    for text in ("{", "[]", '{"gen": {"batch_sizes": []}, "train": {}}'):
+        with pytest.raises(ValueError, match="not a planner profile"):
+            Profile.from_json(text)
