@@ -5,35 +5,80 @@ compared with δ′, what one more rollout replica is predicted to save. The
 operator adds one replica when δ ≥ δ′ held for `consecutiveSteps` observed
 steps in a row, outside `cooldownSeconds` of the last scale, within
 `maxReplicas`; scale-in is the mirror image and only with `allowScaleIn`.
+
+δ′ comes from a profile of the job where it has one that holds
+(`rollout.autoscaling.profileConfigMap`), else from the analytic model of its
+config.json, else Tgen ∝ 1/replicas; the source is recorded with the scale. Each
+scale's predicted Tgen is checked against the Tgen of the steps after it
+(`check_prediction`), and the relative error raises the bar of the next decision:
+the gap must exceed δ′ · (1 + |error|).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rljob.api.spec import RLJobSpec
+from rljob.planner.profile import Profile
 from rljob.planner.scaling import ScaleDecision, verdict
 
 
-def predicted_change(spec: RLJobSpec, replicas: int, gen_seconds: float) -> tuple[float, float]:
-    """(δ′ of one more replica, cost of one fewer), seconds.
+@dataclass(frozen=True)
+class Prediction:
+    """What one replica more saves (`gain`, δ′) and one fewer costs (`loss`), in
+    seconds of Tgen, and what the cost model was fed (`source`): a profile (live or
+    offline, `rljob profile`), the analytic model of the job's config.json, or
+    `linear` (Tgen ∝ 1/replicas: the model could not be sized)."""
 
-    The measured Tgen is scaled by the cost model's relative change, so the
-    prediction follows the live job even where the analytic profile's
-    absolute times are off. A model the planner cannot size (no config.json
-    reachable, no preset) falls back to linear scaling, Tgen ∝ 1/replicas."""
+    gain: float
+    loss: float
+    source: str
+
+
+def prediction(spec: RLJobSpec, replicas: int, gen_seconds: float,
+               profile: Profile | None = None) -> Prediction:
+    """The measured Tgen scaled by the cost model's relative change, so the
+    prediction follows the live job even where the model's absolute times are off.
+    `profile`: one that holds for this job (`Profile.fit`); without it the analytic
+    model, and without a model size the linear fallback."""
     from rljob.planner.job import job_model
 
+    source = "linear"
     try:
-        model = job_model(spec)
+        model = job_model(spec, profile)
         now = model.tgen(replicas)
         gain_ratio = 1.0 - model.tgen(replicas + 1) / now
         loss_ratio = model.tgen(replicas - 1) / now - 1.0 if replicas > 1 else math.inf
+        source = (profile_source(profile) if profile is not None else "analytic")
     except (ValueError, ZeroDivisionError, OSError):
         gain_ratio = 1.0 / (replicas + 1)
         loss_ratio = 1.0 / (replicas - 1) if replicas > 1 else math.inf
-    return gen_seconds * max(gain_ratio, 0.0), gen_seconds * max(loss_ratio, 0.0)
+    return Prediction(gen_seconds * max(gain_ratio, 0.0), gen_seconds * max(loss_ratio, 0.0),
+                      source)
+
+
+def profile_source(profile: Profile) -> str:
+    """`live profile`, `offline profile` or `profile` (one without a record of how)."""
+    kind = (profile.meta.get("source") or "").split(":")[0].strip()
+    return f"{kind} profile" if kind in ("live", "offline") else "profile"
+
+
+def predicted_change(spec: RLJobSpec, replicas: int, gen_seconds: float,
+                     profile: Profile | None = None) -> tuple[float, float]:
+    """(δ′ of one more replica, cost of one fewer), seconds (`prediction`'s)."""
+    p = prediction(spec, replicas, gen_seconds, profile)
+    return p.gain, p.loss
+
+
+@dataclass
+class Check:
+    """A scale's prediction, compared with what the steps after it measure."""
+
+    step: int  # the step observed when the scale was made
+    replicas: int  # the replicas it made
+    predicted: float  # Tgen predicted at `replicas`
+    measured: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +89,11 @@ class Memory:
     last_time: float | None = None  # when the last counted observation was made
     direction: int = 0
     streak: int = 0
+    check: Check | None = None  # the last scale's prediction, while it is checked
+    # the relative error of the last checked prediction: the next decision asks for a
+    # gap larger than δ′ by as much (a model that was 40 % off must be beaten by 40 %)
+    error: float = 0.0
+    checked_step: int = -1
 
 
 @dataclass(frozen=True)
@@ -51,22 +101,54 @@ class ScaleAction:
     replicas_from: int
     replicas_to: int
     decision: ScaleDecision
+    source: str = "analytic"  # what δ′ came from (`Prediction.source`)
+    predicted_gen_seconds: float = 0.0  # Tgen predicted at replicas_to
+
+
+def check_prediction(memory: Memory, step: int, gen_seconds: float, replicas: int,
+                     steps: int) -> dict | None:
+    """Feed a step's measured Tgen after a scale; once `steps` steps run wholly at the
+    scale's replica count (the one in progress when it was made, and the next, left
+    out) are in, the prediction's record for status.lastScale — predicted and
+    measured Tgen and the relative error — and `memory.error` for the next decision.
+    Steps at another replica count do not count; the next scale replaces the check."""
+    c = memory.check
+    if c is None or step <= memory.checked_step or gen_seconds <= 0:
+        return None
+    memory.checked_step = step
+    if replicas != c.replicas:  # another count (scaled again by hand, a stale read)
+        return None
+    if step <= c.step + 1:
+        return None
+    c.measured.append(gen_seconds)
+    if len(c.measured) < steps:
+        return None
+    measured = sum(c.measured) / len(c.measured)
+    memory.error = measured / c.predicted - 1 if c.predicted > 0 else 0.0
+    memory.check = None
+    return {"predictedGenSeconds": round(c.predicted, 4),
+            "measuredGenSeconds": round(measured, 4),
+            "predictionError": round(memory.error, 4), "checkedSteps": len(c.measured)}
 
 
 def observe(memory: Memory, spec: RLJobSpec, replicas: int, step: int, gen_seconds: float,
-            train_seconds: float, now: float, last_scale_time: float | None) -> ScaleAction | None:
+            train_seconds: float, now: float, last_scale_time: float | None,
+            profile: Profile | None = None) -> ScaleAction | None:
     """Feed one observation; returns the scale to perform, if any. Only a step
     not seen before, `intervalSeconds` or more after the last one counted, counts
-    towards `consecutiveSteps`."""
+    towards `consecutiveSteps`. δ′ comes from `profile` when one is given (it holds
+    for this job: `Profile.fit`) and is raised by the last checked prediction's
+    relative error (`Memory.error`)."""
     auto = spec.rollout.autoscaling
     if not auto.enabled or step <= memory.last_step or gen_seconds <= 0 or train_seconds <= 0:
         return None
     if memory.last_time is not None and now - memory.last_time < auto.interval_seconds:
         return None
     memory.last_step, memory.last_time = step, now
-    gain, loss = predicted_change(spec, replicas, gen_seconds)
+    p = prediction(spec, replicas, gen_seconds, profile)
+    doubt = 1.0 + abs(memory.error)
     max_replicas = spec.rollout.max_replicas or replicas
-    decision = verdict(gen_seconds, train_seconds, gain, loss, replicas,
+    decision = verdict(gen_seconds, train_seconds, p.gain * doubt, p.loss * doubt, replicas,
                        spec.rollout.min_replicas, max_replicas, auto.allow_scale_in)
     if decision.delta == 0:
         memory.direction, memory.streak = 0, 0
@@ -79,4 +161,7 @@ def observe(memory: Memory, spec: RLJobSpec, replicas: int, step: int, gen_secon
     if last_scale_time is not None and now - last_scale_time < auto.cooldown_seconds:
         return None
     memory.direction, memory.streak = 0, 0
-    return ScaleAction(replicas, replicas + decision.delta, decision)
+    to = replicas + decision.delta
+    predicted = gen_seconds - p.gain if decision.delta > 0 else gen_seconds + p.loss
+    memory.check = Check(step, to, predicted)
+    return ScaleAction(replicas, to, decision, p.source, predicted)

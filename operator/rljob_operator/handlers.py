@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 
 from . import metrics
-from .autoscaler import Memory, observe
+from .autoscaler import Memory, check_prediction, observe
 from .kube import Kube
 from .reconcile import iso, now_utc, parse_time, plan
 from .stats import ADDRESS_ANNOTATION, StatsClient
@@ -36,6 +36,10 @@ REAPPLY_SECONDS = 60.0
 log = logging.getLogger("rljob_operator")
 
 
+PROFILE_KEY = "profile.json"  # the key of rollout.autoscaling.profileConfigMap's profile
+PROFILE_SECONDS = 60.0  # how often that ConfigMap is read again
+
+
 @dataclass
 class JobState:
     """What the operator keeps in memory per RLJob (lost on restart, by design:
@@ -45,6 +49,9 @@ class JobState:
     autoscaler: Memory = field(default_factory=Memory)
     applied: tuple[int | None, float] = (None, 0.0)  # (generation, when)
     warned: set[str] = field(default_factory=set)
+    # rollout.autoscaling.profileConfigMap, as last read: (profile it trusts or None,
+    # the condition's reason and message, when read)
+    profile: tuple = (None, "", "", -1e9)
 
 
 class Operator:
@@ -113,7 +120,10 @@ class Operator:
                         progress = fresh
                     self._autoscale(body, job, state, raw_status, stats)
 
-            p = plan(job, raw_status, pods, now_utc(), generation, busy)
+            trusted = self._profile(job, state) if job.spec.rollout.autoscaling.enabled \
+                and job.spec.rollout.autoscaling.profile_config_map else None
+            p = plan(job, raw_status, pods, now_utc(), generation, busy,
+                     None if trusted is None else (trusted[0] is not None, *trusted[1:3]))
             for obj in p.create:
                 if self.kube.create(obj):
                     metrics.CHILDREN.labels(obj["kind"]).inc()
@@ -155,20 +165,68 @@ class Operator:
                                        f"installed?): {str(exc)[:300]}")
         state.applied = (generation, time.monotonic())
 
+    def _profile(self, job: RLJob, state: JobState) -> tuple:
+        """rollout.autoscaling.profileConfigMap's profile, if it holds for this job
+        (`Profile.fit`), with the ProfileTrusted condition's reason and message; read
+        again at most every PROFILE_SECONDS."""
+        if time.monotonic() - state.profile[3] < PROFILE_SECONDS:
+            return state.profile
+        from rljob.planner.profile import Profile
+
+        ns, cm = job.metadata.namespace, job.spec.rollout.autoscaling.profile_config_map
+        where = f"ConfigMap {cm}, key {PROFILE_KEY}"
+        data = self.kube.config_map_data(ns, cm)
+        profile, reason, message = None, "ProfileRefused", ""
+        if data is None or PROFILE_KEY not in data:
+            reason, message = "ProfileMissing", f"no {where}: autoscaling holds"
+        else:
+            try:
+                profile, notes = Profile.from_json(data[PROFILE_KEY]).fit(job.spec, time.time())
+            except ValueError as exc:
+                notes = [str(exc)]
+            if profile is None:
+                message = f"{where}: {'; '.join(notes)}: autoscaling holds"
+            else:
+                reason = "Trusted"
+                message = f"{where}: {profile.meta.get('source', 'a profile')}" + (
+                    f" ({'; '.join(notes)})" if notes else "")
+        state.profile = (profile, reason, message[:1024], time.monotonic())
+        return state.profile
+
     def _autoscale(self, body, job: RLJob, state: JobState, raw_status: dict, stats) -> None:
         replicas = job.spec.rollout.replicas
+        auto = job.spec.rollout.autoscaling
+        ns, name = job.metadata.namespace, job.metadata.name
+        checked = check_prediction(state.autoscaler, stats.step, stats.gen_seconds, replicas,
+                                   auto.consecutive_steps)
+        if checked and raw_status.get("lastScale"):
+            raw_status["lastScale"] = {**raw_status["lastScale"], **checked}
+            self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})
+            metrics.SCALE_ERROR.labels(ns, name).set(checked["predictionError"])
+            kopf.event(body, type="Normal", reason="ScalePredictionChecked",
+                       message=f"Tgen at {replicas} rollout replicas: predicted "
+                               f"{checked['predictedGenSeconds']:.2f}s, measured "
+                               f"{checked['measuredGenSeconds']:.2f}s over "
+                               f"{checked['checkedSteps']} step(s) "
+                               f"(error {checked['predictionError']:+.0%})")
+        profile = None
+        if auto.profile_config_map:
+            profile = self._profile(job, state)[0]
+            if profile is None:
+                return  # a profile it cannot trust: it holds (condition ProfileTrusted)
         last = parse_time((raw_status.get("lastScale") or {}).get("time"))
         action = observe(state.autoscaler, job.spec, replicas, stats.step, stats.gen_seconds,
                          stats.train_seconds, time.time(),
-                         last.timestamp() if last else None)
+                         last.timestamp() if last else None, profile)
         if action is None:
             return
-        ns, name = job.metadata.namespace, job.metadata.name
         d = action.decision
         direction = "out" if action.replicas_to > replicas else "in"
         raw_status["lastScale"] = {
             "time": iso(now_utc()), "from": replicas, "to": action.replicas_to,
-            "reason": d.reason, "delta": round(d.gap, 4), "gain": round(d.gain, 4)}
+            "reason": d.reason, "delta": round(d.gap, 4), "gain": round(d.gain, 4),
+            "source": action.source,
+            "predictedGenSeconds": round(action.predicted_gen_seconds, 4)}
         # the record first: a reconcile that sees the new spec.rollout.replicas then also
         # sees that the autoscaler made it (not a kubectl scale)
         self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})
@@ -177,7 +235,9 @@ class Operator:
         job.spec.rollout.replicas = action.replicas_to
         kopf.event(body, type="Normal", reason=f"ScaledRollout{direction.capitalize()}",
                    message=f"rollout replicas {replicas} → {action.replicas_to} at step "
-                           f"{stats.step}: {d.reason} (δ={d.gap:.2f}s, δ′={d.gain:.2f}s)")
+                           f"{stats.step}: {d.reason} (δ={d.gap:.2f}s, δ′={d.gain:.2f}s, "
+                           f"{action.source}; Tgen predicted "
+                           f"{action.predicted_gen_seconds:.2f}s)")
 
     @staticmethod
     def _gauges(ns: str, name: str, job: RLJob, status: dict) -> None:

@@ -190,6 +190,15 @@ class Kube:
                         raise
         return n
 
+    def config_map_data(self, namespace: str, name: str) -> dict | None:
+        """A ConfigMap's data (None when there is no such ConfigMap)."""
+        try:
+            return self.core.read_namespaced_config_map(name, namespace).data or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status})

@@ -17,7 +17,10 @@ GEN = Gauge("rljob_job_gen_seconds", "Tgen of the last step.", _labels)
 TRAIN = Gauge("rljob_job_train_seconds", "Ttrain of the last step.", _labels)
 ROLLOUTS = Gauge("rljob_job_rollout_replicas", "Desired rollout replicas.", _labels)
 READY = Gauge("rljob_job_ready", "1 when the job's Ready condition is True.", _labels)
-GAUGES = (STEP, STALENESS, TOKENS, GEN, TRAIN, ROLLOUTS, READY)
+SCALE_ERROR = Gauge("rljob_job_scale_prediction_error",
+                    "Relative error of the last checked scale's predicted Tgen "
+                    "(measured / predicted - 1).", _labels)
+GAUGES = (STEP, STALENESS, TOKENS, GEN, TRAIN, ROLLOUTS, READY, SCALE_ERROR)
 
 
 def forget(namespace: str, name: str) -> None:

@@ -355,7 +355,8 @@ def transition_events(previous: dict[str, dict], conds: list[dict]) -> list[Even
 
 
 def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
-         generation: int | None, busy: dict[str, int] | None = None) -> Plan:
+         generation: int | None, busy: dict[str, int] | None = None,
+         profile: tuple[bool, str, str] | None = None) -> Plan:
     """Compare what the job asks for with the pods that exist; say what to do:
     the terminal state, the pods to create and delete, the status and events."""
     spec = job.spec
@@ -397,6 +398,9 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     last_scale = scale_record(job, obs, now, status, out)
     conds = conditions(job, obs, ready_, last_scale, finished, failed, succeeded, outcome,
                        generation, now)
+    if profile is not None:  # (trusted, reason, message) of autoscaling's profile
+        conds.insert(-1 if failed or succeeded else len(conds), _condition(
+            obs.previous, "ProfileTrusted", *profile, generation, now))
     out.events += transition_events(obs.previous, conds)
     status["conditions"] = conds
     out.status = status

@@ -565,6 +565,19 @@ def bench_weights(
     _report(bench, bench.run(rounds, layers, dtype), json_out)
 
 
+@bench_app.command("calibration")
+def bench_calibration(
+    steps: int = typer.Option(12, min=5, help="Steps of each mode's run."),
+    keep: Path = typer.Option(None, help="Keep the runs in this directory."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The bench workflow job in sync, periodic and async(1): measured seconds a step
+    against the simulator's, fed with the runs' live profiles."""
+    from .bench import calibration as bench
+
+    _report(bench, bench.run(steps, keep), json_out)
+
+
 @bench_app.command("weight-memory")
 def bench_weight_memory(
     tp: int = typer.Option(2, min=1, help="The vLLM replica's tensor-parallel workers."),

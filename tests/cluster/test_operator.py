@@ -190,14 +190,33 @@ def _timer_count(op: OperatorProcess) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
+def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_path):
+    """δ′ from an offline profile of the job (`rljob profile`, in a ConfigMap); each
+    scale's prediction checked against the Tgen the steps after it report, and the
+    error raising the bar of the next decision."""
+    import subprocess
+    import sys
+    import time
+
+    from rljob.planner.profile import Profile
+
     cluster = installed
     job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     job["metadata"]["name"] = "elastic"
     rollout = job["spec"].setdefault("rollout", {})
     rollout.update({"replicas": 1, "minReplicas": 1, "maxReplicas": 3, "autoscaling": {
-        "enabled": True, "consecutiveSteps": 2, "cooldownSeconds": 10, "intervalSeconds": 1}})
+        "enabled": True, "consecutiveSteps": 2, "cooldownSeconds": 10, "intervalSeconds": 1,
+        "profileConfigMap": "elastic-profile"}})
     spec = load_rljob_from_dict(job).spec
+    measured = subprocess.run([sys.executable, "-m", "rljob", "profile",
+                               str(EXAMPLES / "quickstart.yaml"), "-o",
+                               str(tmp_path / "profile.json")],
+                              capture_output=True, text=True, timeout=300)
+    assert measured.returncode == 0, measured.stderr
+    profile, notes = Profile.load(tmp_path / "profile.json").fit(spec, time.time())
+    assert profile is not None and notes == []
+    cluster.kubectl("-n", ns, "create", "configmap", "elastic-profile",
+                    f"--from-file=profile.json={tmp_path / 'profile.json'}")
 
     with ScriptedStats() as stats:
         job["metadata"]["annotations"] = {"rljob.dev/transferqueue-address": stats.address}
@@ -218,9 +237,8 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
 
         wait_for(lambda: rollouts() == ["elastic-rollout-0"], 30, what="first rollout pod")
         tgen = 10.0
-        gain1, _ = predicted_change(spec, 1, tgen)
-        gain2, _ = predicted_change(spec, 2, tgen)
-        assert gain1 > 0 and gain2 > 0
+        gain1, _ = predicted_change(spec, 1, tgen, profile)
+        assert gain1 > 0
         below, above = tgen - gain1 + 0.3, tgen - gain1 - 0.3  # Ttrain: δ just under / over δ′
 
         step = 0
@@ -252,16 +270,36 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
         assert (last["from"], last["to"]) == (1, 2)
         assert last["delta"] == pytest.approx(gain1 + 0.3, abs=1e-3)
         assert last["gain"] == pytest.approx(gain1, abs=1e-3)
-        assert rljob()["status"]["conditions"][[c["type"] for c in rljob()["status"][
-            "conditions"]].index("Scaling")]["status"] == "True"
-        # still lagging, but inside the cooldown: no scale
-        above2 = tgen - gain2 - 0.3
-        feed(above2, 2)
-        assert rljob()["spec"]["rollout"]["replicas"] == 2
-        # after the cooldown the next qualifying step scales again, up to maxReplicas
+        assert last["source"] == "offline profile"
+        assert last["predictedGenSeconds"] == pytest.approx(tgen - gain1, abs=1e-3)
+        conditions = {c["type"]: c for c in rljob()["status"]["conditions"]}
+        assert conditions["Scaling"]["status"] == "True"
+        assert (conditions["ProfileTrusted"]["status"],
+                conditions["ProfileTrusted"]["reason"]) == ("True", "Trusted")
+        # at 2 replicas the job generates 10 % slower than predicted (balanced, inside
+        # the cooldown): the step in progress at the scale is left out, the next two
+        # are the check
+        tgen2 = (tgen - gain1) * 1.1
+        feed(tgen2, 3)
+        wait_for(lambda: "predictionError" in rljob()["status"]["lastScale"], 20,
+                 what="the scale's prediction checked")
+        last = rljob()["status"]["lastScale"]
+        print(f"scale 1 → 2: δ′ {gain1:.2f} s ({last['source']}); Tgen predicted "
+              f"{last['predictedGenSeconds']:.2f} s, measured {last['measuredGenSeconds']:.2f}"
+              f" s over {last['checkedSteps']} steps: error {last['predictionError']:+.1%}")
+        assert last["predictionError"] == pytest.approx(0.1, abs=1e-3)
+        assert last["checkedSteps"] == 2 and rljob()["spec"]["rollout"]["replicas"] == 2
+        assert re.search(rf'rljob_job_scale_prediction_error{{namespace="{ns}",'
+                         r'rljob="elastic"} 0\.1', operator.metrics())
+        # the next decision asks for a gap 10 % above δ′: one just over δ′ does not scale
+        gain2, _ = predicted_change(spec, 2, tgen2, profile)
         wait_until_cooldown_passed(rljob)
+        feed(tgen2 - gain2 * 1.1 + 0.1, 3)
+        assert rljob()["spec"]["rollout"]["replicas"] == 2
+        above2 = tgen2 - gain2 * 1.1 - 0.3
         feed(above2, 2)
         wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 3, 20, what="scale to 3")
+        assert rljob()["status"]["lastScale"]["source"] == "offline profile"
         wait_until_cooldown_passed(rljob)
         feed(1.0, 3)  # a huge gap, but maxReplicas is 3
         assert rljob()["spec"]["rollout"]["replicas"] == 3
@@ -275,6 +313,7 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns):
         events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
                                  "involvedObject.kind=RLJob").stdout
         assert events.count("ScaledRolloutOut") == 2
+        assert "ScalePredictionChecked" in events
         metrics = operator.metrics()
         assert 'rljob_operator_scale_decisions_total{direction="out"}' in metrics
         assert re.search(rf'rljob_job_rollout_replicas{{namespace="{ns}",rljob="elastic"}} 3',

@@ -70,7 +70,7 @@ def test_a_profile_of_another_setup_is_refused_with_one_line():
     assert fit is not None and notes == []
     for key, value, says in (("engine", "vllm", "engine 'vllm' (the job's: 'hf')"),
                              ("rollout_accelerator", "ascend", "rollout_accelerator 'ascend'"),
-                             ("model", "/models/other", "model '/models/other'")):
+                             ("model", "other", "model 'other' (the job's: 'tiny-qwen2')")):
         fit, notes = _profile(**{key: value}).fit(SPEC, now=2000.0)
         assert fit is None and len(notes) == 1
         assert notes[0].startswith("profile measured on another setup: " + says)
@@ -91,3 +91,11 @@ def test_a_malformed_profile_file_says_so():
     for text in ("{", "[]", '{"gen": {"batch_sizes": []}, "train": {}}'):
         with pytest.raises(ValueError, match="not a planner profile"):
             Profile.from_json(text)
+
+
+def test_a_model_is_matched_by_its_name_wherever_it_is_mounted():
+    from rljob.planner.live import model_name
+
+    assert {model_name(p) for p in ("random:examples/models/tiny-qwen2", "/mnt/tiny-qwen2/",
+                                    "models/tiny-qwen2")} == {"tiny-qwen2"}
+    assert model_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen2.5-7B-Instruct"

@@ -285,3 +285,75 @@ def test_status_progress_is_the_controllers_figures_rounded():
     # every figure the controller keeps but its clock and source reaches the status
     fields = set(pb.JobMetrics.DESCRIPTOR.fields_by_name) - {"timestamp", "source"}
     assert {field for _, field, _ in PROGRESS} == fields
+
+
+def _profile(spec):
+    from rljob.planner.live import measured_on
+    from rljob.planner.profile import GenProfile, Profile, TrainProfile
+
+    return Profile(GenProfile([1, 8, 64], [0.010, 0.011, 0.020], 64),
+                   TrainProfile([1], [5000.0]), [4, 6, 6, 60], 7.0,
+                   meta=measured_on(spec, "offline: rljob profile"))
+
+
+def test_the_prediction_names_its_source():
+    from rljob_operator.autoscaler import prediction
+
+    spec = auto_job()
+    assert prediction(spec, 2, 10.0).source == "linear"  # models/ is not beside the operator
+    spec.model.path = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    assert prediction(spec, 2, 10.0).source == "analytic"  # its config.json sized
+    p = prediction(spec, 2, 10.0, _profile(spec))
+    assert p.source == "offline profile" and 0 < p.gain < 10
+    spec.model.path = "no-such-model-anywhere"
+    assert prediction(spec, 2, 9.0).source == "linear"
+
+
+def test_a_scale_s_prediction_is_checked_and_its_error_raises_the_next_bar():
+    """After a scale out, the steps after the one in progress measure Tgen at the new
+    count; their mean against the prediction is the error; the next decision needs a
+    gap larger than δ′ by that much."""
+    from rljob_operator.autoscaler import check_prediction, prediction
+
+    spec = auto_job(steps=2, cooldown=0)
+    prof = _profile(spec)
+    mem = Memory()
+    gain = prediction(spec, 2, 10.0, prof).gain
+    big = 10.0 - gain - 0.5
+    assert observe(mem, spec, 2, 1, 10.0, big, now=0, last_scale_time=None, profile=prof) is None
+    act = observe(mem, spec, 2, 2, 10.0, big, now=1, last_scale_time=None, profile=prof)
+    assert (act.replicas_to, act.source) == (3, "offline profile")
+    assert act.predicted_gen_seconds == pytest.approx(10.0 - gain)
+    predicted = act.predicted_gen_seconds
+    measured = predicted * 1.2
+    assert check_prediction(mem, 3, 10.0, 3, 2) is None  # in progress at the scale
+    assert check_prediction(mem, 4, measured, 3, 2) is None
+    assert check_prediction(mem, 4, measured, 3, 2) is None  # a step counts once
+    checked = check_prediction(mem, 5, measured, 3, 2)
+    assert checked == {"predictedGenSeconds": round(predicted, 4),
+                       "measuredGenSeconds": round(measured, 4),
+                       "predictionError": pytest.approx(0.2, abs=1e-4), "checkedSteps": 2}
+    assert mem.error == pytest.approx(0.2) and mem.check is None
+    # the next bar: δ′ × 1.2; a gap just over δ′ no longer scales
+    gain3 = prediction(spec, 3, measured, prof).gain
+    for step, ttrain in ((6, measured - gain3 - 0.01), (7, measured - gain3 - 0.01)):
+        assert observe(mem, spec, 3, step, measured, ttrain, now=step, last_scale_time=1,
+                       profile=prof) is None
+    for step in (8, 9):
+        act = observe(mem, spec, 3, step, measured, measured - 1.2 * gain3 - 0.01,
+                      now=step, last_scale_time=1, profile=prof)
+    assert act is not None and act.replicas_to == 4
+    # steps at another replica count are not the check's
+    act_check = mem.check
+    assert act_check is not None and act_check.replicas == 4
+    assert check_prediction(mem, 10, 5.0, 3, 2) is None and mem.check.measured == []
+
+
+def test_a_trusted_or_refused_profile_is_a_condition():
+    j = job(replicas=2)
+    p = plan(j, {}, everything_ready(j), T0, 3, profile=(False, "ProfileRefused",
+                                                           "ConfigMap p: another model"))
+    c = conds(p)["ProfileTrusted"]
+    assert (c["status"], c["reason"], c["message"]) == ("False", "ProfileRefused",
+                                                         "ConfigMap p: another model")
+    assert "ProfileTrusted" not in conds(plan(j, {}, everything_ready(j), T0, 3))

@@ -376,6 +376,17 @@ class AutoscalingSpec(ApiModel):
         3, ge=1, le=1000, description="Steps the gap must persist before scaling."
     )
     allow_scale_in: bool = Field(False, description="Also remove replicas when they idle.")
+    profile_config_map: str | None = Field(
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A ConfigMap in the job's namespace whose key profile.json holds a "
+        "profile of this job (`rljob profile`; kubectl create configmap NAME "
+        "--from-file=profile.json): δ′ comes from its latency model and workload. One "
+        "measured on another model, dtype, engine, accelerator or tensor parallelism is "
+        "refused, and the autoscaler then holds (condition ProfileTrusted False). Unset: "
+        "the analytic model of the model's config.json, or Tgen ∝ 1/replicas.",
+    )
 
 
 class HcclSpec(ApiModel):

@@ -16,6 +16,7 @@ CONDITION_TYPES = (
     "TrainerReady",
     "Scaling",
     "Suspended",
+    "ProfileTrusted",
     "Succeeded",
     "Failed",
 )
@@ -67,6 +68,17 @@ class ScaleEvent(ApiModel):
     gain: float | None = Field(
         None, description="Predicted Tgen reduction of one more replica, seconds."
     )
+    source: str | None = Field(
+        None, max_length=64, description="What the prediction came from: live profile, "
+        "offline profile, analytic (the model's config.json) or linear (Tgen ∝ 1/replicas).")
+    predicted_gen_seconds: float | None = Field(
+        None, description="Tgen predicted at the new replica count, seconds.")
+    measured_gen_seconds: float | None = Field(
+        None, description="Tgen measured over the steps after the scale, seconds.")
+    prediction_error: float | None = Field(
+        None, description="measuredGenSeconds / predictedGenSeconds − 1; the next decision "
+        "asks for a gap larger than δ′ by as much.")
+    checked_steps: int | None = Field(None, ge=0, description="Steps the check measured.")
 
 
 class RLJobStatus(ApiModel):

@@ -90,9 +90,16 @@ def profile_from_run(run_dir: str | Path, spec, skip_steps: int = 3,
                    meta=measured_on(spec, f"live: {run.root}, steps {steps[0]}-{steps[-1]}"))
 
 
+def model_name(path: str) -> str:
+    """A model's name for matching profiles to jobs: its directory's (or hub id's)
+    last part, whether its weights are loaded or random-initialised from its config
+    (the same shapes: the same latencies) and wherever it is mounted (pure)."""
+    return path.removeprefix("random:").rstrip("/").rsplit("/", 1)[-1]
+
+
 def measured_on(spec, source: str) -> dict:
     """What a profile was measured on: the fields a job must share to use it."""
-    return {"model": spec.model.path, "dtype": spec.model.dtype,
+    return {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
             "engine": spec.rollout.engine,
             "rollout_accelerator": spec.accelerator_for("rollout").type,
             "trainer_accelerator": spec.accelerator_for("trainer").type,

@@ -248,7 +248,9 @@ class Profile:
         saying which field and why."""
         if not self.meta:
             return self, []
-        job = {"model": spec.model.path, "dtype": spec.model.dtype,
+        from .live import model_name
+
+        job = {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
                "engine": spec.rollout.engine,
                "rollout_accelerator": spec.accelerator_for("rollout").type,
                "trainer_accelerator": spec.accelerator_for("trainer").type,
