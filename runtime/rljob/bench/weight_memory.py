@@ -69,12 +69,21 @@ def _rss(pid: int) -> tuple[int, int]:
     return fields.get("RssAnon", 0), fields.get("VmRSS", 0)
 
 
-def _workers() -> dict[str, int]:
-    """vLLM's worker processes under this one, by their process titles."""
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _workers(before: set[int]) -> dict[str, int]:
+    """The worker processes of the vLLM engine started since `before` (this process's
+    descendants then), by their process titles."""
     import psutil
 
     found = {}
     for p in psutil.Process().children(recursive=True):
+        if p.pid in before:  # another engine's (one a caller runs beside)
+            continue
         try:
             title = " ".join(p.cmdline()) or p.name()
         except psutil.Error:  # an earlier engine's process, ending
@@ -129,6 +138,7 @@ def _measure(tp: int, bucket_mb: int, shape: dict | None) -> dict:
     for version, transport in enumerate(TRANSPORTS, start=1):
         # an engine of its own per transport: memory another update freed and the
         # allocator kept would hide what this one needs
+        before = _descendants()
         engine = VLLMEngine(spec, RolloutSpec(engine="vllm", tensor_parallel=tp,
                                               npus_per_replica=tp, max_num_seqs=8),
                             tok, "cpu", seed=0)
@@ -143,7 +153,7 @@ def _measure(tp: int, bucket_mb: int, shape: dict | None) -> dict:
             sender.publish(version, state)
             if transport == "collective":  # join first: its set-up is not the update
                 receiver._join(engine)
-            sampler = _Sampler({"rollout process": os.getpid(), **_workers()})
+            sampler = _Sampler({"rollout process": os.getpid(), **_workers(before)})
             t0 = time.monotonic()
             assert receiver.load_latest(engine, version, wait=300) == version
             seconds = time.monotonic() - t0
