@@ -209,7 +209,7 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
         "profileConfigMap": "elastic-profile"}})
     spec = load_rljob_from_dict(job).spec
     measured = subprocess.run([sys.executable, "-m", "rljob", "profile",
-                               str(EXAMPLES / "quickstart.yaml"), "-o",
+                               str(REPO / "examples" / "quickstart.yaml"), "-o",
                                str(tmp_path / "profile.json")],
                               capture_output=True, text=True, timeout=300)
     assert measured.returncode == 0, measured.stderr
@@ -243,12 +243,12 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
 
         step = 0
 
-        def feed(ttrain, times=1, observe=True):
-            """The next `times` steps report (tgen, ttrain); wait until each is seen."""
+        def feed(ttrain, times=1, observe=True, gen=None):
+            """The next `times` steps report (gen or tgen, ttrain); wait until each is seen."""
             nonlocal step
             for _ in range(times):
                 step += 1
-                stats.set(step, tgen, ttrain)
+                stats.set(step, gen or tgen, ttrain)
                 if observe:
                     observed(step)
 
@@ -280,7 +280,7 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
         # the cooldown): the step in progress at the scale is left out, the next two
         # are the check
         tgen2 = (tgen - gain1) * 1.1
-        feed(tgen2, 3)
+        feed(tgen2, 3, gen=tgen2)
         wait_for(lambda: "predictionError" in rljob()["status"]["lastScale"], 20,
                  what="the scale's prediction checked")
         last = rljob()["status"]["lastScale"]
@@ -294,10 +294,10 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
         # the next decision asks for a gap 10 % above δ′: one just over δ′ does not scale
         gain2, _ = predicted_change(spec, 2, tgen2, profile)
         wait_until_cooldown_passed(rljob)
-        feed(tgen2 - gain2 * 1.1 + 0.1, 3)
+        feed(tgen2 - gain2 * 1.1 + 0.1, 3, gen=tgen2)
         assert rljob()["spec"]["rollout"]["replicas"] == 2
         above2 = tgen2 - gain2 * 1.1 - 0.3
-        feed(above2, 2)
+        feed(above2, 2, gen=tgen2)
         wait_for(lambda: rljob()["spec"]["rollout"]["replicas"] == 3, 20, what="scale to 3")
         assert rljob()["status"]["lastScale"]["source"] == "offline profile"
         wait_until_cooldown_passed(rljob)
