@@ -38,10 +38,9 @@ def run(steps: int = 12, keep: Path | None = None, warmup_steps: int = 3) -> dic
     for mode, k in MODES:
         name = _name(mode, k)
         row = {"mode": name, "measured_step_seconds": measured[name]["step_seconds"]}
-        for source in ("sync", name):
+        for key, source in (("sync_profile", "sync"), ("own_profile", name)):
             model = job_model(specs[name], profiles[source])
             sim = simulate(pipeline_config(model, mode, mode != "sync", steps))
-            key = "sync_profile" if source == "sync" else "own_profile"
             row[f"predicted_{key}"] = sim.step_seconds
             row[f"error_{key}"] = sim.step_seconds / row["measured_step_seconds"] - 1
         rows.append(row)
