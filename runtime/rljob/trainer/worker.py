@@ -431,10 +431,12 @@ class TrainerWorker:
             self.opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard
         # collective (megatron gathers tensor-parallel shards): the critic starts
         # from the policy's weights; the sender copies them a tensor at a time
-        state = self.policy.hf_state() if spec.algorithm.critic else None
-        tensors = state if state is not None else self.policy.hf_tensors()
-        if rank != 0:
-            drain(tensors)
+        if spec.algorithm.critic:  # one collective: rank 0 gets the dict, the rest None
+            state = tensors = self.policy.hf_state()
+        else:
+            state, tensors = None, self.policy.hf_tensors()
+            if rank != 0:
+                drain(tensors)
         if rank == 0:
             self.sender.publish(self.start, tensors)
             self.tq = TransferQueueClient(self.tq_address)
