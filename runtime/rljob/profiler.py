@@ -19,6 +19,7 @@ The result is a `Profile` (planner/profile.py) with what it was measured on
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -31,10 +32,9 @@ def measure(spec, train_steps: int = 3, sizes: tuple[int, ...] = SIZES, log=prin
     from .infra.device import activate, resolve
     from .inputs.data import load_examples, prompt_ids
     from .inputs.models import build_model, load_tokenizer
-    from .planner.live import gen_profile, measured_on
+    from .planner.live import calls_profile, measured_on
     from .planner.profile import Profile, TrainProfile
     from .rollout.engine import SamplingParams, make_engine
-    from .infra.timeline import Span
 
     tok = load_tokenizer(spec.model)
     accelerator = spec.accelerator_for("rollout").type
@@ -55,25 +55,26 @@ def measure(spec, train_steps: int = 3, sizes: tuple[int, ...] = SIZES, log=prin
                                     temperature=spec.rollout.temperature,
                                     top_p=spec.rollout.top_p, seeds=tuple(range(bs)))
             engine.generate(prompts[:bs], params)  # the first call of a size warms it up
+            engine.take_timings()
             t0 = time.perf_counter()
             out = engine.generate(prompts[:bs], params)
             wall = time.perf_counter() - t0
             timed = engine.take_timings()
             got = [g.response_ids for group in out for g in group]
             if timed:
-                calls += [t.__dict__ for t in timed[len(timed) // 2:]]  # the timed call's
+                calls += [asdict(t) for t in timed]
             else:  # an engine that does not time its steps: the call over its longest
                 calls.append({"rows": bs, "prompt_tokens": sum(map(len, prompts[:bs])),
                               "output_tokens": sum(map(len, got)),
-                              "steps": max(map(len, got), default=0) + 1,
-                              "prefill_seconds": 0.0, "decode_seconds": wall})
+                              "steps": max(map(len, got), default=0),
+                              "prefill_seconds": 0.0, "decode_seconds": wall,
+                              "concurrent": True})
             lengths += [len(r) for r in got]
             responses = got
             log(f"generate: batch {bs}, {wall:.3f} s, longest response {max(map(len, got))}")
     finally:
         engine.close()
-    gen = gen_profile([Span("rollout-0", "generate", 0, 0, 0, {"calls": calls})],
-                      spec.rollout.max_num_seqs)
+    gen = calls_profile(calls, spec.rollout.max_num_seqs)
     tokens_per_second = _train(spec, tok, prompts, responses, train_steps, log)
     return Profile(gen, TrainProfile([1.0], [tokens_per_second], "offline"), lengths,
                    float(np.mean([len(p) for p in prompts])),

@@ -28,23 +28,31 @@ from .profile import GenProfile, Profile, TrainProfile
 
 
 def gen_profile(spans: list[Span], max_batch_size: int) -> GenProfile:
-    """Seconds per decode step against the rows decoded together, and the prefill's
-    seconds per prompt token, from `generate` spans' engine calls (pure). A
-    concurrent engine (vLLM) reports each group's seconds among about `rows` others,
-    its prefill and queueing included: an upper bound of its decode step."""
-    points, prefill = [], []
-    for s in spans:
-        if s.kind != "generate" or not s.info:
-            continue
-        for c in s.info.get("calls", []):
-            decode_steps = c["steps"] - (0 if s.info.get("concurrent") else 1)
-            if c["rows"] > 0 and decode_steps > 0 and c["decode_seconds"] > 0:
-                points.append((c["rows"], c["decode_seconds"] / decode_steps))
-            if c["prefill_seconds"] > 0 and c["prompt_tokens"] > 0:
-                prefill.append(c["prefill_seconds"] / c["prompt_tokens"])
-    if not points:
+    """`calls_profile` of the engine calls of a run's `generate` spans (pure)."""
+    calls = [{**c, "concurrent": bool(s.info.get("concurrent"))}
+             for s in spans if s.kind == "generate" and s.info
+             for c in s.info.get("calls", [])]
+    if not calls:
         raise ValueError("no generate spans with engine timings in the run (a run of an "
                          "earlier version, or no step generated yet)")
+    return calls_profile(calls, max_batch_size)
+
+
+def calls_profile(calls: list[dict], max_batch_size: int) -> GenProfile:
+    """Seconds per decode step against the rows decoded together, and the prefill's
+    seconds per prompt token, from engine calls (`GenTiming`'s fields) (pure). A
+    call's first step is its prefill's. A `concurrent` call (vLLM: a group among
+    about `rows` others in flight) counts every step, its prefill and queueing in its
+    seconds: an upper bound of its decode step."""
+    points, prefill = [], []
+    for c in calls:
+        decode_steps = c["steps"] - (0 if c.get("concurrent") else 1)
+        if c["rows"] > 0 and decode_steps > 0 and c["decode_seconds"] > 0:
+            points.append((c["rows"], c["decode_seconds"] / decode_steps))
+        if c["prefill_seconds"] > 0 and c["prompt_tokens"] > 0:
+            prefill.append(c["prefill_seconds"] / c["prompt_tokens"])
+    if not points:
+        raise ValueError("no engine call with a decode step to time")
     gen = GenProfile.from_samples(points, max(max_batch_size, max(b for b, _ in points)))
     gen.prefill_per_token = statistics.median(prefill) if prefill else 0.0
     gen.source = "live"
@@ -97,8 +105,14 @@ def model_name(path: str) -> str:
     return path.removeprefix("random:").rstrip("/").rsplit("/", 1)[-1]
 
 
+# what a job must share with the setup a profile was measured on to use it
+SETUP = ("model", "dtype", "engine", "rollout_accelerator", "trainer_accelerator",
+         "tensor_parallel")
+
+
 def measured_on(spec, source: str) -> dict:
-    """What a profile was measured on: the fields a job must share to use it."""
+    """What a profile was measured on: the `SETUP` fields, the responses' cap, when
+    and how."""
     return {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
             "engine": spec.rollout.engine,
             "rollout_accelerator": spec.accelerator_for("rollout").type,

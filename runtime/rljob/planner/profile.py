@@ -248,15 +248,11 @@ class Profile:
         saying which field and why."""
         if not self.meta:
             return self, []
-        from .live import model_name
+        from .live import SETUP, measured_on
 
-        job = {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
-               "engine": spec.rollout.engine,
-               "rollout_accelerator": spec.accelerator_for("rollout").type,
-               "trainer_accelerator": spec.accelerator_for("trainer").type,
-               "tensor_parallel": spec.rollout.tensor_parallel}
-        differ = [f"{k} {self.meta.get(k)!r} (the job's: {v!r})" for k, v in job.items()
-                  if k in self.meta and self.meta[k] != v]
+        job = measured_on(spec, "")
+        differ = [f"{k} {self.meta[k]!r} (the job's: {job[k]!r})" for k in SETUP
+                  if k in self.meta and self.meta[k] != job[k]]
         if differ:
             return None, [f"profile measured on another setup: {', '.join(differ)}; "
                           "measure this job's (rljob profile JOB.yaml)"]

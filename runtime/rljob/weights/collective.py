@@ -50,6 +50,14 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _offset(size: int, n: int, bucket_bytes: int) -> int | None:
+    """Where a tensor of `n` bytes starts in a bucket filled to `size` bytes (a
+    multiple of 16), or None when it opens the next bucket: a full bucket's size
+    would pass `bucket_bytes` (a larger tensor gets a bucket of its own) (pure)."""
+    start = -(-size // 16) * 16
+    return None if size and start + n > bucket_bytes else start
+
+
 def plan_buckets(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES
                  ) -> tuple[list[Slot], list[int]]:
     """Tensors in order into buckets of at most `bucket_bytes` (a larger tensor gets a
@@ -59,8 +67,8 @@ def plan_buckets(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTE
     sizes: list[int] = []
     for name, t in state.items():
         n = _nbytes(t)
-        start = -(-sizes[-1] // 16) * 16 if sizes else 0
-        if not sizes or (sizes[-1] and start + n > bucket_bytes):
+        start = _offset(sizes[-1], n, bucket_bytes) if sizes else None
+        if start is None:
             sizes.append(0)
             start = 0
         slots.append(Slot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape),
@@ -71,7 +79,7 @@ def plan_buckets(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTE
 
 def pack(tensors, bucket_bytes: int = BUCKET_BYTES) -> tuple[list[Slot], list[torch.Tensor]]:
     """A host copy of `tensors` (a dict, or (name, tensor) pairs given one at a time)
-    in byte buckets laid out as `plan_buckets` does: one snapshot, which replicas
+    in byte buckets laid out as `plan_buckets` does (`_offset`): one snapshot, which replicas
     receive while the trainer goes on training. Holds at most one bucket's tensors
     besides the buckets already packed, so a stream of freshly made tensors (a
     gathered shard, a cast to the compute dtype) costs its device one bucket, not a
@@ -93,8 +101,8 @@ def pack(tensors, bucket_bytes: int = BUCKET_BYTES) -> tuple[list[Slot], list[to
 
     for name, t in items:
         n = _nbytes(t)
-        start = -(-size // 16) * 16 if pending else 0
-        if pending and size and start + n > bucket_bytes:
+        start = _offset(size, n, bucket_bytes) if pending else 0
+        if start is None:
             close()
             start = 0
         slot = Slot(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), len(buckets),
