@@ -9,6 +9,7 @@ TransferQueue controller for progress and runs the autoscaler.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import threading
@@ -52,6 +53,9 @@ class JobState:
     # rollout.autoscaling.profileConfigMap, as last read: (profile it trusts or None,
     # the condition's reason and message, when read)
     profile: tuple = (None, "", "", -1e9)
+    # the job's live profile, as last read from its controller: (profile or None, the
+    # condition's reason and message), None before its trainer reported one
+    live: tuple | None = None
 
 
 class Operator:
@@ -100,6 +104,7 @@ class Operator:
             pods = self.kube.list_pods(ns, name)
 
             busy: dict[str, int] = {}
+            auto = job.spec.rollout.autoscaling
             progress = raw_status.get("progress")
             running = raw_status.get("startTime") and not finished and not job.spec.suspend
             if poll_stats and running:
@@ -118,10 +123,12 @@ class Operator:
                                         if k != "lastUpdatedTime"} != {
                             k: v for k, v in fresh.items() if k != "lastUpdatedTime"}:
                         progress = fresh
-                    self._autoscale(body, job, state, raw_status, stats)
+                    if auto.enabled:
+                        self._live(job, state, stats.profile)
+                        self._autoscale(body, job, state, raw_status, stats,
+                                        self._trusted(job, state))
 
-            trusted = self._profile(job, state) if job.spec.rollout.autoscaling.enabled \
-                and job.spec.rollout.autoscaling.profile_config_map else None
+            trusted = self._trusted(job, state) if auto.enabled else None
             p = plan(job, raw_status, pods, now_utc(), generation, busy,
                      None if trusted is None else (trusted[0] is not None, *trusted[1:3]))
             for obj in p.create:
@@ -193,7 +200,44 @@ class Operator:
         state.profile = (profile, reason, message[:1024], time.monotonic())
         return state.profile
 
-    def _autoscale(self, body, job: RLJob, state: JobState, raw_status: dict, stats) -> None:
+    @staticmethod
+    def _live(job: RLJob, state: JobState, record: str) -> None:
+        """The live profile in the controller's record of the trainer's recent steps
+        (`planner.live.profile_from_records`), if it reported one."""
+        if not record:
+            return
+        from rljob.planner.live import profile_from_records
+
+        try:
+            rec = json.loads(record)
+            steps = rec.get("steps") or [0, 0]
+            profile, notes = profile_from_records(
+                [rec], job.spec, f"live: steps {steps[0]}-{steps[-1]}").fit(job.spec,
+                                                                           time.time())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            profile, notes = None, [f"not a profile record: {exc}"]
+        if profile is None:
+            state.live = (None, "LiveProfileRefused",
+                          f"the trainer's live profile: {'; '.join(notes)}"[:1024])
+        else:
+            state.live = (profile, "LiveProfile", f"live profile of steps {steps[0]}-"
+                          f"{steps[-1]}, measured by the job's own pods")
+
+    def _trusted(self, job: RLJob, state: JobState) -> tuple | None:
+        """The profile δ′ comes from, with the ProfileTrusted condition's reason and
+        message: the job's live profile once its trainer reports one, else
+        rollout.autoscaling.profileConfigMap's (`_profile`), else None (the analytic
+        model, no condition). A live profile that does not hold falls back to the
+        ConfigMap's, and without one the autoscaler holds."""
+        live = state.live
+        if live is not None and live[0] is not None:
+            return live
+        if job.spec.rollout.autoscaling.profile_config_map:
+            return self._profile(job, state)
+        return live
+
+    def _autoscale(self, body, job: RLJob, state: JobState, raw_status: dict, stats,
+                   trusted: tuple | None) -> None:
         replicas = job.spec.rollout.replicas
         auto = job.spec.rollout.autoscaling
         ns, name = job.metadata.namespace, job.metadata.name
@@ -209,11 +253,9 @@ class Operator:
                                f"{checked['measuredGenSeconds']:.2f}s over "
                                f"{checked['checkedSteps']} step(s) "
                                f"(error {checked['predictionError']:+.0%})")
-        profile = None
-        if auto.profile_config_map:
-            profile = self._profile(job, state)[0]
-            if profile is None:
-                return  # a profile it cannot trust: it holds (condition ProfileTrusted)
+        profile = None if trusted is None else trusted[0]
+        if trusted is not None and profile is None:
+            return  # a profile it cannot trust: it holds (condition ProfileTrusted)
         last = parse_time((raw_status.get("lastScale") or {}).get("time"))
         action = observe(state.autoscaler, job.spec, replicas, stats.step, stats.gen_seconds,
                          stats.train_seconds, time.time(),

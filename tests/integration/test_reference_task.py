@@ -47,7 +47,7 @@ def test_the_trainer_and_a_replica_share_the_reference_rows_bit_for_bit(tq, tmp_
         "response_ids": [np.asarray(r, np.int32) for _, r in rows],
         "rollout_logp": [np.zeros(len(r), np.float32) for _, r in rows],
         "reward": [0.0] * 32, "reward_error": [""] * 32, "started_at": [0.0] * 32,
-        "finished_at": [0.0] * 32, "weights_epoch": [0] * 32,
+        "finished_at": [0.0] * 32, "weights_epoch": [0] * 32, "gen_calls": [[]] * 32,
     }, versions=[0] * 32, length_column="response_ids", lease=batch)
     client.ack(batch)
     # the train task waits for the reference's log-probs

@@ -53,7 +53,7 @@ def _roll_out(client: TransferQueueClient, rows: int) -> None:
         "rollout_logp": [np.array([-1.0, -1.0, -1.0], np.float32)] * k,
         "reward": [1.0] * k, "reward_error": [""] * k,
         "started_at": [time.time()] * k, "finished_at": [time.time()] * k,
-        "weights_epoch": [0] * k,
+        "weights_epoch": [0] * k, "gen_calls": [[]] * k,
     }, versions=[0] * k, length_column="response_ids", lease=batch)
     client.ack(batch)
     # the reference task (what the trainer or an idle replica computes): constant

@@ -3,13 +3,16 @@ profile holds for a job (`Profile.fit`)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rljob.api.spec import RLJobSpec
-from rljob.infra.timeline import Span
 from rljob.planner.cost import Workload, generation_time
-from rljob.planner.live import gen_profile, measured_on, train_profile, workload_lengths
+from rljob.planner.live import (calls_profile, measured_on, profile_from_records, train_profile,
+                                workload_lengths)
 from rljob.planner.profile import GenProfile, Profile, TrainProfile
+from rljob.workflow.timing import RECORD_CALLS, RECORD_LENGTHS, profile_record
 
 SPEC = RLJobSpec.model_validate({
     "model": {"path": "random:examples/models/tiny-qwen2", "tokenizer": "builtin:char"},
@@ -25,31 +28,54 @@ def call(rows, steps, decode, prefill=0.01, prompt=8):
 def test_decode_steps_by_rows_and_the_prefill_per_token():
     """A call's first step is its prefill's: its decode steps are the others; the
     median per row count; the prefill over the prompt tokens it computed."""
-    spans = [Span("rollout-0", "generate", 0, 1, 4, {"calls": [call(16, 6, 0.05),
-                                                             call(32, 6, 0.10)]}),
-             Span("rollout-1", "generate", 0, 1, 4, {"calls": [call(16, 6, 0.07)]}),
-             Span("rollout-0", "generate", 0, 1, 5, {"calls": [call(16, 11, 0.20)]}),
-             Span("trainer-0", "train", 0, 1, 4, {"samples": 8, "tokens": 100})]
-    gen = gen_profile(spans, 64)
+    gen = calls_profile([call(16, 6, 0.05), call(32, 6, 0.10), call(16, 6, 0.07),
+                         call(16, 11, 0.20)], 64)
     assert gen.batch_sizes == [16.0, 32.0] and gen.max_batch_size == 64
     assert gen.ptl_seconds == pytest.approx([0.014, 0.02])  # median of .01, .014, .02
     assert gen.prefill_per_token == pytest.approx(0.01 / 128)
-    concurrent = Span("rollout-0", "generate", 0, 1, 4,
-                      {"calls": [call(24, 5, 0.5, prefill=0.0)], "concurrent": True})
-    assert gen_profile([concurrent], 64).ptl_seconds == [pytest.approx(0.1)]  # all 5 steps
-    with pytest.raises(ValueError, match="no generate spans with engine timings"):
-        gen_profile([Span("rollout-0", "generate", 0, 1, 4)], 64)  # an older run's
+    concurrent = {**call(24, 5, 0.5, prefill=0.0), "concurrent": True}
+    assert calls_profile([concurrent], 64).ptl_seconds == [pytest.approx(0.1)]  # all 5 steps
+    with pytest.raises(ValueError, match="no engine call with a decode step"):
+        calls_profile([call(16, 1, 0.0)], 64)
 
 
 def test_the_trainer_s_tokens_per_second_and_the_workload():
-    spans = [Span("trainer-0", "train", 0.0, 1.0, 4, {"samples": 8, "tokens": 300}),
-             Span("trainer-0", "optimizer", 1.0, 1.5, 4),
-             Span("trainer-1", "train", 0.0, 9.0, 4, {"samples": 8, "tokens": 300})]
-    train = train_profile(spans, world=2)
-    assert train.tokens_per_second == [pytest.approx(2 * 300 / 1.5)] and train.npus == [2.0]
+    records = [{"step": 4, "train_tokens": 300, "train_seconds": 1.0},
+               {"step": 5, "train_tokens": 600, "train_seconds": 0.5}]
+    train = train_profile(records, world=2)
+    assert train.tokens_per_second == [pytest.approx(900 / 1.5)] and train.npus == [2.0]
     lengths, prompt = workload_lengths([{"response_lengths": [3, 6], "prompt_tokens": 6.0},
                                         {"response_lengths": [6], "prompt_tokens": 7.0}])
     assert (lengths, prompt) == ([3, 6, 6], 6.5)
+    with pytest.raises(ValueError, match="train_tokens and train_seconds"):
+        train_profile([{"step": 4}], world=1)
+
+
+def _line(step, calls, lengths, tokens=200, seconds=0.5, prompt=8.0):
+    return {"step": step, "gen_calls": calls, "train_tokens": tokens,
+            "train_seconds": seconds, "response_lengths": lengths, "prompt_tokens": prompt,
+            "reward_mean": 0.5}
+
+
+def test_the_record_of_recent_steps_is_bounded_and_gives_the_same_profile():
+    """What the trainer reports to the controller: its steps' records in one, at most
+    RECORD_CALLS calls and RECORD_LENGTHS lengths (both ends of the lengths kept); the
+    profile built from it is the one built from the steps' lines."""
+    lines = [_line(s, [call(4, 6, 0.05 + 0.001 * s)], [3, 6, 6, 40]) for s in range(4, 9)]
+    record = profile_record(lines)
+    assert record["steps"] == [4, 8] and len(record["gen_calls"]) == 5
+    a = profile_from_records(lines, SPEC, "a")
+    b = profile_from_records([json.loads(json.dumps(record))], SPEC, "b")
+    assert (a.gen.ptl_seconds, a.train.tokens_per_second) == (
+        pytest.approx(b.gen.ptl_seconds), pytest.approx(b.train.tokens_per_second))
+    assert sorted(a.output_lengths) == b.output_lengths and a.prompt_tokens == b.prompt_tokens
+    many = [_line(s, [call(4, 6, 0.05)] * 30, list(range(1, 201))) for s in range(20)]
+    big = profile_record(many)
+    assert len(big["gen_calls"]) == RECORD_CALLS and len(big["response_lengths"]) == RECORD_LENGTHS
+    assert (big["response_lengths"][0], big["response_lengths"][-1]) == (1, 200)
+    assert len(json.dumps(big)) < 16_000
+    with pytest.raises(ValueError, match="no engine timings"):
+        profile_from_records([_line(4, [], [3])], SPEC, "older")
 
 
 def test_the_prefill_adds_the_instance_s_share_of_prompt_tokens():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -282,8 +284,9 @@ def test_status_progress_is_the_controllers_figures_rounded():
         "step": 7, "stalenessMean": 0.5679, "stalenessMax": 1, "rewardMean": 0.1235,
         "tokensPerSecond": 1234.6, "samplesPerSecond": 9.877, "genSeconds": 1.235,
         "trainSeconds": 0.988, "lastUpdatedTime": "T"}
-    # every figure the controller keeps but its clock and source reaches the status
-    fields = set(pb.JobMetrics.DESCRIPTOR.fields_by_name) - {"timestamp", "source"}
+    # every figure the controller keeps but its clock, source and the live profile's
+    # record (the autoscaler's input) reaches the status
+    fields = set(pb.JobMetrics.DESCRIPTOR.fields_by_name) - {"timestamp", "source", "profile"}
     assert {field for _, field, _ in PROGRESS} == fields
 
 
@@ -357,3 +360,48 @@ def test_a_trusted_or_refused_profile_is_a_condition():
     assert (c["status"], c["reason"], c["message"]) == ("False", "ProfileRefused",
                                                          "ConfigMap p: another model")
     assert "ProfileTrusted" not in conds(plan(j, {}, everything_ready(j), T0, 3))
+
+
+def _record(decode_seconds=0.05, steps=(4, 23)):
+    call = {"rows": 4, "prompt_tokens": 40, "output_tokens": 160, "steps": 40,
+            "prefill_seconds": 0.01, "decode_seconds": decode_seconds}
+    return json.dumps({"steps": list(steps), "gen_calls": [call] * 8, "train_tokens": 4000,
+                       "train_seconds": 0.8, "response_lengths": [40] * 32,
+                       "prompt_tokens": 10.0})
+
+
+class _ConfigMaps:
+    def __init__(self, data=None):
+        self.data = data
+
+    def config_map_data(self, ns, name):
+        return self.data
+
+
+def test_the_live_profile_comes_first_and_names_its_steps():
+    """δ′ from the job's own pods once its trainer reports a record of its recent
+    steps; before that the ConfigMap's profile; a record that does not make a
+    profile makes the autoscaler hold (ProfileTrusted False), never the analytic
+    model."""
+    from rljob_operator.autoscaler import prediction
+    from rljob_operator.handlers import JobState, Operator
+
+    j = job(replicas=1)
+    j.spec.rollout.autoscaling.enabled = True
+    j.spec.rollout.autoscaling.profile_config_map = "prof"
+    op = Operator(kube=_ConfigMaps({"profile.json": _profile(j.spec).to_json()}))
+    state = JobState()
+    assert op._trusted(j, state)[1] == "Trusted"  # no live record yet: the ConfigMap's
+    op._live(j, state, "")
+    assert op._trusted(j, state)[1] == "Trusted"
+    op._live(j, state, _record())
+    profile, reason, message = op._trusted(j, state)
+    assert (reason, message) == ("LiveProfile", "live profile of steps 4-23, measured by "
+                                                "the job's own pods")
+    assert profile.gen.ptl_seconds == [pytest.approx(0.05 / 39)]
+    p = prediction(j.spec, 1, 10.0, profile)
+    assert p.source == "live profile" and 0 < p.gain <= 5.0  # at most half of Tgen
+    j.spec.rollout.autoscaling.profile_config_map = None
+    op._live(j, state, '{"steps": [4, 5], "gen_calls": []}')
+    assert op._trusted(j, state)[:2] == (None, "LiveProfileRefused")
+    assert "no engine timings" in op._trusted(j, state)[2]

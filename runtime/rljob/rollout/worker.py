@@ -179,17 +179,18 @@ class RolloutWorker:
 
     def score_and_write(self, batch: Batch, first: int, flat: list, version: int, epoch: int,
                         span: tuple[float, float], indices: list[int] | None = None,
-                        last: bool = True) -> None:
+                        last: bool = True, calls: list[dict] = ()) -> None:
         """In the writer thread: a slow reward (a remote verifier) delays the write of
         its own samples, not the next generation."""
         self.write(batch, flat, self.score(batch, first, flat), version, epoch, span,
-                   indices, last)
+                   indices, last, calls)
 
     def write(self, batch: Batch, flat: list, scored: list, version: int, epoch: int,
               span: tuple[float, float], indices: list[int] | None = None,
-              last: bool = True) -> None:
+              last: bool = True, calls: list[dict] = ()) -> None:
         """Publish generated rows (`indices`, default the whole batch) under their
-        lease (fenced), then ack them; `last`: the batch's keep-alive ends. A lease that
+        lease (fenced), then ack them; `last`: the batch's keep-alive ends; `calls`:
+        the engine calls that generated them (on the first row). A lease that
         expired meanwhile (this replica was paused or cut off) has given the rows to
         another replica: the controller refuses the write and the work is dropped."""
         if last:
@@ -204,6 +205,7 @@ class RolloutWorker:
                 "started_at": [span[0]] * len(flat),
                 "finished_at": [span[1]] * len(flat),
                 "weights_epoch": [epoch] * len(flat),
+                "gen_calls": [list(calls)] + [[] for _ in flat[1:]],
             }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
             self.tq.ack(batch, indices)
         except TransferQueueError as exc:
@@ -261,13 +263,13 @@ class RolloutWorker:
                     groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
                 flat = [x for group in groups for x in group]
                 done = time.time()
-                self.spans.add("generate", t0, done, step,
-                               {"calls": [asdict(c) for c in self.engine.take_timings()]})
+                calls = [asdict(c) for c in self.engine.take_timings()]
+                self.spans.add("generate", t0, done, step, {"calls": calls})
                 if written is not None:
                     written.result()  # one write in flight at most; a refusal surfaces here
                 # scored and written while the next batch generates
                 written = io.submit(self.score_and_write, batch, 0, flat, version, epoch,
-                                    (t0, done))
+                                    (t0, done), None, True, calls)
                 self._count(flat)
         finally:
             try:
@@ -336,13 +338,12 @@ class RolloutWorker:
                     prompt = len(batch.data["prompt_ids"][first])
                     # continuous batching: the group's sequences decoded among about
                     # `sharing` others; its seconds include its prefill and queueing
+                    calls = [{"rows": sharing, "prompt_tokens": prompt * g,
+                              "output_tokens": sum(lengths), "steps": max(lengths, default=0),
+                              "prefill_seconds": 0.0, "decode_seconds": finished - t0,
+                              "concurrent": True}]
                     self.spans.add("generate", t0, finished, batch.rows[0].partition,
-                                   {"calls": [{"rows": sharing, "prompt_tokens": prompt * g,
-                                               "output_tokens": sum(lengths),
-                                               "steps": max(lengths, default=0),
-                                               "prefill_seconds": 0.0,
-                                               "decode_seconds": finished - t0}],
-                                    "concurrent": True})
+                                   {"calls": calls, "concurrent": True})
                     left[batch.lease] -= 1
                     last = left[batch.lease] == 0
                     if last:
@@ -352,7 +353,7 @@ class RolloutWorker:
                     written = [w for w in written if not w.done()]
                     written.append(writer.submit(  # scored and written off this loop
                         self.score_and_write, batch, first, group, version, epoch,
-                        (t0, finished), batch.indices[first:first + g], last))
+                        (t0, finished), batch.indices[first:first + g], last, calls))
                     self._count(group)
         finally:
             writer.shutdown(wait=True)  # what was generated is written

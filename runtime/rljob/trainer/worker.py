@@ -33,8 +33,9 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,8 @@ from ..transferqueue.samplers import balance_over_ranks
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import reference_task, tasks_for, train_reads
 from ..workflow.dynamic_sampling import StepLanes, replacement_example
-from ..workflow.timing import generation_queue_seconds, generation_seconds, training_seconds
+from ..workflow.timing import (generation_queue_seconds, generation_seconds, profile_record,
+                               spread, training_seconds)
 from ..sampling import TokenDistribution
 from .algorithms import OffPolicyStats, PolicyInputs, advantage_estimator, policy_loss
 from .batch import make_batch
@@ -86,6 +88,7 @@ class Sample:
     token_advantages: list[float] | None = None  # ppo: the critic's GAE, per token
     critic_version: int = -1
     ref_logp: list[float] | None = None  # the reference task's, per response token
+    gen_calls: list[dict] = field(default_factory=list)  # rollout engine calls (first row)
 
 
 class Stopped(Exception):
@@ -175,7 +178,8 @@ class StepSource:
                           float(d["reward"][i]), released_at=float(d["released_at"][i]),
                           started_at=float(d["started_at"][i]),
                           finished_at=float(d["finished_at"][i]),
-                          epoch=int(d["weights_epoch"][i]))
+                          epoch=int(d["weights_epoch"][i]),
+                          gen_calls=list(d["gen_calls"][i] or []))
                    for i, row in enumerate(batch.rows)]
         if "ref_logp" in d:  # the reference task's
             for i, s in enumerate(samples):
@@ -384,6 +388,9 @@ class TrainerWorker:
         self.examples = None  # the dataset, once filterGroups draws from it
         self.start = self.version = self.checkpointed = 0
         self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
+        # this life's steps after its first PROFILE_SKIP: the live profile's window
+        self.recent: deque[dict] = deque(maxlen=PROFILE_STEPS)
+        self.reported = 0
         self.distributed = False
         self.cores: CoreShare | None = None
 
@@ -649,7 +656,11 @@ class TrainerWorker:
         m["rows_reclaimed"] = self.source.rows_reclaimed
         if self.critic is not None:
             m |= _critic_metrics(samples, self.critic)
-        self.tq.report_metrics(step=self.version, source=self.name,
+        self.reported += 1
+        if self.reported > PROFILE_SKIP:  # start-up (compilation, first weights) aside
+            self.recent.append(m)
+        profile = json.dumps(profile_record(list(self.recent))) if self.recent else ""
+        self.tq.report_metrics(step=self.version, source=self.name, profile=profile,
                                **{k: m[k] for k in CONTROLLER_FIGURES})
         self.sinks.write(m, self.version)
 
@@ -660,6 +671,9 @@ class TrainerWorker:
         self.uncommitted, self.checkpointed = [], self.version
 
 
+# the live profile the controller keeps for the operator: the record of this trainer
+# life's last PROFILE_STEPS steps, its first PROFILE_SKIP aside
+PROFILE_STEPS, PROFILE_SKIP = 20, 3
 # the step's figures the controller keeps for the operator's status
 CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "staleness_max",
                       "tokens_per_second", "samples_per_second", "reward_mean")
@@ -903,18 +917,16 @@ def _step_metrics(t, samples, train_spans, wall, sums) -> dict:
         "response_length": tokens / len(samples),
         # the step's workload (a profile's input, planner/live.py): every response's
         # length (at most 256 of them, evenly over the sorted lengths) and the prompts'
-        "response_lengths": _spread(sorted(len(s.response_ids) for s in samples), 256),
+        "response_lengths": spread(sorted(len(s.response_ids) for s in samples), 256),
         "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
+        # the rollout engine calls that generated them (at most 64) and the tokens the
+        # trainer computed on in train_seconds: a live profile's latency model
+        # (planner/live.py `profile_from_metrics`)
+        "gen_calls": spread([c for s in samples for c in s.gen_calls], 64),
+        "train_tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
         "prompts": prompts_digest(s.prompt_ids for s in sorted(samples, key=lambda s: s.slot)),
         **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
     }
-
-
-def _spread(values: list, most: int) -> list:
-    """At most `most` of `values`, evenly spaced over them, both ends kept (pure)."""
-    if len(values) <= most:
-        return list(values)
-    return [values[round(i * (len(values) - 1) / (most - 1))] for i in range(most)]
 
 
 def _checkpoint(run: RunDir, version: int, policy, opt, lineage: Lineage) -> None:

@@ -5,7 +5,10 @@ driver  → prompt, answer, extra (json: the dataset row's other keys), prompt_i
 rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           reward (float32), reward_error (json), started_at / finished_at (float64:
           the group's generation span, what Tgen is made of),
-          weights_epoch (int64: the trainer life whose weights made the sample)
+          weights_epoch (int64: the trainer life whose weights made the sample),
+          gen_calls (json: the engine calls that generated the rows written
+          together, on the first of them, [] on the others: a live profile's input,
+          planner/live.py)
 reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
           frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
           torch, computed by whichever side waits (trainer/reference.py)
@@ -31,7 +34,8 @@ ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            json_column("reward_error"),
                                            scalar("started_at", "float64"),
                                            scalar("finished_at", "float64"),
-                                           scalar("weights_epoch", "int64")])
+                                           scalar("weights_epoch", "int64"),
+                                           json_column("gen_calls")])
 TRAIN = TaskSpec("train", ["response_ids", "reward"])
 REFERENCE = TaskSpec("reference", ["response_ids"], [tensor("ref_logp", "float32")])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
@@ -72,7 +76,7 @@ def train_reads(spec) -> list[str]:
 
 ROLLOUT_READS = ["prompt", "answer", "extra", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",
-               "started_at", "finished_at", "weights_epoch"]
+               "started_at", "finished_at", "weights_epoch", "gen_calls"]
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
 REFERENCE_READS = ["prompt_ids", "response_ids"]
 

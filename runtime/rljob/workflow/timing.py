@@ -17,6 +17,7 @@ and optimizer spans, without the waits for samples between them.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 
 
@@ -50,3 +51,32 @@ def generation_queue_seconds(released: Sequence[float],
     if not released or not spans:
         return 0.0
     return max(0.0, min(s for s, _ in spans) - min(released))
+
+
+# what a profile record keeps of its steps: enough for medians and the length tail,
+# a few kilobytes on the wire
+RECORD_CALLS = 64
+RECORD_LENGTHS = 512
+
+
+def spread(values: list, most: int) -> list:
+    """At most `most` of `values`, evenly spaced over them, both ends kept (pure)."""
+    if len(values) <= most:
+        return list(values)
+    return [values[round(i * (len(values) - 1) / (most - 1))] for i in range(most)]
+
+
+def profile_record(records: list[dict]) -> dict:
+    """The steps' records as one, bounded in size (`RECORD_CALLS` engine calls,
+    `RECORD_LENGTHS` response lengths, both evenly over the steps): what the trainer
+    reports to the controller for the operator (pure)."""
+    calls = [c for r in records for c in r.get("gen_calls", [])]
+    lengths = sorted(n for r in records for n in r.get("response_lengths", []))
+    prompts = [r["prompt_tokens"] for r in records if "prompt_tokens" in r]
+    return {"steps": [records[0]["step"], records[-1]["step"]] if records else [],
+            "gen_calls": [{k: (round(v, 6) if isinstance(v, float) else v)
+                           for k, v in c.items()} for c in spread(calls, RECORD_CALLS)],
+            "train_tokens": sum(r.get("train_tokens", 0) for r in records),
+            "train_seconds": round(sum(r.get("train_seconds", 0.0) for r in records), 6),
+            "response_lengths": spread(lengths, RECORD_LENGTHS),
+            "prompt_tokens": statistics.fmean(prompts) if prompts else 0.0}

@@ -324,7 +324,7 @@ class TaskStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ready: _Optional[int] = ..., claimed: _Optional[int] = ..., acked: _Optional[int] = ..., expired: _Optional[int] = ..., stale_discarded: _Optional[int] = ..., stale_regenerated: _Optional[int] = ..., acked_per_second: _Optional[float] = ...) -> None: ...
 
 class JobMetrics(_message.Message):
-    __slots__ = ("step", "gen_seconds", "train_seconds", "staleness_mean", "staleness_max", "tokens_per_second", "samples_per_second", "reward_mean", "timestamp", "source")
+    __slots__ = ("step", "gen_seconds", "train_seconds", "staleness_mean", "staleness_max", "tokens_per_second", "samples_per_second", "reward_mean", "timestamp", "source", "profile")
     STEP_FIELD_NUMBER: _ClassVar[int]
     GEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +335,7 @@ class JobMetrics(_message.Message):
     REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     step: int
     gen_seconds: float
     train_seconds: float
@@ -345,7 +346,8 @@ class JobMetrics(_message.Message):
     reward_mean: float
     timestamp: float
     source: str
-    def __init__(self, step: _Optional[int] = ..., gen_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., reward_mean: _Optional[float] = ..., timestamp: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+    profile: str
+    def __init__(self, step: _Optional[int] = ..., gen_seconds: _Optional[float] = ..., train_seconds: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., reward_mean: _Optional[float] = ..., timestamp: _Optional[float] = ..., source: _Optional[str] = ..., profile: _Optional[str] = ...) -> None: ...
 
 class MetricsAck(_message.Message):
     __slots__ = ()
