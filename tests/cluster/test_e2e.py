@@ -272,26 +272,63 @@ def test_a_job_its_pods_cannot_run_fails_at_once_with_the_preflight_problems(
     assert events and events[0]["type"] == "Warning"
 
 
+def _scale_watch(watch: Watch):
+    """(on_poll, scales): each scale the job's status.lastScale records, as (seconds
+    after apply, step, lastScale), its entry kept current (the prediction check's
+    figures join it a few steps after the scale)."""
+    scales: list[tuple[float, int, dict]] = []
+
+    def on_poll(job: dict) -> None:
+        last = job.get("status", {}).get("lastScale")
+        if not last:
+            return
+        if scales and scales[-1][2]["time"] == last["time"]:
+            scales[-1] = (*scales[-1][:2], last)
+        else:
+            scales.append((time.monotonic() - watch.t0, watch.step(), last))
+
+    return on_poll, scales
+
+
+def _scale_report(plane, ns: str, scales: list) -> tuple[list[str], list[dict]]:
+    """Lines that print each scale (δ, δ′, the source of δ′, predicted and measured
+    Tgen, the error) and the ScalePredictionChecked events."""
+    checked = json.loads(plane.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "reason=ScalePredictionChecked",
+        "-o", "json").stdout)["items"]
+    lines = []
+    for t, step, x in scales:
+        line = (f"  {t:.0f}s, step {step}: {x['from']}->{x['to']}, δ={x['delta']:.2f}s, "
+                f"{'δ′' if x['to'] > x['from'] else 'cost'}={x['gain']:.2f}s "
+                f"({x.get('source')}); Tgen predicted {x.get('predictedGenSeconds', 0):.2f}s")
+        if "measuredGenSeconds" in x:
+            line += (f", measured {x['measuredGenSeconds']:.2f}s over {x['checkedSteps']} "
+                     f"steps: error {x['predictionError']:+.1%}")
+        lines.append(line)
+    lines += [f"  event: {e['message']}" for e in checked]
+    return lines, checked
+
+
 @pytest.mark.timeout(1800)
 def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release, namespace):
     """examples/scaleout-cluster.yaml: one slow rollout replica, a fast trainer. The
     operator reads Tgen and Ttrain from the job's TransferQueue and adds a replica
-    when δ = Tgen − Ttrain ≥ δ′ for consecutiveSteps steps; the new pod joins and
-    generates, up to maxReplicas. Prints steps/s with each number of replicas."""
+    when δ = Tgen − Ttrain ≥ δ′ for consecutiveSteps steps; δ′ comes from the job's
+    live profile (its own pods' engine timings and response lengths, reported by its
+    trainer); the new pod joins and generates, up to maxReplicas. Prints each scale's
+    predicted and measured Tgen and steps/s with each number of replicas."""
     plane = operator_release
     ns, _ = namespace
     name = "scaleout-cluster"
     doc = yaml.safe_load((REPO / "examples/scaleout-cluster.yaml").read_text())
     max_steps = doc["spec"]["algorithm"]["maxSteps"]
     watch = Watch(plane, ns, name)
-    scales: list[tuple[float, int, dict]] = []  # (time, step, lastScale)
+    record, scales = _scale_watch(watch)
     joined: dict[str, float] = {}  # new replica -> when Ready
     generated: dict[str, float] = {}  # new replica -> samples it generated (last scrape)
 
     def on_poll(job: dict) -> None:
-        last = job.get("status", {}).get("lastScale")
-        if last and (not scales or scales[-1][2]["time"] != last["time"]):
-            scales.append((time.monotonic() - watch.t0, watch.step(), last))
+        record(job)
         for index in range(1, (scales[-1][2]["to"] if scales else 1)):
             pod_name = f"{name}-rollout-{index}"
             pod = _pod(plane, ns, pod_name)
@@ -303,13 +340,13 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
 
     _apply(plane, ns, doc)
     done = watch.until_succeeded(1200, on_poll)
+    record(_rljob(plane, ns, name))
     events = json.loads(plane.kubectl(
         "get", "events", "-n", ns, "--field-selector", "reason=ScaledRolloutOut",
         "-o", "json").stdout)["items"]
     first = scales[0] if scales else None
-    report = [f"succeeded {done:.0f}s after apply; scales (s, step, from->to, δ, δ′): "
-              + ", ".join(f"({t:.0f}, {s}, {x['from']}->{x['to']}, {x['delta']:.2f}, "
-                          f"{x['gain']:.2f})" for t, s, x in scales),
+    lines, checked = _scale_report(plane, ns, scales)
+    report = [f"succeeded {done:.0f}s after apply; scales:", *lines,
               f"new replicas Ready at {joined}; samples they generated {generated}"]
     # steps/s with each number of replicas: from 5 s after a replica is Ready to the next
     ready = sorted(joined.values())
@@ -321,18 +358,63 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     print("\n" + "\n".join(report))
     assert first is not None, f"no scale-out: {watch.steps[-3:]}\n{_debug(plane, ns)}"
     assert first[2]["from"] == 1 and first[2]["to"] == 2, first
-    # StreamRL's rule on the job's own figures: δ ≥ δ′ > 0
+    # StreamRL's rule on the job's own figures: δ ≥ δ′ > 0, δ′ from its live profile
     assert first[2]["delta"] >= first[2]["gain"] > 0, first
     assert "generation lags training" in first[2]["reason"], first
+    assert all(x["source"] == "live profile" for _, _, x in scales), scales
     assert scales[-1][2]["to"] == doc["spec"]["rollout"]["maxReplicas"], scales
     assert events and all("δ=" in e["message"] and "δ′=" in e["message"] for e in events), events
     assert len(events) == len(scales), (events, scales)
+    # each prediction checked against the Tgen measured after it (at least the first)
+    assert checked and all("predicted" in e["message"] and "error" in e["message"]
+                           for e in checked), checked
     # the added replica ran for real: Ready, and it generated samples the job trained on
     assert f"{name}-rollout-1" in joined, joined
     assert generated.get(f"{name}-rollout-1", 0) > 0, generated
     assert watch.step() == max_steps
     job = _rljob(plane, ns, name)
     assert job["spec"]["rollout"]["replicas"] == scales[-1][2]["to"]
+    assert _condition(job, "ProfileTrusted") == "True"
+
+
+@pytest.mark.timeout(1200)
+def test_a_training_bound_job_gives_a_rollout_replica_back(operator_release, namespace):
+    """examples/scalein-cluster.yaml: two fast rollout replicas, a trainer held to a
+    fifth of a core. With allowScaleIn the operator removes a replica once training
+    lags generation by at least what one fewer replica costs (from the live
+    profile) for consecutiveSteps steps; the job goes on with one replica and
+    succeeds. Prints the scale with its predicted and measured Tgen."""
+    plane = operator_release
+    ns, _ = namespace
+    name = "scalein-cluster"
+    doc = yaml.safe_load((REPO / "examples/scalein-cluster.yaml").read_text())
+    watch = Watch(plane, ns, name)
+    record, scales = _scale_watch(watch)
+    gone: dict[str, float] = {}
+
+    def on_poll(job: dict) -> None:
+        record(job)
+        if scales and "rollout-1" not in gone and not _pod(plane, ns, f"{name}-rollout-1"):
+            gone["rollout-1"] = time.monotonic() - watch.t0
+
+    _apply(plane, ns, doc)
+    done = watch.until_succeeded(900, on_poll)
+    record(_rljob(plane, ns, name))
+    lines, _ = _scale_report(plane, ns, scales)
+    print(f"\nsucceeded {done:.0f}s after apply; scales:\n" + "\n".join(lines)
+          + f"\nthe removed replica's pod gone at {gone}; steps (s, step, Tgen, Ttrain): "
+          + ", ".join(f"({t:.0f}, {s}, {p.get('genSeconds')}, {p.get('trainSeconds')})"
+                      for t, s, p in watch.steps))
+    assert scales, f"no scale-in: {watch.steps[-3:]}\n{_debug(plane, ns)}"
+    first = scales[0][2]
+    assert (first["from"], first["to"], first["source"]) == (2, 1, "live profile"), first
+    assert "training lags generation" in first["reason"], first
+    # the slack it acted on: Ttrain − Tgen at least what one fewer replica costs
+    assert -first["delta"] >= first["gain"] > 0, first
+    assert "rollout-1" in gone, gone
+    job = _rljob(plane, ns, name)
+    assert job["spec"]["rollout"]["replicas"] == 1
+    assert watch.step() == doc["spec"]["algorithm"]["maxSteps"]
 
 
 def _live_pods(plane, ns: str, job: str) -> dict[str, list[str]]:
