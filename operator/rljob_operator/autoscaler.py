@@ -106,17 +106,22 @@ class ScaleAction:
 
 
 def check_prediction(memory: Memory, step: int, gen_seconds: float, replicas: int,
-                     steps: int) -> dict | None:
+                     steps: int, ready: int | None = None) -> dict | None:
     """Feed a step's measured Tgen after a scale; once `steps` steps run wholly at the
-    scale's replica count (the one in progress when it was made, and the next, left
-    out) are in, the prediction's record for status.lastScale — predicted and
-    measured Tgen and the relative error — and `memory.error` for the next decision.
-    Steps at another replica count do not count; the next scale replaces the check."""
+    scale's replica count, every one of them Ready (`ready`: the rollout's ready
+    replicas; the step in progress when the count was reached, and the next, left
+    out: a new replica starting up generates nothing yet), are in, the prediction's
+    record for status.lastScale — predicted and measured Tgen and the relative error
+    — and `memory.error` for the next decision. Steps at another replica count do not
+    count; the next scale replaces the check."""
     c = memory.check
     if c is None or step <= memory.checked_step or gen_seconds <= 0:
         return None
     memory.checked_step = step
     if replicas != c.replicas:  # another count (scaled again by hand, a stale read)
+        return None
+    if ready is not None and ready != c.replicas:  # not all there yet: count from later
+        c.step, c.measured = step, []
         return None
     if step <= c.step + 1:
         return None

@@ -242,7 +242,8 @@ class Operator:
         auto = job.spec.rollout.autoscaling
         ns, name = job.metadata.namespace, job.metadata.name
         checked = check_prediction(state.autoscaler, stats.step, stats.gen_seconds, replicas,
-                                   auto.consecutive_steps)
+                                   auto.consecutive_steps,
+                                   (raw_status.get("rollout") or {}).get("readyReplicas"))
         if checked and raw_status.get("lastScale"):
             raw_status["lastScale"] = {**raw_status["lastScale"], **checked}
             self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})

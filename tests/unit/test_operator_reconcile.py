@@ -405,3 +405,19 @@ def test_the_live_profile_comes_first_and_names_its_steps():
     op._live(j, state, '{"steps": [4, 5], "gen_calls": []}')
     assert op._trusted(j, state)[:2] == (None, "LiveProfileRefused")
     assert "no engine timings" in op._trusted(j, state)[2]
+
+
+def test_a_prediction_is_checked_on_steps_with_every_replica_ready():
+    """A replica still starting up generates nothing: the steps before the scale's
+    count is Ready (and the one in progress then, and the next) are not its check."""
+    from rljob_operator.autoscaler import Check, check_prediction
+
+    mem = Memory(check=Check(step=3, replicas=2, predicted=4.0))
+    for step in (4, 5, 6, 7):  # rollout-1 not Ready yet: Tgen still one replica's
+        assert check_prediction(mem, step, 8.0, 2, 2, ready=1) is None
+    assert mem.check.measured == []
+    assert check_prediction(mem, 8, 5.0, 2, 2, ready=2) is None  # in progress at Ready
+    assert check_prediction(mem, 9, 5.0, 2, 2, ready=2) is None  # wholly after it
+    checked = check_prediction(mem, 10, 5.0, 2, 2, ready=2)
+    assert checked["measuredGenSeconds"] == 5.0 and checked["checkedSteps"] == 2
+    assert checked["predictionError"] == pytest.approx(0.25)

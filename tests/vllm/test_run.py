@@ -58,6 +58,17 @@ def test_the_vllm_quickstart_learns(tmp_path):
           f"{max(m['logp_mismatch_max'] for m in ms if m['logp_mismatch_max'] is not None):.2e}")
     assert 0.95 < weight < 1.05 and capped < 0.02 and ess > 0.9
     assert mismatch and max(mismatch) < 1e-3
+    # the run's live profile: vLLM's groups, each timed among the sequences in flight
+    from rljob.api.validation import load_rljob
+    from rljob.planner.live import profile_from_run
+
+    prof = profile_from_run(tmp_path / "run", load_rljob(job).spec)
+    print("live profile: decode step " + ", ".join(
+        f"{b:g} in flight {t * 1e3:.1f} ms" for b, t in zip(prof.gen.batch_sizes,
+                                                          prof.gen.ptl_seconds))
+          + f"; trainer {prof.train.tokens_per_second[0]:.0f} tokens/s")
+    assert prof.meta["engine"] == "vllm" and prof.gen.batch_sizes
+    assert all(t > 0 for t in prof.gen.ptl_seconds) and prof.train.tokens_per_second[0] > 0
 
 
 def test_bench_engines_prints_both_engines(tmp_path):

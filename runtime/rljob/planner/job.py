@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..api.spec import RLJobSpec
+from ..workflow.tasks import rollout_batch_rows
 from .cost import Workload, generation_time, training_time
 from .profile import HARDWARE, MODEL_PRESETS, GenProfile, Hardware, ModelShape, Profile, TrainProfile
 from .simulator import PipelineConfig
@@ -87,7 +88,10 @@ def pipeline_config(model: JobModel, mode: str, streaming: bool = True, steps: i
     spec = model.spec
     samples = spec.algorithm.samples_per_step
     replicas = spec.rollout.replicas
-    slots = max(1, min(model.gen.max_batch_size, -(-samples // replicas)))
+    # the rows a replica generates together: the runtime's own batch rule (periodic
+    # splits a replica's share of a step into pieces, each a generate call)
+    slots = max(1, min(model.gen.max_batch_size, rollout_batch_rows(
+        samples, spec.algorithm.group_size, replicas, spec.rollout.max_num_seqs, mode)))
     # a sample decodes its tokens at the batch's step time after the batch's prefill
     gen_mean = (model.workload.mean_output * model.gen.ptl(slots)
                 + model.gen.prefill_per_token * model.workload.prompt_tokens * slots)
