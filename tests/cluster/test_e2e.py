@@ -309,6 +309,40 @@ def _scale_report(plane, ns: str, scales: list) -> tuple[list[str], list[dict]]:
     return lines, checked
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """The node's (busy, all) CPU time so far (the node is this machine)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _live_decode_ms(plane, ns: str, job: str, controller: list) -> float | None:
+    """The median decode step (ms) of the live profile the job's controller holds."""
+    import grpc
+
+    from rljob.transferqueue.proto import transferqueue_pb2 as pb
+    from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
+
+    if not controller:
+        pods = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l",
+                                        f"rljob.dev/name={job},rljob.dev/role=transferqueue",
+                                        "-o", "json").stdout)["items"]
+        ips = [p["status"]["podIP"] for p in pods if _pod_ready(p)]
+        if not ips:
+            return None
+        controller.append(grpc.insecure_channel(f"{ips[0]}:50051"))
+    try:
+        stats = pbg.TransferQueueControllerStub(controller[0]).Stats(pb.StatsRequest(),
+                                                                     timeout=3)
+    except grpc.RpcError:
+        return None
+    if not stats.metrics.profile:
+        return None
+    calls = json.loads(stats.metrics.profile)["gen_calls"]
+    steps = sorted(c["decode_seconds"] / (c["steps"] - 1) for c in calls if c["steps"] > 1)
+    return 1e3 * steps[len(steps) // 2] if steps else None
+
+
 @pytest.mark.timeout(1800)
 def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release, namespace):
     """examples/scaleout-cluster.yaml: one slow rollout replica, a fast trainer. The
@@ -328,12 +362,18 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     generated: dict[str, float] = {}  # new replica -> samples it generated (last scrape)
 
     looked = [0.0]
+    # with 1, 2, ... replicas Ready: the node's CPU (busy, all) jiffies, and the live
+    # profile's decode step (ms, the controller's record of the trainer's recent steps)
+    cpu: dict[int, list[int]] = {}
+    decode_ms: dict[int, float] = {}
+    last_cpu = [_cpu_jiffies()]
+    controller: list = []
 
     def on_poll(job: dict) -> None:
         record(job)
-        # the new replicas, in one kubectl call every 3 s (a kubectl a pod a second
-        # would take CPU from the replicas it measures on this 2-core node)
-        if not scales or time.monotonic() - looked[0] < 3:
+        # in one kubectl call every 3 s (a kubectl a pod a second would take CPU from
+        # the replicas it measures on this 2-core node)
+        if time.monotonic() - looked[0] < 3:
             return
         looked[0] = time.monotonic()
         pods = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l",
@@ -346,6 +386,15 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
                 samples = _scrape(pod, "rljob_generated_samples_total")
                 if samples is not None:
                     generated[pod_name] = samples
+        ready = 1 + len(joined)
+        now_cpu = _cpu_jiffies()
+        spent = cpu.setdefault(ready, [0, 0])
+        spent[0] += now_cpu[0] - last_cpu[0][0]
+        spent[1] += now_cpu[1] - last_cpu[0][1]
+        last_cpu[0] = now_cpu
+        ms = _live_decode_ms(plane, ns, name, controller)
+        if ms is not None:
+            decode_ms[ready] = ms
 
     _apply(plane, ns, doc)
     done = watch.until_succeeded(1200, on_poll)
@@ -364,6 +413,10 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     if rates and rates[0]:
         report.append("steps/s with 1, 2, ... replicas: " + ", ".join(
             f"{r:.3f} ({r / rates[0]:.2f}x)" for r in rates))
+    report.append("with 1, 2, ... replicas Ready: node CPU busy " + ", ".join(
+        f"{b / max(a, 1):.0%}" for b, a in (cpu[n] for n in sorted(cpu)))
+        + "; the live profile's decode step (4 rows) " + ", ".join(
+        f"{decode_ms[n]:.1f} ms" for n in sorted(decode_ms)))
     print("\n" + "\n".join(report))
     assert first is not None, f"no scale-out: {watch.steps[-3:]}\n{_debug(plane, ns)}"
     assert first[2]["from"] == 1 and first[2]["to"] == 2, first
