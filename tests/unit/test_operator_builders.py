@@ -188,8 +188,8 @@ def test_role_resources_are_requests_and_limits_beside_the_accelerator():
     job = load("scaleout-cluster.yaml")
     res = b.build_rollout_pod(job, 2)["spec"]["containers"][0]["resources"]
     # the CPU limit is what the worker sizes its threads by (device.cores_given)
-    assert res == {"requests": {"cpu": "200m", "memory": "2Gi"},
-                   "limits": {"cpu": "200m", "memory": "2Gi"}}
+    assert res == {"requests": {"cpu": "450m", "memory": "2Gi"},
+                   "limits": {"cpu": "450m", "memory": "2Gi"}}
     assert b.build_trainer_pod(job, 0)["spec"]["containers"][0]["resources"] == {
         "requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "500m", "memory": "2Gi"}}
     assert b.build_trainer_pod(load("quickstart-cluster.yaml"), 0)["spec"]["containers"][0][

@@ -66,3 +66,28 @@ def test_bad_configs_are_refused():
         PipelineConfig(mode="fast")
     with pytest.raises(ValueError, match="micro_batch must divide"):
         PipelineConfig(samples_per_step=10, micro_batch=3)
+
+
+def test_a_replica_generates_as_the_runtime_batches_it():
+    """The simulator's decode slots are the rows a replica generates together in the
+    runtime (workflow/tasks.py `rollout_batch_rows`): periodic splits a replica's
+    share of a step into four generate calls, each decoding at a quarter batch."""
+    from rljob.api.spec import RLJobSpec
+    from rljob.planner.job import job_model, pipeline_config
+    from rljob.planner.profile import GenProfile, Profile, TrainProfile
+
+    spec = RLJobSpec.model_validate({
+        "model": {"path": "random:examples/models/tiny-qwen2", "tokenizer": "builtin:char"},
+        "dataset": {"path": "examples/data/arith.jsonl"},
+        "algorithm": {"promptsPerStep": 16, "groupSize": 16, "samplesPerMicroBatch": 32},
+        "rollout": {"maxNewTokens": 22, "maxNumSeqs": 256}})
+    # a tiny model: a decode step costs about the same at any batch
+    prof = Profile(GenProfile([1, 256], [0.016, 0.018], 256), TrainProfile([1], [5000.0]),
+                   [22] * 256, 10.0)
+    model = job_model(spec, prof)
+    sync, periodic = (pipeline_config(model, mode) for mode in ("sync", "periodic"))
+    assert (sync.slots, periodic.slots) == (256, 64)
+    # a sample decodes its 22 tokens at the batch's step time: a quarter of the batch
+    # is barely cheaper a step on a model this small
+    assert sync.gen_mean == pytest.approx(22 * 0.018 + 0)
+    assert periodic.gen_mean == pytest.approx(22 * prof.gen.ptl(64))

@@ -44,6 +44,7 @@ class Workload:
     mean_output: float  # tokens
     max_output: float  # the longest output (the tail that bounds an instance)
     prompt_tokens: float = 256.0
+    group_size: int = 1  # replicas take work in whole groups
 
     @property
     def output_tokens(self) -> float:
@@ -55,26 +56,32 @@ class Workload:
 
     @classmethod
     def from_lengths(cls, lengths: Sequence[int], samples: int | None = None,
-                     prompt_tokens: float = 256.0) -> Workload:
+                     prompt_tokens: float = 256.0, group_size: int = 1) -> Workload:
         if not lengths:
             raise ValueError("no output lengths given")
         n = samples if samples is not None else len(lengths)
-        return cls(n, sum(lengths) / len(lengths), float(max(lengths)), prompt_tokens)
+        return cls(n, sum(lengths) / len(lengths), float(max(lengths)), prompt_tokens,
+                   group_size)
 
     @classmethod
-    def assumed(cls, samples: int, max_new_tokens: int, prompt_tokens: float = 256.0) -> Workload:
+    def assumed(cls, samples: int, max_new_tokens: int, prompt_tokens: float = 256.0,
+                group_size: int = 1) -> Workload:
         """Without measurements: outputs average half the cap and some reach it."""
-        return cls(samples, max_new_tokens / 2, float(max_new_tokens), prompt_tokens)
+        return cls(samples, max_new_tokens / 2, float(max_new_tokens), prompt_tokens,
+                   group_size)
 
 
 def generation_time(gen: GenProfile, workload: Workload, replicas: int) -> float:
-    """Tgen: the step's samples, token-balanced over `replicas` instances; the
-    instance holding the longest sample sets the pace. A profile that measured the
-    prefill adds it for the instance's share of the prompt tokens."""
+    """Tgen: the step's groups over `replicas` instances, whole groups each (a
+    rollout claims whole groups), so the busiest holds ⌈groups / replicas⌉ of them;
+    it sets the pace, its longest sample included. A profile that measured the
+    prefill adds it for that instance's prompt tokens."""
     if replicas < 1:
         return math.inf
-    prefill = gen.prefill_per_token * workload.samples * workload.prompt_tokens / replicas
-    return prefill + instance_time(gen, workload.output_tokens / replicas, workload.max_output)
+    g = max(1, workload.group_size)
+    share = min(workload.samples, math.ceil(math.ceil(workload.samples / g) / replicas) * g)
+    prefill = gen.prefill_per_token * share * workload.prompt_tokens
+    return prefill + instance_time(gen, share * workload.mean_output, workload.max_output)
 
 
 def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:

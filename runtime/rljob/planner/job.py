@@ -65,18 +65,20 @@ def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
     # rollout and trainer on their own hardware (rollout.accelerator / trainer.accelerator)
     hw = HARDWARE[spec.accelerator_for("trainer").type]
     gen_hw = HARDWARE[spec.accelerator_for("rollout").type]
-    samples = spec.algorithm.samples_per_step
+    samples, g = spec.algorithm.samples_per_step, spec.algorithm.group_size
     if profile is not None:
         if profile.output_lengths:
-            workload = Workload.from_lengths(profile.output_lengths, samples, profile.prompt_tokens)
+            workload = Workload.from_lengths(profile.output_lengths, samples,
+                                             profile.prompt_tokens, g)
         else:
-            workload = Workload.assumed(samples, spec.rollout.max_new_tokens, profile.prompt_tokens)
+            workload = Workload.assumed(samples, spec.rollout.max_new_tokens,
+                                        profile.prompt_tokens, g)
         return JobModel(spec, hw, profile.gen, profile.train, workload, "measured profile")
     shape = model_shape(spec)
     context = int(PROMPT_TOKENS + spec.rollout.max_new_tokens)
     gen = GenProfile.analytic(gen_hw, shape, spec.rollout.tensor_parallel, context)
     train = TrainProfile.analytic(hw, shape)
-    workload = Workload.assumed(samples, spec.rollout.max_new_tokens, PROMPT_TOKENS)
+    workload = Workload.assumed(samples, spec.rollout.max_new_tokens, PROMPT_TOKENS, g)
     return JobModel(spec, hw, gen, train, workload, f"analytic, {hw.name}")
 
 
