@@ -25,7 +25,7 @@ from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 from . import metrics
 from .autoscaler import Memory, check_prediction, observe
 from .kube import Kube
-from .reconcile import iso, now_utc, parse_time, plan
+from .reconcile import iso, new_scale, now_utc, parse_time, plan
 from .stats import ADDRESS_ANNOTATION, StatsClient
 
 # Keys of RLJob.status this operator owns (anything else is dropped on compare).
@@ -265,11 +265,11 @@ class Operator:
             return
         d = action.decision
         direction = "out" if action.replicas_to > replicas else "in"
-        raw_status["lastScale"] = {
+        raw_status["lastScale"] = new_scale({
             "time": iso(now_utc()), "from": replicas, "to": action.replicas_to,
             "reason": d.reason, "delta": round(d.gap, 4), "gain": round(d.gain, 4),
             "source": action.source,
-            "predictedGenSeconds": round(action.predicted_gen_seconds, 4)}
+            "predictedGenSeconds": round(action.predicted_gen_seconds, 4)})
         # the record first: a reconcile that sees the new spec.rollout.replicas then also
         # sees that the autoscaler made it (not a kubectl scale)
         self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})

@@ -259,6 +259,18 @@ def rollout_replicas(job: RLJob, obs: Observed, busy: dict[str, int], out: Plan)
             out.create.append(builders.build_rollout_pod(job, index))
 
 
+# status.lastScale's optional figures: a new record names each (None where it has
+# none), so that the merge patch the status goes out as removes the previous
+# scale's (its prediction check above all) instead of keeping them beside the new one
+SCALE_FIGURES = ("delta", "gain", "source", "predictedGenSeconds", "measuredGenSeconds",
+                 "predictionError", "checkedSteps")
+
+
+def new_scale(record: dict) -> dict:
+    """A new status.lastScale (`SCALE_FIGURES` it does not set: None) (pure)."""
+    return {**dict.fromkeys(SCALE_FIGURES), **record}
+
+
 def scale_record(job: RLJob, obs: Observed, now: datetime, status: dict,
                  out: Plan) -> dict:
     """The last scaling decision: a change of spec.rollout.replicas not made by the
@@ -267,8 +279,9 @@ def scale_record(job: RLJob, obs: Observed, now: datetime, status: dict,
     previous_desired = (obs.raw_status.get("rollout") or {}).get("replicas")
     last_scale = obs.raw_status.get("lastScale") or {}
     if previous_desired and previous_desired != desired and last_scale.get("to") != desired:
-        status["lastScale"] = {"time": iso(now), "from": previous_desired, "to": desired,
-                               "reason": "spec.rollout.replicas changed (kubectl scale or edit)"}
+        status["lastScale"] = new_scale({
+            "time": iso(now), "from": previous_desired, "to": desired,
+            "reason": "spec.rollout.replicas changed (kubectl scale or edit)"})
         out.events.append(Event("Normal", "ScaleRequested",
                                 f"rollout replicas {previous_desired} → {desired} requested"))
         last_scale = status["lastScale"]

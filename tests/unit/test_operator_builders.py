@@ -190,10 +190,7 @@ def test_role_resources_are_requests_and_limits_beside_the_accelerator():
     # the CPU limit is what the worker sizes its threads by (device.cores_given)
     assert res == {"requests": {"cpu": "450m", "memory": "2Gi"},
                    "limits": {"cpu": "450m", "memory": "2Gi"}}
-    assert b.build_trainer_pod(job, 0)["spec"]["containers"][0]["resources"] == {
-        "requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "500m", "memory": "2Gi"}}
-    assert b.build_trainer_pod(load("quickstart-cluster.yaml"), 0)["spec"]["containers"][0][
-        "resources"] == {}
+    assert b.build_trainer_pod(job, 0)["spec"]["containers"][0]["resources"] == {}
     npu = load("quickstart.yaml", **{"accelerator.type": "ascend"})
     npu.spec.trainer.resources.cpu, npu.spec.trainer.resources.memory = "16", "256Gi"
     res = b.build_trainer_pod(npu, 0)["spec"]["containers"][0]["resources"]

@@ -421,3 +421,18 @@ def test_a_prediction_is_checked_on_steps_with_every_replica_ready():
     checked = check_prediction(mem, 10, 5.0, 2, 2, ready=2)
     assert checked["measuredGenSeconds"] == 5.0 and checked["checkedSteps"] == 2
     assert checked["predictionError"] == pytest.approx(0.25)
+
+
+def test_a_new_scale_record_removes_the_last_one_s_check():
+    """status goes out as a merge patch: a new lastScale names every figure of the
+    last one it does not carry, as null, or the last check's would stay beside it."""
+    from rljob_operator.reconcile import SCALE_FIGURES, new_scale
+
+    record = new_scale({"time": "T", "from": 2, "to": 3, "reason": "r", "delta": 1.0})
+    assert record["delta"] == 1.0 and record["measuredGenSeconds"] is None
+    assert set(record) == {"time", "from", "to", "reason", *SCALE_FIGURES}
+    j = job(replicas=3)
+    p = plan(j, {"rollout": {"replicas": 2}, "lastScale": {
+        "time": "T0", "from": 1, "to": 2, "reason": "r", "predictionError": 0.5}},
+        everything_ready(j), T0, 3)
+    assert p.status["lastScale"]["to"] == 3 and p.status["lastScale"]["predictionError"] is None
