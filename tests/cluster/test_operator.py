@@ -276,6 +276,11 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
         assert conditions["Scaling"]["status"] == "True"
         assert (conditions["ProfileTrusted"]["status"],
                 conditions["ProfileTrusted"]["reason"]) == ("True", "Trusted")
+        # the check counts the steps generated with both replicas Ready
+        for pod in rollouts():
+            mark_ready(cluster, ns, pod)
+        wait_for(lambda: (rljob()["status"].get("rollout") or {}).get("readyReplicas") == 2,
+                 20, what="both rollout replicas Ready in the status")
         # at 2 replicas the job generates 10 % slower than predicted (balanced, inside
         # the cooldown): the step in progress at the scale is left out, the next two
         # are the check
