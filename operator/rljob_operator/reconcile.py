@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from rljob import preflight
+from rljob.contract import EXIT_PROBLEMS, PREFLIGHT_CONTAINER
 from rljob.api import RLJob, builders
 
 
@@ -56,11 +56,11 @@ def preflight_problems(pod: dict) -> str | None:
     message), or None when it passed, still runs, or failed for another reason (a
     crash or an OOM kill is a failure like any other, not a problem of the job)."""
     for c in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if c.get("name") != preflight.CONTAINER:
+        if c.get("name") != PREFLIGHT_CONTAINER:
             continue
         for state in (c.get("state"), c.get("lastState")):
             done = (state or {}).get("terminated") or {}
-            if done.get("exitCode") == preflight.EXIT_PROBLEMS:
+            if done.get("exitCode") == EXIT_PROBLEMS:
                 return (done.get("message") or "").strip() or "the preflight check failed"
     return None
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 
 from . import __version__
+from .contract import (EXIT_PROBLEMS, MASTER_PORT, PASSWORD_ENV, TQ_PORT, WEIGHTS_PORT,
+                       listen_address, local_address)
 from .infra.cliutil import plain_metavars, version_callback
 
 app = typer.Typer(
@@ -375,13 +377,13 @@ app.add_typer(worker_app, name="worker")
 
 @worker_app.command("transferqueue")
 def worker_transferqueue(
-    listen: str = typer.Option("0.0.0.0:50051", help="gRPC listen address."),
+    listen: str = typer.Option(listen_address(TQ_PORT), help="gRPC listen address."),
     job: str = typer.Option("rljob", help="Job name: prefixes every storage key."),
     redis: list[str] = typer.Option(
         [], "--redis", help="Redis URL of a storage unit, once per unit; none = memory units."),
     memory_units: int = typer.Option(1, help="In-process memory units when no --redis is given."),
     password_env: str = typer.Option(
-        "RLJOB_TQ_PASSWORD", help="Environment variable holding the Redis password."),
+        PASSWORD_ENV, help="Environment variable holding the Redis password."),
     lease_seconds: float = typer.Option(60.0, help="Claims expire after this many seconds."),
     max_row_bytes: int = typer.Option(64 << 20, help="Largest row accepted, bytes."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
@@ -638,10 +640,12 @@ def _worker_logging(level: str = "INFO") -> None:
 def worker_trainer(
     job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
     tq: str = typer.Option(..., help="TransferQueue controller address."),
-    weights_listen: str = typer.Option("0.0.0.0:50052", help="Where rank 0 serves weights."),
+    weights_listen: str = typer.Option(listen_address(WEIGHTS_PORT),
+                                       help="Where rank 0 serves weights."),
     rank: int = typer.Option(0, envvar="RANK"),
     world_size: int = typer.Option(1, envvar="WORLD_SIZE"),
-    master: str = typer.Option("127.0.0.1:29500", help="MASTER_ADDR:MASTER_PORT of the gang."),
+    master: str = typer.Option(local_address(MASTER_PORT),
+                               help="MASTER_ADDR:MASTER_PORT of the gang."),
     run_dir: Path = typer.Option(None, help="Metrics, spans, checkpoints, final weights."),
     resume: bool = typer.Option(False, help="Continue from the last checkpoint in run-dir."),
     max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
@@ -722,7 +726,7 @@ def worker_preflight(
                               if preflight.TERMINATION_LOG.exists() else None)
     if out is not None:
         out.write_text(preflight.termination_message(problems), encoding="utf-8")
-    raise typer.Exit(preflight.EXIT_PROBLEMS)
+    raise typer.Exit(EXIT_PROBLEMS)
 
 
 @app.command()

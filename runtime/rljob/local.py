@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
+from .contract import PASSWORD_ENV, worker_argv
 from .infra.cores import Layout, write_layout
 from .infra.devices import count as count_devices, device_plan, worker_env
 from .infra.netutil import free_port
@@ -190,7 +191,7 @@ class LocalRun:
         out = open(log, "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
-        proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", *args], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "rljob", *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_die_with_parent(cpus))
         out.close()
@@ -214,13 +215,10 @@ class LocalRun:
             job_file.write_text(yaml.safe_dump(self.job.to_wire(), sort_keys=False))
         self.tq_address = f"127.0.0.1:{free_port()}"
         self.weights_address = f"127.0.0.1:{free_port()}"
-        self._common = ["--job", str(job_file), "--run-dir", str(self.run_dir)]
-        self._steps = ["--max-steps", str(self.steps)]
-        tq_args = ["transferqueue", "--listen", self.tq_address, "--job", self.job_name,
-                   "--lease-seconds", str(spec.transfer_queue.lease_seconds),
-                   "--log-level", "WARNING"]
-        for url in self.redis:
-            tq_args += ["--redis", url]
+        self._common = {"job": job_file, "run_dir": self.run_dir}
+        tq_args = worker_argv("transferqueue", listen=self.tq_address, job=self.job_name,
+                              redis=self.redis, log_level="WARNING",
+                              lease_seconds=spec.transfer_queue.lease_seconds)
         self.purge_storage()  # a fresh or resumed run starts from a checkpoint, not a table
         if not self.resume:  # an earlier run's reference is not this one's
             self.layout.reference.unlink(missing_ok=True)
@@ -234,24 +232,23 @@ class LocalRun:
         spec = self.job.spec
         self.start_gang(resume)
         for i in range(spec.rollout.replicas):
-            self._spawn(f"rollout-{i}", ["rollout", *self._common, "--tq", self.tq_address,
-                                         "--weights", self.weights_address,
-                                         "--replica", str(i)])
+            self._spawn(f"rollout-{i}", worker_argv(
+                "rollout", **self._common, tq=self.tq_address, weights=self.weights_address,
+                replica=i))
         start_step = self.resume_step() if resume else 0
-        self._spawn("driver", ["driver", *self._common, *self._steps, "--tq", self.tq_address,
-                               "--weights", self.weights_address,
-                               "--start-step", str(start_step)])
+        self._spawn("driver", worker_argv(
+            "driver", **self._common, max_steps=self.steps, tq=self.tq_address,
+            weights=self.weights_address, start_step=start_step))
 
     def start_gang(self, resume: bool) -> None:
         """Every trainer rank; with `resume`, from the run's last checkpoint."""
         world = self.job.spec.trainer.world_size
         master = f"127.0.0.1:{free_port()}"  # a fresh rendezvous for every life of the gang
         for r in range(world):
-            self._spawn(f"trainer-{r}", ["trainer", *self._common, *self._steps, "--tq",
-                                         self.tq_address, "--weights-listen",
-                                         self.weights_address, "--world-size", str(world),
-                                         "--master", master, "--rank", str(r)]
-                        + (["--resume"] if resume else []))
+            self._spawn(f"trainer-{r}", worker_argv(
+                "trainer", **self._common, max_steps=self.steps, tq=self.tq_address,
+                weights_listen=self.weights_address, world_size=world, master=master, rank=r,
+                resume=resume))
 
     def resume_step(self) -> int:
         return max(self.layout.checkpoint_steps(), default=0)
@@ -398,7 +395,7 @@ class LocalRun:
 
         for url in self.redis:
             unit = RedisUnit(url, job=self.job_name,
-                             password=os.environ.get("RLJOB_TQ_PASSWORD") or None)
+                             password=os.environ.get(PASSWORD_ENV) or None)
             try:
                 unit.purge()
             finally:

@@ -28,8 +28,6 @@ from .reward import reward_file
 # `rljob worker preflight` (the trainer pod's init container): exit status and
 # container name the operator reads back, and where Kubernetes takes the
 # container's termination message from (at most 4096 bytes are kept)
-EXIT_PROBLEMS = 3
-CONTAINER = "preflight"
 TERMINATION_LOG = Path("/dev/termination-log")
 TERMINATION_LIMIT = 4096
 

@@ -43,3 +43,54 @@ def test_the_runtime_never_imports_the_operator():
             found += [f"{path.relative_to(root)}: {n}" for n in names
                       if n.split(".")[0] == "rljob_operator"]
     assert found == []
+
+
+def test_the_contract_is_written_once():
+    """Ports, the password's environment variable and the preflight container's exit
+    code are spelled in rljob/contract.py only; the builders and the operator take
+    them from there, not from the preflight check (an arrow back up)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    contract = repo / "runtime" / "rljob" / "contract.py"
+    tree = ast.parse(contract.read_text())
+    assert [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+            and n.module != "__future__"] == []  # every layer can read it
+    spelled = re.compile(r"\b(50051|50052|29500)\b|RLJOB_TQ_PASSWORD")
+    found = [f"{p.relative_to(repo)}:{i}" for root in ("runtime/rljob", "operator")
+             for p in (repo / root).rglob("*.py")
+             if p != contract and "proto" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if spelled.search(line)]
+    assert found == []
+    for module in ("rljob.api.builders", "rljob_operator.reconcile"):
+        assert "rljob.preflight" not in _loaded(f"import {module}"), module
+
+
+def test_the_worker_command_line_is_the_parsers():
+    """`worker_argv`, which the pods' containers and `rljob run` start workers with,
+    takes exactly the flags `rljob worker ROLE` parses, and the parser reads back what
+    it wrote."""
+    import pytest
+    import typer.main
+
+    from rljob.cli import app
+    from rljob.contract import WORKER_FLAGS, worker_argv
+
+    worker = typer.main.get_command(app).commands["worker"]
+    assert set(worker.commands) == set(WORKER_FLAGS)
+    for role, command in worker.commands.items():
+        assert {p.name for p in command.params} == set(WORKER_FLAGS[role]), role
+    argv = worker_argv("trainer", job="j.yaml", tq="h:1", rank=2, resume=True, run_dir=None)
+    assert argv == ["worker", "trainer", "--job", "j.yaml", "--tq", "h:1", "--rank", "2",
+                    "--resume"]
+    ctx = worker.commands["trainer"].make_context("trainer", argv[2:])
+    assert (ctx.params["job"].name, ctx.params["tq"], ctx.params["rank"],
+            ctx.params["resume"]) == ("j.yaml", "h:1", 2, True)
+    urls = worker_argv("transferqueue", redis=["redis://a", "redis://b"])
+    assert worker.commands["transferqueue"].make_context(
+        "transferqueue", urls[2:]).params["redis"] == ["redis://a", "redis://b"]
+    with pytest.raises(ValueError, match="rljob worker rollout takes no rank"):
+        worker_argv("rollout", rank=1)

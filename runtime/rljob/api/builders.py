@@ -30,27 +30,30 @@ from typing import Any
 
 import yaml
 
-from rljob import preflight
 from rljob.api import API_VERSION, KIND, RLJob
-
-MANAGED_BY = "rljob-operator"
-LABEL_NAME = "rljob.dev/name"
-LABEL_ROLE = "rljob.dev/role"
-LABEL_REPLICA = "rljob.dev/replica"
-LABEL_RANK = "rljob.dev/rank"
-ANNOTATION_GANG_RESTART = "rljob.dev/gang-restart"
-
-TQ_PORT = 50051
-METRICS_PORT = 9090
-DRIVER_METRICS_PORT = 9091
-WEIGHTS_PORT = 50052
-MASTER_PORT = 29500
-REDIS_PORT = 6379
+from rljob.contract import (  # noqa: F401 - the contract's names, read here as builders.X
+    ANNOTATION_GANG_RESTART,
+    DRIVER_METRICS_PORT,
+    LABEL_NAME,
+    LABEL_RANK,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    MANAGED_BY,
+    MASTER_PORT,
+    METRICS_PORT,
+    PASSWORD_ENV,
+    PREFLIGHT_CONTAINER,
+    REDIS_PORT,
+    TQ_PORT,
+    WEIGHTS_PORT,
+    listen_address,
+    local_address,
+    worker_argv,
+)
 
 JOB_DIR = "/etc/rljob"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
 CHECKPOINT_DIR = "/checkpoints"
-PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
 PASSWORD_KEY = "password"
 WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
 
@@ -434,16 +437,17 @@ def build_tq_deployment(job: RLJob) -> dict:
     tq = job.spec.transfer_queue
     vols, mounts = _volumes(job, shm=False)
     grpc_probe = {"grpc": {"port": TQ_PORT}, "periodSeconds": 5}
+    tq_argv = worker_argv("transferqueue", listen=listen_address(TQ_PORT), job=name,
+                          redis=redis_urls(job), password_env=PASSWORD_ENV,
+                          lease_seconds=tq.lease_seconds, metrics_port=METRICS_PORT)
+    driver_argv = worker_argv("driver", job=JOB_FILE, tq=local_address(TQ_PORT),
+                              weights=weights_address(job), metrics_port=DRIVER_METRICS_PORT)
     controller = {
         "name": "transferqueue",
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["rljob", "worker", "transferqueue"],
-        "args": ["--listen", f"0.0.0.0:{TQ_PORT}", "--job", name,
-                 *[a for url in redis_urls(job) for a in ("--redis", url)],
-                 "--password-env", PASSWORD_ENV,
-                 "--lease-seconds", str(tq.lease_seconds),
-                 "--metrics-port", str(METRICS_PORT)],
+        "command": ["rljob", *tq_argv[:2]],
+        "args": tq_argv[2:],
         "env": _env_common(job),
         "ports": [{"name": "grpc", "containerPort": TQ_PORT}, _metrics_port()],
         "readinessProbe": grpc_probe,
@@ -455,10 +459,8 @@ def build_tq_deployment(job: RLJob) -> dict:
         "name": "driver",
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["rljob", "worker", "driver"],
-        "args": ["--job", JOB_FILE, "--tq", f"127.0.0.1:{TQ_PORT}",
-                 "--weights", weights_address(job),
-                 "--metrics-port", str(DRIVER_METRICS_PORT)],
+        "command": ["rljob", *driver_argv[:2]],
+        "args": driver_argv[2:],
         "env": _env_common(job),
         "ports": [_metrics_port(DRIVER_METRICS_PORT, "driver-metrics")],
         "volumeMounts": mounts,
@@ -516,14 +518,10 @@ def trainer_command(job: RLJob, resume: bool) -> list[str]:
     """One process per accelerator: torchrun spawns them when a node has more
     than one; each runs the same `rljob worker trainer` entrypoint."""
     t = job.spec.trainer
-    worker = ["rljob", "worker", "trainer", "--job", JOB_FILE, "--tq", tq_address(job),
-              "--weights-listen", f"0.0.0.0:{WEIGHTS_PORT}",
-              "--master", f"$(MASTER_ADDR):$(MASTER_PORT)",
-              "--metrics-port", str(METRICS_PORT)]
-    if t.checkpoint_pvc:
-        worker += ["--run-dir", f"{CHECKPOINT_DIR}/{job.metadata.name}"]
-    if resume:
-        worker.append("--resume")
+    worker = ["rljob", *worker_argv(
+        "trainer", job=JOB_FILE, tq=tq_address(job), weights_listen=listen_address(WEIGHTS_PORT),
+        master="$(MASTER_ADDR):$(MASTER_PORT)", metrics_port=METRICS_PORT, resume=resume,
+        run_dir=f"{CHECKPOINT_DIR}/{job.metadata.name}" if t.checkpoint_pvc else None)]
     if t.npus_per_node == 1:
         return worker
     return ["torchrun", f"--nnodes={t.num_nodes}", f"--nproc-per-node={t.npus_per_node}",
@@ -538,10 +536,10 @@ def build_preflight_container(job: RLJob, mounts: list[dict]) -> dict:
     are its termination message; the operator ends the job with them
     (Failed/PreflightFailed) instead of restarting a gang that cannot start."""
     return {
-        "name": preflight.CONTAINER,
+        "name": PREFLIGHT_CONTAINER,
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["rljob", "worker", "preflight", "--job", JOB_FILE],
+        "command": ["rljob", *worker_argv("preflight", job=JOB_FILE)],
         "env": [*_env_common(job), *_wandb_env(job)],
         "volumeMounts": [m for m in mounts if m["name"] != "dshm"],
         "resources": _requests(job.spec.transfer_queue.driver_resources, memory_limit="4Gi"),
@@ -620,9 +618,9 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
         "name": "rollout",
         "image": job.spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["rljob", "worker", "rollout", "--job", JOB_FILE, "--tq", tq_address(job),
-                    "--weights", weights_address(job), "--replica", str(index),
-                    "--metrics-port", str(METRICS_PORT)],
+        "command": ["rljob", *worker_argv("rollout", job=JOB_FILE, tq=tq_address(job),
+                                          weights=weights_address(job), replica=index,
+                                          metrics_port=METRICS_PORT)],
         "env": [*_env_common(job), *_hccl_env(job, "rollout")],
         "ports": [_metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),

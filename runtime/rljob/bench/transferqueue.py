@@ -24,12 +24,12 @@ from contextlib import ExitStack
 
 import numpy as np
 
+from ..contract import PASSWORD_ENV
 from ..infra.netutil import free_port
 
 ROWS_PER_BATCH = 64
 ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
 BYTES_PER_CASE = 512 << 20
-PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
 
 
 def _start_redis(stack: ExitStack, password: str) -> str:

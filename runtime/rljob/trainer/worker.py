@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..api.spec import RLJobSpec
+from ..contract import MASTER_PORT, local_address
 from ..inputs.data import load_examples, prompt_columns, prompt_ids
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
@@ -371,7 +372,7 @@ class TrainerWorker:
     sinks and to the controller, and (ppo) runs the critic."""
 
     def __init__(self, spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
-                 world: int = 1, master: str = "127.0.0.1:29500",
+                 world: int = 1, master: str = local_address(MASTER_PORT),
                  run_dir: Path | None = None, resume: bool = False,
                  max_steps: int | None = None, metrics_port: int | None = None,
                  local_rank: int = 0):
@@ -680,7 +681,8 @@ CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "stalene
 
 
 def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int = 0,
-                world: int = 1, master: str = "127.0.0.1:29500", run_dir: Path | None = None,
+                world: int = 1, master: str = local_address(MASTER_PORT),
+                run_dir: Path | None = None,
                 resume: bool = False, max_steps: int | None = None,
                 metrics_port: int | None = None, local_rank: int = 0) -> None:
     """`rljob worker trainer`: one rank until maxSteps or SIGTERM."""

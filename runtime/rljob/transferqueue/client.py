@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import redis
 
+from ..contract import PASSWORD_ENV
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .policies import get_claim_policy
@@ -113,7 +114,7 @@ class _Data:
 
     def __init__(self, address: str, password: str | None):
         self.address = address
-        self.password = password if password is not None else os.environ.get("RLJOB_TQ_PASSWORD")
+        self.password = password if password is not None else os.environ.get(PASSWORD_ENV)
         # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
         self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         self.job = ""

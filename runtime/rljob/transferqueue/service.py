@@ -27,6 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from ..contract import PASSWORD_ENV
 from .controller import ClaimRequest, Cleared, Controller, ControllerError, Limits
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
@@ -43,7 +44,6 @@ GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
 DEFAULT_MAX_ROW_BYTES = 64 << 20
 EXIT_STORAGE_LOST = 3  # the controller's exit status when its journal or a unit is gone
-PASSWORD_ENV = "RLJOB_TQ_PASSWORD"
 
 
 class StorageError(RuntimeError):
@@ -51,7 +51,7 @@ class StorageError(RuntimeError):
 
 
 def check_unit_url(url: str) -> str:
-    """A Redis URL without credentials (they come from RLJOB_TQ_PASSWORD)."""
+    """A Redis URL without credentials (they come from `PASSWORD_ENV`)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise StorageError(f"storage unit URL {url!r}: use redis://HOST:PORT/DB")

@@ -1,0 +1,81 @@
+"""What the operator, `rljob run` and the workers agree on, written once: the names
+and labels of a job's objects, the ports its processes serve on, the environment
+variables they read, and the preflight container's name and exit code.
+
+A plain module of constants (no imports): every layer can read it, from the
+TransferQueue client to the operator, without loading anything else."""
+
+from __future__ import annotations
+
+# labels and annotations of a job's children
+MANAGED_BY = "rljob-operator"
+LABEL_NAME = "rljob.dev/name"
+LABEL_ROLE = "rljob.dev/role"
+LABEL_REPLICA = "rljob.dev/replica"
+LABEL_RANK = "rljob.dev/rank"
+ANNOTATION_GANG_RESTART = "rljob.dev/gang-restart"
+
+# ports
+TQ_PORT = 50051  # the TransferQueue controller's gRPC
+WEIGHTS_PORT = 50052  # trainer rank 0 serves weights
+MASTER_PORT = 29500  # the trainer gang's torch.distributed rendezvous
+METRICS_PORT = 9090  # a worker's Prometheus metrics
+DRIVER_METRICS_PORT = 9091  # the workflow driver's, beside the controller in its pod
+REDIS_PORT = 6379
+
+# environment
+PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a URL)
+
+# the trainer's init container (`rljob worker preflight`): it exits EXIT_PROBLEMS
+# with the job's problems in its termination message, which the operator reports
+PREFLIGHT_CONTAINER = "preflight"
+EXIT_PROBLEMS = 3
+
+
+def listen_address(port: int) -> str:
+    """A server's listen address on every interface (pure)."""
+    return f"0.0.0.0:{port}"
+
+
+def local_address(port: int) -> str:
+    """The address of a server on this host (pure)."""
+    return f"127.0.0.1:{port}"
+
+
+# `rljob worker ROLE`'s flags, by their Python names (max_steps is --max-steps); the
+# CLI's parser takes exactly these (a unit test compares them with its commands)
+WORKER_FLAGS = {
+    "transferqueue": ("listen", "job", "redis", "memory_units", "password_env",
+                      "lease_seconds", "max_row_bytes", "metrics_port", "log_level"),
+    "driver": ("job", "tq", "weights", "run_dir", "start_step", "max_steps", "metrics_port"),
+    "rollout": ("job", "tq", "weights", "replica", "run_dir", "metrics_port"),
+    "trainer": ("job", "tq", "weights_listen", "rank", "world_size", "master", "run_dir",
+                "resume", "max_steps", "metrics_port"),
+    "preflight": ("job", "termination_log"),
+}
+
+
+def worker_argv(role: str, **flags) -> list[str]:
+    """`rljob worker ROLE ...`'s arguments after `rljob` (pure): each flag by its
+    Python name; True gives the bare flag, False and None leave it out, a list or
+    tuple repeats it once per item. A flag the worker does not take is a ValueError
+    (the pods and `rljob run` start workers only through this)."""
+    if role not in WORKER_FLAGS:
+        raise ValueError(f"no worker {role!r}: one of {', '.join(WORKER_FLAGS)}")
+    unknown = sorted(set(flags) - set(WORKER_FLAGS[role]))
+    if unknown:
+        raise ValueError(f"rljob worker {role} takes no {', '.join(unknown)}")
+    argv = ["worker", role]
+    for name in WORKER_FLAGS[role]:  # in the table's order: the same flags, the same argv
+        value = flags.get(name)
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                argv += [flag, str(item)]
+        else:
+            argv += [flag, str(value)]
+    return argv
