@@ -13,7 +13,7 @@ import numpy as np
 from rljob.api.validation import load_rljob
 from rljob.inputs.data import load_examples
 from rljob.inputs.models import load_tokenizer
-from rljob.planner.dispatch import rollout_claim_policy
+from rljob.workflow.dispatch import rollout_claim_policy
 from rljob.preflight import resolve_paths
 from rljob.transferqueue import TransferQueueClient
 from rljob.workflow.driver import Workflow

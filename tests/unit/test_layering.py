@@ -94,3 +94,53 @@ def test_the_worker_command_line_is_the_parsers():
         "transferqueue", urls[2:]).params["redis"] == ["redis://a", "redis://b"]
     with pytest.raises(ValueError, match="rljob worker rollout takes no rank"):
         worker_argv("rollout", rank=1)
+
+
+# the runtime's packages and modules, lowest first: each may import those before it,
+# never one after it (the offline planner, the benchmarks and the command line sit on
+# top of the workers, the workers on the workflow and the TransferQueue)
+ORDER = ("contract", "api", "infra", "sampling", "inputs", "transferqueue", "weights",
+         "reward", "workflow", "trainer", "rollout", "planner", "preflight", "profiler",
+         "progress", "local", "liveview", "bench", "cli", "__main__")
+# imports that still run up, each with its reason (the rest of the work on the tree)
+KNOWN = {("rollout/vllm_engine.py", "planner"):
+         "the rollout's memory budget (planner/memory.py) sizes vLLM's share"}
+
+
+def _imports(path, package: list[str]):
+    """The rljob modules `path` imports (each as its dotted parts), function-level too."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            if node.module:
+                yield base + node.module.split(".")
+            else:
+                yield from (base + [a.name] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rljob."):
+            yield node.module.split(".")
+        elif isinstance(node, ast.Import):
+            yield from (a.name.split(".") for a in node.names if a.name.startswith("rljob."))
+
+
+def test_no_import_runs_back_up_the_layers():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "runtime" / "rljob"
+    up, unknown = [], set()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        me = rel.with_suffix("").parts[0]
+        if "proto" in rel.parts or me == "__init__":
+            continue
+        for module in _imports(path, ["rljob", *rel.parts[:-1]]):
+            other = module[1] if len(module) > 1 else ""
+            if other in ("", "__version__") or other == me:
+                continue
+            if me not in ORDER or other not in ORDER:
+                unknown.add(me if me not in ORDER else other)
+            elif ORDER.index(other) > ORDER.index(me) and (str(rel), other) not in KNOWN:
+                up.append(f"{rel} imports rljob.{'.'.join(module[1:])}")
+    assert not unknown, f"not in the layering order: {sorted(unknown)}"
+    assert up == []

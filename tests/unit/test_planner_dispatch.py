@@ -9,7 +9,6 @@ import random
 import pytest
 
 from rljob.planner.dispatch import (
-    LengthRanker,
     compare_dispatch,
     lpt_dispatch,
     plan_dispatch,
@@ -22,6 +21,7 @@ from rljob.planner.dispatch import (
 from rljob.planner.profile import HARDWARE, MODEL_PRESETS, GenProfile
 from rljob.transferqueue.controller import ClaimRequest, Controller, TaskSpec
 from rljob.transferqueue.schema import json_column
+from rljob.workflow.dispatch import LengthRanker
 
 GEN = GenProfile([1, 16, 64], [0.010, 0.012, 0.020], 64)
 

@@ -89,7 +89,7 @@ def test_a_new_policy_is_one_class():
 
 
 def test_rollout_replicas_claim_by_the_dispatch_mode():
-    from rljob.planner.dispatch import rollout_claim_policy, tail_replicas
+    from rljob.workflow.dispatch import rollout_claim_policy, tail_replicas
 
     assert rollout_claim_policy("fifo", 0, 3) == "group"
     # one replica: longest first (the long groups share a batch)

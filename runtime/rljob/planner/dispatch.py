@@ -14,76 +14,22 @@ A few very long generations decide when a step's rollout ends. Three parts:
 
 In TransferQueue the plan becomes claim policies: the driver writes predicted
 lengths as row lengths, long-tail replicas claim `longest_first`, the others
-`shortest_first` (see `claim_policy_for`).
+`shortest_first` (see `claim_policy_for`). What a running job uses of this (the
+ranker, the claim policy of each replica) is the workflow's: workflow/dispatch.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..workflow.dispatch import LengthRanker
 from .profile import GenProfile
-
-
-# ---- the length ranker -----------------------------------------------------------
-class LengthRanker:
-    """Predicts log output length from the prompt text; learns online."""
-
-    def __init__(self, dim: int = 1 << 12, lr: float = 0.3, memory_weight: float = 0.7):
-        self.dim = dim
-        self.lr = lr
-        self.memory_weight = memory_weight
-        self.w = np.zeros(dim)
-        self.g2 = np.full(dim, 1e-8)
-        self.bias = 0.0
-        self.seen = 0
-        self.memory: dict[str, tuple[float, int]] = {}  # prompt -> (mean log length, count)
-
-    def _features(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
-        text = prompt.lower()
-        keys = [text[i:i + 3] for i in range(max(len(text) - 2, 1))]
-        keys += ["w:" + w for w in re.findall(r"[a-z]+", text)]
-        keys.append(f"len:{min(len(text) // 16, 32)}")
-        keys.append(f"digits:{min(sum(c.isdigit() for c in text), 32)}")
-        idx = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=4).digest(),
-                                          "little") % self.dim for k in keys), dtype=np.int64)
-        idx, counts = np.unique(idx, return_counts=True)
-        return idx, counts / math.sqrt(len(keys))
-
-    def _model(self, prompt: str) -> float:
-        idx, val = self._features(prompt)
-        return self.bias + float(self.w[idx] @ val)
-
-    def predict(self, prompts: Sequence[str]) -> np.ndarray:
-        """Predicted output length (tokens) of each prompt."""
-        out = np.empty(len(prompts))
-        for i, p in enumerate(prompts):
-            guess = self._model(p)
-            if p in self.memory:
-                mean, _ = self.memory[p]
-                guess = self.memory_weight * mean + (1 - self.memory_weight) * guess
-            out[i] = math.expm1(max(guess, 0.0))
-        return out
-
-    def observe(self, prompts: Sequence[str], lengths: Sequence[int]) -> None:
-        for p, n in zip(prompts, lengths):
-            y = math.log1p(n)
-            idx, val = self._features(p)
-            err = self.bias + float(self.w[idx] @ val) - y
-            grad = err * val
-            self.g2[idx] += grad * grad
-            self.w[idx] -= self.lr * grad / np.sqrt(self.g2[idx])
-            self.bias -= 0.05 * err
-            mean, count = self.memory.get(p, (0.0, 0))
-            self.memory[p] = ((mean * count + y) / (count + 1), count + 1)
-            self.seen += 1
 
 
 def tail_recall(predicted: Sequence[float], actual: Sequence[float], top: float = 0.2) -> float:
@@ -180,29 +126,6 @@ def claim_policy_for(replica: int, plan: DispatchPlan) -> str:
     if plan.long_tail_instances and replica < plan.long_tail_instances:
         return "longest_first"
     return "shortest_first" if plan.long_tail_instances else "longest_first"
-
-
-def tail_replicas(replicas: int) -> int:
-    """Replicas that serve the predicted long tail in a running job: none with one
-    replica (it runs longest first), else one in five (StreamRL's tail is the top
-    20 % of samples), at least one."""
-    return 0 if replicas <= 1 else max(1, replicas // 5)
-
-
-def rollout_claim_policy(dispatch: str, replica: int, replicas: int) -> str:
-    """The claim policy of rollout replica `replica` of `replicas` under
-    `rollout.dispatch`: whole groups always (GRPO scores a group together); with
-    skew_aware the tail replicas take the longest predicted groups first and the
-    others the shortest first, so that each generation batch holds groups of
-    similar length (a batch lasts as long as its longest sequence)."""
-    if dispatch == "fifo":
-        return "group"
-    if dispatch != "skew_aware":
-        raise ValueError(f"unknown rollout.dispatch {dispatch!r}")
-    k = tail_replicas(replicas)
-    if k == 0 or replica % replicas < k:
-        return "group_longest_first"
-    return "group_shortest_first"
 
 
 # ---- a synthetic long-tail workload --------------------------------------------------------

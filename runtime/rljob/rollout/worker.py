@@ -35,7 +35,7 @@ from ..transferqueue.client import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS
-from ..planner.dispatch import rollout_claim_policy
+from ..workflow.dispatch import rollout_claim_policy
 from ..workflow.tasks import ROLLOUT_READS, rollout_batch_rows, tasks_for
 from . import vllm_engine  # noqa: F401 - registers rollout.engine vllm
 from .engine import SamplingParams, make_engine

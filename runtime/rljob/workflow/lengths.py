@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 
-from ..planner.dispatch import LengthRanker
+from .dispatch import LengthRanker
 from ..transferqueue.client import TransferQueueError
 
 log = logging.getLogger("rljob.driver")
