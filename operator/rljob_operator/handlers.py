@@ -54,8 +54,10 @@ class JobState:
     # the condition's reason and message, when read)
     profile: tuple = (None, "", "", -1e9)
     # the job's live profile, as last read from its controller: (profile or None, the
-    # condition's reason and message), None before its trainer reported one
+    # condition's reason and message), None before its trainer reported one; and the
+    # record it was built from (a poll that brings the same record builds nothing)
     live: tuple | None = None
+    live_record: str = ""
 
 
 class Operator:
@@ -204,8 +206,9 @@ class Operator:
     def _live(job: RLJob, state: JobState, record: str) -> None:
         """The live profile in the controller's record of the trainer's recent steps
         (`planner.live.profile_from_records`), if it reported one."""
-        if not record:
+        if not record or record == state.live_record:
             return
+        state.live_record = record
         from rljob.planner.live import profile_from_records
 
         try:

@@ -343,7 +343,7 @@ class RolloutWorker:
                               "prefill_seconds": 0.0, "decode_seconds": finished - t0,
                               "concurrent": True}]
                     self.spans.add("generate", t0, finished, batch.rows[0].partition,
-                                   {"calls": calls, "concurrent": True})
+                                   {"calls": calls})
                     left[batch.lease] -= 1
                     last = left[batch.lease] == 0
                     if last:
