@@ -45,7 +45,7 @@ python3 -m rljob bench trainer --accelerator "$accel" --model "$model" --engines
     $sizes --json > "$OUT/trainer.json" 2> "$OUT/trainer.stderr" \
     || { tail -50 "$OUT/trainer.stderr"; exit 1; }
 # the table, from the same results
-python3 -c 'import json, sys; from rljob.bench import trainer; trainer.render(json.load(open(sys.argv[1])))' \
+python3 -c 'import json, sys; from rljob_bench import trainer; trainer.render(json.load(open(sys.argv[1])))' \
     "$OUT/trainer.json" | tee "$OUT/trainer.txt"
 python3 - "$OUT/trainer.json" <<'PY'
 import json, sys

@@ -40,7 +40,7 @@ export PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANS
 echo "== 2/3 weights, trainer to a rollout process"
 python3 -m rljob bench weights --rounds 3 --json > "$OUT/weights.json" 2> "$OUT/weights.stderr" \
     || { tail -50 "$OUT/weights.stderr"; exit 1; }
-python3 -c 'import json, sys; from rljob.bench import weights; weights.render(json.load(open(sys.argv[1])))' \
+python3 -c 'import json, sys; from rljob_bench import weights; weights.render(json.load(open(sys.argv[1])))' \
     "$OUT/weights.json" | tee "$OUT/weights.txt"
 
 for engine in $engines; do

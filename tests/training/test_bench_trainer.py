@@ -47,7 +47,7 @@ def test_bench_trainer_times_both_engines_and_prints_their_figures(capsys):
     assert m["weight_change"] == pytest.approx(t["weight_change"], rel=1e-3)
     assert res["megatron_over_torch"]["step_seconds"] > 0
 
-    from rljob.bench import trainer
+    from rljob_bench import trainer
 
     trainer.render(res)
     printed = capsys.readouterr().out
@@ -61,7 +61,7 @@ def test_bench_trainer_times_both_engines_and_prints_their_figures(capsys):
 def test_a_step_is_whole_groups_of_on_policy_samples():
     import numpy as np
 
-    from rljob.bench.trainer import step_shape, synthetic_step
+    from rljob_bench.trainer import step_shape, synthetic_step
 
     assert step_shape(8, 8, 4) == 4
     with pytest.raises(ValueError, match="whole groups"):

@@ -55,8 +55,8 @@ def test_bench_workflow_prints_modes_and_speedups():
 def test_the_probe_times_each_side_and_picks_a_step_size(tmp_path):
     """Without --prompts the benchmark probes the machine: both sides timed alone at
     two step sizes, and the choice is one of the candidates, from those times."""
-    from rljob.bench import probe
-    from rljob.bench.workflow import bench_job
+    from rljob_bench import probe
+    from rljob_bench.workflow import bench_job
 
     found = probe.run_probe(lambda p: bench_job("sync", None, 1, tmp_path, p), 1, 1,
                             sizes=(1, 2), repeats=1)
@@ -68,8 +68,8 @@ def test_the_probe_times_each_side_and_picks_a_step_size(tmp_path):
 def test_the_peer_runs_trl_grpo_on_the_same_job():
     """`--peer trl`: TRL's GRPOTrainer on the benchmark's job, with the built-in
     character vocabulary as a transformers tokenizer of the same ids."""
-    from rljob.bench.peer_trl import char_tokenizer_fast, run_trl
-    from rljob.bench.workflow import bench_job
+    from rljob_bench.peer_trl import char_tokenizer_fast, run_trl
+    from rljob_bench.workflow import bench_job
     from rljob.inputs.models import CharTokenizer
 
     fast, chars = char_tokenizer_fast(), CharTokenizer()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rljob.api.validation import load_rljob
-from rljob.bench.offpolicy import configurations, summarise, variant
+from rljob_bench.offpolicy import configurations, summarise, variant
 from tests.unit.test_cli import REPO
 
 

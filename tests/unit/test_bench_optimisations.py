@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rljob.bench.optimisations import COMPARISONS, CONFIGS, config_job
+from rljob_bench.optimisations import COMPARISONS, CONFIGS, config_job
 
 
 def test_each_configuration_switches_what_its_name_says():

@@ -10,8 +10,8 @@ def test_the_trl_peer_is_configured_for_the_job():
     activation checkpointing, constant learning rate, plain k3 KL, group-std reward
     scaling, no weight decay, the job's gradient clip, float32, its micro-batches
     accumulated into one step); at its defaults it gets the job's shape only."""
-    from rljob.bench.peer_trl import FAIR, trl_settings
-    from rljob.bench.workflow import bench_job
+    from rljob_bench.peer_trl import FAIR, trl_settings
+    from rljob_bench.workflow import bench_job
 
     job = bench_job("sync", None, 5, REPO, prompts=2)
     algo = job.spec.algorithm

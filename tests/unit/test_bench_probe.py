@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.bench.probe import (Probe, choose_prompts, gen_fixed, line, predict,
+from rljob_bench.probe import (Probe, choose_prompts, gen_fixed, line, predict,
                                predicted_speedups)
 
 

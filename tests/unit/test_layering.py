@@ -97,11 +97,12 @@ def test_the_worker_command_line_is_the_parsers():
 
 
 # the runtime's packages and modules, lowest first: each may import those before it,
-# never one after it (the offline planner, the benchmarks and the command line sit on
-# top of the workers, the workers on the workflow and the TransferQueue)
+# never one after it (the offline planner and the command line sit on top of the
+# workers, the workers on the workflow and the TransferQueue; the benchmarks are a
+# package of their own, rljob_bench, beside the runtime)
 ORDER = ("contract", "api", "infra", "sampling", "inputs", "transferqueue", "weights",
          "reward", "workflow", "trainer", "rollout", "planner", "preflight", "profiler",
-         "progress", "local", "liveview", "bench", "cli", "__main__")
+         "progress", "local", "liveview", "cli", "__main__")
 # imports that still run up, each with its reason (the rest of the work on the tree)
 KNOWN = {("rollout/vllm_engine.py", "planner"):
          "the rollout's memory budget (planner/memory.py) sizes vLLM's share"}
@@ -144,3 +145,29 @@ def test_no_import_runs_back_up_the_layers():
                 up.append(f"{rel} imports rljob.{'.'.join(module[1:])}")
     assert not unknown, f"not in the layering order: {sorted(unknown)}"
     assert up == []
+
+
+def test_the_benchmarks_stay_outside_the_product():
+    """rljob_bench imports the runtime; the runtime imports it only where `rljob
+    bench` runs one (the command group, at the command), and no installed module
+    finds files by the repository's layout or reads a benchmark's switch."""
+    import ast
+    import re
+    from pathlib import Path
+
+    runtime = Path(__file__).resolve().parents[2] / "runtime"
+    found = []
+    for path in sorted((runtime / "rljob").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(runtime)}:{node.lineno}" for n in names
+                      if n.split(".")[0] == "rljob_bench"
+                      and (path.relative_to(runtime).as_posix() != "rljob/cli/bench.py"
+                           or node.col_offset == 0)]
+    assert found == []
+    spelled = re.compile(r"parents\[\d\]")
+    assert [f"{p.relative_to(runtime)}:{i}" for root in ("rljob", "rljob_bench")
+            for p in (runtime / root).rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if spelled.search(line)] == []

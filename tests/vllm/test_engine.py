@@ -201,7 +201,7 @@ def test_a_tensor_parallel_worker_holds_its_shard_and_one_bucket_during_an_updat
     buckets): during an update over either transport a worker's private memory grows
     by far less than the model (a worker that received the whole version would grow
     by all of it, over gRPC by twice that)."""
-    from rljob.bench import weight_memory
+    from rljob_bench import weight_memory
 
     shape = {**weight_memory.SHAPE, "num_hidden_layers": 6}
     results = weight_memory.run(tp=2, bucket_mb=16, shape=shape)

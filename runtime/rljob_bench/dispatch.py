@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from statistics import mean
 
-from ..planner.dispatch import compare_dispatch
-from ..planner.profile import HARDWARE, MODEL_PRESETS, GenProfile
+from rljob.planner.dispatch import compare_dispatch
+from rljob.planner.profile import HARDWARE, MODEL_PRESETS, GenProfile
 
 SCENARIOS = [
     # (instances, prompts per step, group size, max decode batch)

@@ -28,11 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..api import RLJob
-from ..local import LocalRun
-from ..planner.cost import overlap_bound
-from ..infra.timeline import bubble_ratio, load_spans
-from ..workflow.tasks import rollout_batch_rows
+from rljob.api import RLJob
+from rljob.local import LocalRun
+from rljob.planner.cost import overlap_bound
+from rljob.infra.timeline import bubble_ratio, load_spans
+from rljob.workflow.tasks import rollout_batch_rows
+
+from .examples import example, tiny_model
 
 MODES = (("sync", None), ("periodic", None), ("async", 1), ("async", 2))
 PROMPTS = 16  # prompts per step, 16 samples each
@@ -45,14 +47,13 @@ def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = P
     workflow = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
-    repo = Path(__file__).resolve().parents[3]
     return RLJob.model_validate({
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
         "metadata": {"name": f"bench-{mode}"},
         "spec": {
-            "model": {"path": f"random:{repo / 'examples/models/tiny-qwen2'}",
+            "model": {"path": tiny_model(),
                       "tokenizer": "builtin:char", "dtype": "float32"},
-            "dataset": {"path": str(repo / "examples/data/arith.jsonl")},
+            "dataset": {"path": str(example("data/arith.jsonl"))},
             # ppo: the same samples, with the critic's advantages (critic.py)
             "algorithm": {"name": algorithm, "groupSize": 16, "promptsPerStep": prompts,
                           "samplesPerMicroBatch": 16, "lr": 1e-4, "maxSteps": steps},

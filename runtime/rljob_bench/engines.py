@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..local import LocalRun
-from ..infra.timeline import load_spans
+from rljob.local import LocalRun
+from rljob.infra.timeline import load_spans
 from .workflow import MAX_NEW_TOKENS, PROMPTS, bench_job
 
 ENGINES = ("hf", "vllm")

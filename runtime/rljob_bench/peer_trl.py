@@ -18,7 +18,7 @@ import contextlib
 import sys
 import time
 
-from ..api import RLJob
+from rljob.api import RLJob
 
 
 def char_tokenizer_fast():
@@ -27,7 +27,7 @@ def char_tokenizer_fast():
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from ..inputs.models import CharTokenizer
+    from rljob.inputs.models import CharTokenizer
 
     chars = CharTokenizer()
     core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(chars.vocab)},
@@ -94,9 +94,9 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3, fair: bool = True) ->
 
     import torch
 
-    from ..inputs.data import load_examples
-    from ..inputs.models import CharTokenizer, build_model
-    from ..reward import get_reward
+    from rljob.inputs.data import load_examples
+    from rljob.inputs.models import CharTokenizer, build_model
+    from rljob.reward import get_reward
 
     torch.set_num_threads(2)  # the peer has the machine to itself
     spec = job.spec

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..api import RLJob
-from ..local import LocalRun
+from rljob.api import RLJob
+from rljob.local import LocalRun
 
 CORRECTIONS = ("none", "tis", "mis")
 FIGURES = ("clip", "is_weight_mean", "is_capped", "is_ess", "logp_mismatch_mean")

@@ -24,8 +24,8 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from ..contract import PASSWORD_ENV
-from ..infra.netutil import free_port
+from rljob.contract import PASSWORD_ENV
+from rljob.infra.netutil import free_port
 
 ROWS_PER_BATCH = 64
 ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
@@ -84,7 +84,7 @@ def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) ->
     batch after the other, each batch read back while still in the CPU cache,
     a best case no pipeline with queued data reaches (reported for context).
     """
-    from ..transferqueue.storage.redis_unit import RedisUnit
+    from rljob.transferqueue.storage.redis_unit import RedisUnit
 
     unit = RedisUnit(redis_url, job="raw", password=password)
     views = [memoryview(np.random.bytes(row_bytes)) for _ in range(ROWS_PER_BATCH)]
@@ -144,9 +144,9 @@ def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | Non
 def _consumer(address: str, password: str, task: str, total_rows: int, done, columns,
               ready) -> None:
     """Consume through the stream loader (prefetching, acks after each batch)."""
-    from ..transferqueue import TransferQueueClient
-    from ..transferqueue.alloc import tune_allocator
-    from ..transferqueue.loader import stream_loader
+    from rljob.transferqueue import TransferQueueClient
+    from rljob.transferqueue.alloc import tune_allocator
+    from rljob.transferqueue.loader import stream_loader
 
     tune_allocator()
     with TransferQueueClient(address, password) as c:
@@ -162,7 +162,7 @@ def _consumer(address: str, password: str, task: str, total_rows: int, done, col
 def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consumers: int,
                tag: str) -> float:
     """MB/s of rows written by one producer and read by `consumers` processes, end to end."""
-    from ..transferqueue import TaskSpec, TransferQueueClient, tensor
+    from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 
     ctx = mp.get_context("spawn")
     task = f"consume-{tag}"
@@ -195,8 +195,8 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
 
 # ---- claim latency -----------------------------------------------------------------
 def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
-    from ..transferqueue import TransferQueueClient
-    from ..transferqueue.alloc import tune_allocator
+    from rljob.transferqueue import TransferQueueClient
+    from rljob.transferqueue.alloc import tune_allocator
 
     tune_allocator()
     lat = []
@@ -211,7 +211,7 @@ def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
 
 
 def claim_latency(address: str, password: str, consumers: int = 8, claims: int = 150) -> list[float]:
-    from ..transferqueue import TaskSpec, TransferQueueClient, tensor
+    from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 
     ctx = mp.get_context("spawn")
     with TransferQueueClient(address, password) as c:
@@ -231,7 +231,7 @@ def claim_latency(address: str, password: str, consumers: int = 8, claims: int =
 
 
 def run(redis_url: str | None = None, quick: bool = False) -> dict:
-    from ..transferqueue.alloc import tune_allocator
+    from rljob.transferqueue.alloc import tune_allocator
 
     tune_allocator()  # every process of the run, raw and ours alike
     password = os.environ.get(PASSWORD_ENV) or "rljob-bench"

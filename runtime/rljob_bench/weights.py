@@ -56,7 +56,7 @@ class _Sink:
 
 
 def _replica(address: str, transport: str, rounds: int, out) -> None:
-    from ..weights import WeightReceiver
+    from rljob.weights import WeightReceiver
 
     torch.set_num_threads(1)
     receiver = WeightReceiver(address, "bench-0", transport=transport, backend="gloo")
@@ -69,8 +69,8 @@ def _replica(address: str, transport: str, rounds: int, out) -> None:
 
 
 def run_transport(transport: str, state: dict[str, torch.Tensor], rounds: int) -> dict:
-    from ..infra.netutil import free_port
-    from ..weights import WeightSender
+    from rljob.infra.netutil import free_port
+    from rljob.weights import WeightSender
 
     sender = WeightSender(f"127.0.0.1:{free_port()}", transport=transport)
     ctx = mp.get_context("spawn")

@@ -13,7 +13,7 @@ allocated) and in all (VmRSS, with the pages of a shared file it maps), per work
 and for the rollout process itself, beside the model's size and the bucket size.
 
 It imports only interfaces older versions of the project had too (engine,
-sender, receiver), so `python -m rljob.bench.weight_memory` measures another
+sender, receiver), so `python -m rljob_bench.weight_memory` measures another
 checkout when run with that checkout's runtime first on PYTHONPATH."""
 
 from __future__ import annotations

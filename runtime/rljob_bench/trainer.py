@@ -38,10 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .examples import example
 from .weights import QWEN2_05B
 
-REPO = Path(__file__).resolve().parents[3]
-TINY = REPO / "examples" / "models" / "tiny-qwen2"
 MODELS = ("tiny", "qwen2-0.5b")
 ENGINES = ("torch", "megatron")
 # what Qwen2-0.5B's config adds to its shapes
@@ -67,7 +66,7 @@ class IdTokenizer:
 def model_config(model: str) -> dict:
     """The Hugging Face config of a bench model (pure but for reading tiny's file)."""
     if model == "tiny":
-        return json.loads((TINY / "config.json").read_text())
+        return json.loads(example("models/tiny-qwen2/config.json").read_text())
     if model == "qwen2-0.5b":
         return dict(QWEN2_05B_CONFIG)
     raise ValueError(f"model {model!r}: use one of {', '.join(MODELS)}")
@@ -89,12 +88,12 @@ def bench_spec(engine: str, accelerator: str, model_path: str, tokenizer: str | 
     to the reference, gradient clip), `engine`, tp 1, no packing. The megatron
     engine is validated as the torch one and swapped in, since a spec refuses
     megatron on CPU (which the bench runs to check the path)."""
-    from ..api.spec import RLJobSpec
+    from rljob.api.spec import RLJobSpec
 
     spec = RLJobSpec.model_validate({
         "model": {"path": f"random:{model_path}", "tokenizer": tokenizer,
                   "dtype": "float32" if accelerator == "cpu" else "bfloat16"},
-        "dataset": {"path": str(REPO / "examples" / "data" / "arith.jsonl")},  # not read
+        "dataset": {"path": "arith.jsonl"},  # not read: the samples are synthetic
         "algorithm": {"groupSize": group, "promptsPerStep": prompts,
                       "samplesPerMicroBatch": micro_batch, "lr": lr},
         "trainer": {"engine": "torch"},
@@ -111,8 +110,8 @@ def synthetic_step(step: int, prompts: int, group: int, prompt_len: int, respons
     """One step's samples in slot order, made by this step's weights (on-policy):
     random ids in [3, vocab), random rewards and each group's advantages, as
     `StepSource` hands them to the trainer."""
-    from ..trainer.algorithms import GroupRelative
-    from ..trainer.worker import Sample
+    from rljob.trainer.algorithms import GroupRelative
+    from rljob.trainer.worker import Sample
 
     samples = []
     for p in range(prompts):
@@ -156,7 +155,7 @@ def _process_group(device):
     torn down, with mcore's groups, if this made it."""
     import torch.distributed as dist
 
-    from ..infra.netutil import free_port
+    from rljob.infra.netutil import free_port
 
     if dist.is_initialized():
         yield
@@ -187,10 +186,10 @@ def _weights(policy) -> list[torch.Tensor]:
 def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: int,
                prompt_len: int, response_len: int, group: int, micro_batch: int,
                micro_batches: int, seed: int = 0) -> dict:
-    from ..infra.device import activate, cores_given, resolve
-    from ..inputs.models import load_tokenizer
-    from ..trainer.policy import make_policy
-    from ..trainer.worker import _micro_step, make_optimizer, optimizer_state_bytes
+    from rljob.infra.device import activate, cores_given, resolve
+    from rljob.inputs.models import load_tokenizer
+    from rljob.trainer.policy import make_policy
+    from rljob.trainer.worker import _micro_step, make_optimizer, optimizer_state_bytes
 
     device = resolve(accelerator)
     torch_device = activate(device)
@@ -200,7 +199,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
     cfg = model_config(model)
     with contextlib.ExitStack() as stack:
         if model == "tiny":
-            model_path, tokenizer = str(TINY), "builtin:char"
+            model_path, tokenizer = str(example("models/tiny-qwen2")), "builtin:char"
         else:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rljob-bench-")))
             (tmp / "config.json").write_text(json.dumps(cfg))

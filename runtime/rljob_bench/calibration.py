@@ -22,9 +22,9 @@ def _name(mode: str, k: int | None) -> str:
 
 
 def run(steps: int = 12, keep: Path | None = None, warmup_steps: int = 3) -> dict:
-    from ..planner.job import job_model, pipeline_config
-    from ..planner.live import profile_from_run
-    from ..planner.simulator import simulate
+    from rljob.planner.job import job_model, pipeline_config
+    from rljob.planner.live import profile_from_run
+    from rljob.planner.simulator import simulate
     from .workflow import bench_job, run_mode
 
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="rljob-calibration-"))

@@ -40,12 +40,13 @@ from pathlib import Path
 
 import yaml
 
-from ..api import RLJob
-from ..local import LocalRun
-from ..workflow.lengths import ORACLE_ENV
-REPO = Path(__file__).resolve().parents[3]
-TASKS = {"longtail": REPO / "examples" / "longtail.yaml",
-         "longprompt": REPO / "examples" / "longprompt.yaml"}
+from rljob.api import RLJob
+from rljob.local import LocalRun
+from rljob.workflow.lengths import ORACLE_ENV
+
+from .examples import example, tiny_model
+
+TASKS = {"longtail": "longtail.yaml", "longprompt": "longprompt.yaml"}  # in the examples
 
 
 def config(task: str, workflow: dict, rollout: dict | None = None,
@@ -105,10 +106,10 @@ COMPARISONS = (
 
 
 def base_doc(task: str) -> dict:
-    doc = yaml.safe_load(TASKS[task].read_text())
+    doc = yaml.safe_load(example(TASKS[task]).read_text())
     spec = doc["spec"]
-    spec["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
-    spec["dataset"]["path"] = str(REPO / "examples/data" / Path(spec["dataset"]["path"]).name)
+    spec["model"]["path"] = tiny_model()
+    spec["dataset"]["path"] = str(example("data/" + Path(spec["dataset"]["path"]).name))
     spec["trainer"] = {"checkpointEvery": 10_000}
     return doc
 

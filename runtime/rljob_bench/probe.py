@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..planner.cost import overlap_bound
+from rljob.planner.cost import overlap_bound
 
 CANDIDATES = (4, 8, 16)  # prompts per step: periodic cuts a step in 4; 16 keeps
 # the default benchmark under 5 minutes on 2 cores (32 took 6.6)
@@ -87,12 +87,12 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
     import numpy as np
     import torch
 
-    from ..inputs.data import load_examples, prompt_ids
-    from ..infra.device import activate, resolve as resolve_device
-    from ..inputs.models import build_model, load_tokenizer
-    from ..rollout.engine import SamplingParams, make_engine
-    from ..trainer.policy import make_policy
-    from ..trainer.worker import Sample, _micro_step
+    from rljob.inputs.data import load_examples, prompt_ids
+    from rljob.infra.device import activate, resolve as resolve_device
+    from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.rollout.engine import SamplingParams, make_engine
+    from rljob.trainer.policy import make_policy
+    from rljob.trainer.worker import Sample, _micro_step
 
     began = time.perf_counter()
     spec = job_for(max(sizes)).spec
@@ -144,7 +144,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
 
 def threads_of(job, root: Path) -> tuple[int, int]:
     """The threads the benchmark's rollout and trainer compute with on this machine."""
-    from ..local import LocalRun
+    from rljob.local import LocalRun
 
     run = LocalRun(job, root)  # not started: only its placement is asked
     cpus = [run.cpus_for(name) for name in ("rollout-0", "trainer-0")]

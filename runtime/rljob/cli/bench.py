@@ -1,0 +1,229 @@
+"""`rljob bench ...`: the benchmarks, which live in the `rljob_bench` package beside
+the runtime (imported only when a benchmark runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .app import JOB_FILE, JSON_OUT, app, local_job
+
+bench_app = typer.Typer(help="Benchmarks that print figures.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback()
+def _bench(
+    examples: Path = typer.Option(Path("examples"), "--examples", help="The repository's "
+                                  "examples folder: the tiny model, the datasets and the "
+                                  "jobs the benchmarks run (default: ./examples)."),
+) -> None:
+    """Benchmarks that print figures."""
+    from rljob_bench.examples import use
+
+    use(examples)
+
+
+def _report(bench, results: dict, json_out: bool) -> None:
+    """A benchmark's results: one JSON object, or its own tables."""
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(results, indent=2))
+    else:
+        bench.render(results)
+
+
+@bench_app.command("transferqueue")
+def bench_transferqueue(
+    redis: str = typer.Option(None, help="Use this Redis URL instead of starting a redis-server."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    quick: bool = typer.Option(False, help="A quarter of the data: a faster, noisier run."),
+) -> None:
+    """put+get MB/s and claim latency of TransferQueue next to raw Redis."""
+    from rljob_bench import transferqueue as bench
+
+    _report(bench, bench.run(redis, quick=quick), json_out)
+
+
+@bench_app.command("dispatch")
+def bench_dispatch(
+    seeds: int = typer.Option(5, help="Synthetic steps per scenario."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """Makespan of random vs skew-aware vs oracle dispatch on a long-tail workload."""
+    from rljob_bench import dispatch as bench
+
+    _report(bench, bench.run(seeds, progress=lambda line: typer.echo(line, err=True)),
+            json_out)
+
+
+@bench_app.command("workflow")
+def bench_workflow(
+    steps: int = typer.Option(12, help="Steps per mode (the first 3 are not measured)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of the four modes; medians are printed."),
+    prompts: int = typer.Option(None, min=1, help="Prompts per step (16 samples each, one "
+                                "micro-batch per prompt; default: the size a short probe "
+                                "of this machine finds balances generation and training)."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", min=1,
+                                     help="rollout.maxNumSeqs of the job (default: the "
+                                     "spec's default)."),
+    peer: str = typer.Option(None, "--peer", help="trl: also run TRL's GRPOTrainer on the "
+                             "same job in each round, configured for it and at its own "
+                             "defaults, and print our ratio to each (needs `pip install "
+                             "trl`)."),
+    algorithm: str = typer.Option("grpo", help="grpo, or ppo (the same job trained with a "
+                                  "critic streaming through its own task)."),
+    lend_cores: bool = typer.Option(False, "--lend-cores", help="Run our modes with "
+                                    "`rljob run --lend-cores`."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The same small job in sync, periodic, async(1) and async(2): tokens/s, bubbles,
+    speedups, bounds."""
+    from rljob_bench import workflow as bench
+
+    if algorithm not in ("grpo", "ppo"):
+        raise typer.BadParameter("use grpo or ppo", param_hint="--algorithm")
+    _report(bench, bench.run(steps, keep, rounds, prompts, max_num_seqs, peer, algorithm,
+                             lend_cores), json_out)
+
+
+@bench_app.command("offpolicy")
+def bench_offpolicy(
+    file: Path = JOB_FILE,
+    steps: int = typer.Option(None, min=1, help="Steps per run (default: the job's "
+                              "algorithm.maxSteps)."),
+    last: int = typer.Option(30, min=1, help="The reward compared is the mean of this many "
+                             "last steps."),
+    seeds: int = typer.Option(1, min=1, help="Runs per configuration, each with its own "
+                              "algorithm.seed; their means are printed."),
+    temperature: float = typer.Option(None, help="rollout.temperature of every run."),
+    top_p: float = typer.Option(None, "--top-p", help="rollout.topP of every run."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The job in sync, then async(1) and async(2) under each offPolicyCorrection (none,
+    tis, mis): the reward of the last steps next to sync's, the clipped share, the
+    importance weights and the engine mismatch."""
+    from rljob_bench import offpolicy as bench
+
+    job = local_job(file)
+    _report(bench, bench.run(job, str(file), steps, last, seeds, temperature, top_p,
+                             keep=keep, progress=lambda line: typer.echo(line, err=True)),
+            json_out)
+
+
+@bench_app.command("engines")
+def bench_engines(
+    steps: int = typer.Option(20, min=5, help="Steps per engine (the first 3 are not "
+                              "measured)."),
+    rounds: int = typer.Option(1, min=1, help="Rounds of the two engines; medians are "
+                               "printed."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1,
+                                     help="rollout.maxNumSeqs of the job."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The same small job with the hf and the vllm rollout engine: generated tokens/s,
+    weight-update seconds, steps/s."""
+    from rljob_bench import engines as bench
+
+    _report(bench, bench.run(steps, rounds, max_num_seqs, keep), json_out)
+
+
+@bench_app.command("optimisations")
+def bench_optimisations(
+    steps: int = typer.Option(12, min=4, help="Steps per configuration (the first 2 are "
+                              "not measured)."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of every configuration; medians are "
+                               "printed."),
+    config: list[str] = typer.Option([], "--config", metavar="NAME",
+                                     help="Run only these configurations (repeat)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The papers' mechanisms, each off and on side by side: skew-aware dispatch (and an
+    oracle ranker; one and two replicas), arrival-order micro-batches, StreamRL's ablation
+    (sync, + skew-aware, + streaming, + async), sequence packing, shared-prompt attention
+    and the token-balanced data-parallel split."""
+    from rljob_bench import optimisations as bench
+
+    _report(bench, bench.run(steps, rounds, keep, config or None), json_out)
+
+
+@bench_app.command("weights")
+def bench_weights(
+    rounds: int = typer.Option(3, min=1, help="Versions sent over each transport; medians "
+                               "are printed."),
+    layers: int = typer.Option(None, min=1, help="Transformer layers (Qwen2-0.5B: 24)."),
+    dtype: str = typer.Option("bfloat16", help="The weights' dtype."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """One weight version to a replica in another process over grpc and collective
+    (gloo): publish, transfer and update seconds side by side."""
+    from rljob_bench import weights as bench
+
+    _report(bench, bench.run(rounds, layers, dtype), json_out)
+
+
+@bench_app.command("calibration")
+def bench_calibration(
+    steps: int = typer.Option(12, min=5, help="Steps of each mode's run."),
+    keep: Path = typer.Option(None, help="Keep the runs in this directory."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The bench workflow job in sync, periodic and async(1): measured seconds a step
+    against the simulator's, fed with the runs' live profiles."""
+    from rljob_bench import calibration as bench
+
+    _report(bench, bench.run(steps, keep), json_out)
+
+
+@bench_app.command("weight-memory")
+def bench_weight_memory(
+    tp: int = typer.Option(2, min=1, help="The vLLM replica's tensor-parallel workers."),
+    bucket_mb: int = typer.Option(16, min=1, help="The collective path's bucket size, MB."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """One weight update to a tensor-parallel vLLM replica (needs vLLM), over grpc and
+    collective: each worker's peak memory growth during it."""
+    from rljob_bench import weight_memory as bench
+
+    _report(bench, bench.run(tp, bucket_mb), json_out)
+
+
+@bench_app.command("trainer")
+def bench_trainer(
+    engines: str = typer.Option("torch,megatron", help="Trainer engines, comma-separated "
+                                "(torch, megatron)."),
+    accelerator: str = typer.Option("cpu", help="cpu, or gpu (the first CUDA device)."),
+    model: str = typer.Option("tiny", help="tiny (examples/models/tiny-qwen2) or qwen2-0.5b "
+                              "(Qwen2-0.5B's shapes); random init either way."),
+    steps: int = typer.Option(5, min=1, help="Timed optimizer steps; medians are printed."),
+    warmup: int = typer.Option(2, min=0, help="Optimizer steps before the timed ones."),
+    prompt_len: int = typer.Option(16, "--prompt-len", min=1, help="Prompt tokens per sample."),
+    response_len: int = typer.Option(32, "--response-len", min=1,
+                                     help="Response tokens per sample."),
+    group: int = typer.Option(8, min=2, help="Samples per prompt (GRPO's group)."),
+    micro_batch: int = typer.Option(8, "--micro-batch", min=1,
+                                    help="Samples per micro-batch."),
+    micro_batches: int = typer.Option(2, "--micro-batches", min=1,
+                                      help="Micro-batches per optimizer step."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The trainer's GRPO step with each trainer engine (torch, megatron) side by side:
+    step seconds, trained tokens/s, peak device memory, optimizer state."""
+    from rljob_bench import trainer as bench
+
+    names = tuple(e.strip() for e in engines.split(",") if e.strip())
+    try:
+        results = bench.run(names, accelerator, model, steps, warmup, prompt_len, response_len,
+                            group, micro_batch, micro_batches)
+    except ValueError as exc:
+        typer.echo(f"bench trainer: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _report(bench, results, json_out)
+
+
