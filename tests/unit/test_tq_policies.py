@@ -85,7 +85,7 @@ def test_a_new_policy_is_one_class():
     try:
         assert claimed(table([1, 2, 3, 4]), 3, "test_newest") == [3, 2, 1]
     finally:
-        del CLAIM_POLICIES["test_newest"]
+        CLAIM_POLICIES.remove("test_newest")
 
 
 def test_rollout_replicas_claim_by_the_dispatch_mode():

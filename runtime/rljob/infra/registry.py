@@ -1,44 +1,95 @@
-"""A registry of classes by name, for extension points that backends join by
-decorator (rollout engines, trainer engines, storage backends): it type-checks what it is given,
-refuses a second class under a taken name, and names the choices when asked for
-one it does not have."""
+"""The one style of every extension point: a registry of named things (rollout and
+trainer engines, storage backends, advantage estimators, policy losses, claim
+policies, step sinks, rewards). The project's own join by decorator; an installed
+package joins by an entry point in the registry's group (`[project.entry-points.
+"rljob.rollout_engines"] mine = "my_pkg.engine:MyEngine"`), loaded the first time
+its name is asked for. A registry checks what it is given (a subclass of its base,
+or a callable), refuses a second thing under a taken name, and names the choices
+when asked for one it does not have."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
+from importlib.metadata import EntryPoint, entry_points
 from typing import Generic, TypeVar
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T")
+log = logging.getLogger("rljob.registry")
 
 
 class Registry(Generic[T]):
-    def __init__(self, field: str, base: type):
-        self.field = field  # the spec field whose values these are, for messages
-        self.base = base
-        self._classes: dict[str, T] = {}
+    def __init__(self, field: str, base: type | None, group: str):
+        self.field = field  # the spec field (or what) these are, for messages
+        self.base = base  # None: any callable (functions, factories)
+        self.group = group  # the entry point group installed packages add to
+        self._things: dict[str, T] = {}
+
+    def _check(self, name: str, thing) -> None:
+        if self.base is None:
+            if not callable(thing):
+                raise TypeError(f"{self.field} {name!r}: {thing!r} is not callable")
+        elif not (isinstance(thing, type) and issubclass(thing, self.base)):
+            raise TypeError(f"{self.field} {name!r}: {thing!r} is not a {self.base.__name__}")
 
     def register(self, name: str) -> Callable[[T], T]:
-        def add(cls: T) -> T:
-            if not (isinstance(cls, type) and issubclass(cls, self.base)):
-                raise TypeError(f"{self.field} {name!r}: {cls!r} is not a "
-                                f"{self.base.__name__}")
-            taken = self._classes.get(name)
-            if taken is not None and taken is not cls:
+        def add(thing: T) -> T:
+            self._check(name, thing)
+            taken = self._things.get(name)
+            if taken is not None and taken is not thing:
                 raise ValueError(f"{self.field} {name!r} is registered already "
-                                 f"({taken.__module__}.{taken.__qualname__})")
-            self._classes[name] = cls
-            return cls
+                                 f"({_where(taken)})")
+            self._things[name] = thing
+            return thing
         return add
 
-    def get(self, name: str) -> T:
+    def _entry_points(self) -> dict[str, EntryPoint]:
+        return {ep.name: ep for ep in entry_points(group=self.group)}
+
+    def _load(self, ep: EntryPoint) -> T:
         try:
-            return self._classes[name]
-        except KeyError:
-            raise ValueError(f"{self.field} {name!r} is not available here: use one of "
-                             f"{', '.join(sorted(self._classes))}") from None
+            thing = ep.load()
+        except Exception as exc:  # noqa: BLE001 - an installed package, broken on import
+            raise ValueError(f"{self.field} {ep.name!r}: the entry point {ep.value!r} "
+                             f"(group {self.group}) fails to load: {type(exc).__name__}: "
+                             f"{exc}") from None
+        return self.register(ep.name)(thing)
+
+    def get(self, name: str) -> T:
+        found = self._things.get(name)
+        if found is not None:
+            return found
+        ep = self._entry_points().get(name)
+        if ep is not None:
+            return self._load(ep)
+        raise ValueError(f"{self.field} {name!r} is not available here: use one of "
+                         f"{', '.join(self.names())}")
+
+    def loaded(self) -> dict[str, T]:
+        """Every thing by name, the installed packages' entry points loaded too (one
+        that fails to load is logged and left out), in registration order."""
+        for name, ep in self._entry_points().items():
+            if name not in self._things:
+                try:
+                    self._load(ep)
+                except (ValueError, TypeError) as exc:
+                    log.warning("%s", exc)
+        return dict(self._things)
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (a test's registration)."""
+        self._things.pop(name, None)
+
+    def names(self) -> list[str]:
+        """The names registered and those installed packages offer (not loaded)."""
+        return sorted(set(self._things) | set(self._entry_points()))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._classes
+        return name in self._things or name in self._entry_points()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._classes))
+        return iter(self.names())
+
+
+def _where(thing) -> str:
+    return f"{getattr(thing, '__module__', '?')}.{getattr(thing, '__qualname__', thing)}"

@@ -1,6 +1,7 @@
 """Rewards: built-in verifiers and the plug-in point for custom functions.
 
-`reward.name` in the spec is a built-in name, an importable `module:function`,
+`reward.name` in the spec is a built-in name (or one an installed package adds by
+entry point, group `rljob.rewards`), an importable `module:function`,
 or a file and a function in it, `path/to/reward.py:function` (a relative path is
 read from the job file's directory on this machine; in the pods, put the file on
 the dataset's PVC and give its path there, `/data/reward.py:score`). The
@@ -27,9 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .builtin import BUILTINS
-
-RewardFn = Callable[..., float]
+from . import builtin  # noqa: F401 - registers the built-in verifiers
+from .registry import REWARDS, RewardFn
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,11 @@ def _load_file(path: Path, name: str):
 
 def get_reward(name: str, base: Path | None = None) -> RewardFn:
     """The reward function `name` names; a relative file is read from `base`."""
-    if name in BUILTINS:
-        return BUILTINS[name]
     if ":" not in name:
-        raise ValueError(f"unknown reward {name!r}: use one of {sorted(BUILTINS)}, "
-                         "'module:function' or 'path/to/reward.py:function'")
+        if name not in REWARDS:
+            raise ValueError(f"unknown reward {name!r}: use one of {REWARDS.names()}, "
+                             "'module:function' or 'path/to/reward.py:function'")
+        return REWARDS.get(name)
     module_name, func_name = name.rsplit(":", 1)
     file = reward_file(name)
     if file is not None:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import re
 
+from .registry import register_reward
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+@register_reward("exact_match")
 def exact_match(prompt: str, response: str, answer: str) -> float:
     """1 when the response (trimmed) is the answer."""
     return 1.0 if response.strip() == str(answer).strip() else 0.0
 
 
+@register_reward("arith_partial")
 def arith_partial(prompt: str, response: str, answer: str) -> float:
     """Partial credit for a number: 1 for the exact answer; otherwise up to 0.5 for
     digits right in the right places (aligned at the ones digit) and 0.1 for the
@@ -38,6 +42,7 @@ def _final_number(text: str) -> str | None:
     return numbers[-1] if numbers else None
 
 
+@register_reward("math_answer")
 def math_answer(prompt: str, response: str, answer: str) -> float:
     """1 when the response's final number (\\boxed{}, '#### n' or the last number)
     equals the answer's (GSM8K/DeepScaleR style answers work as they are)."""
@@ -49,9 +54,3 @@ def math_answer(prompt: str, response: str, answer: str) -> float:
     except ValueError:
         return 0.0
 
-
-BUILTINS = {
-    "exact_match": exact_match,
-    "arith_partial": arith_partial,
-    "math_answer": math_answer,
-}

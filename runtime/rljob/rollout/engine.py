@@ -117,7 +117,8 @@ class RolloutEngine(ABC):
         """Stop the engine's own processes, if it has any."""
 
 
-ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngine)
+ENGINES: Registry[type[RolloutEngine]] = Registry("rollout.engine", RolloutEngine,
+                                                      "rljob.rollout_engines")
 register_engine = ENGINES.register
 
 

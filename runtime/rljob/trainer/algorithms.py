@@ -59,7 +59,7 @@ class AdvantageEstimator(ABC):
 
 
 ADVANTAGE_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry(
-    "advantage estimator", AdvantageEstimator)
+    "advantage estimator", AdvantageEstimator, "rljob.advantage_estimators")
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 
 
@@ -265,7 +265,8 @@ def off_policy_stats(x: PolicyInputs, cap: float) -> tuple[torch.Tensor, OffPoli
     return weight, stats
 
 
-POLICY_LOSSES: Registry[type[PolicyLoss]] = Registry("policy loss", PolicyLoss)
+POLICY_LOSSES: Registry[type[PolicyLoss]] = Registry("policy loss", PolicyLoss,
+                                                        "rljob.policy_losses")
 register_policy_loss = POLICY_LOSSES.register
 
 

@@ -137,7 +137,7 @@ class Policy:
         return ck["ref"]
 
 
-TRAINER_ENGINES: Registry[type[Policy]] = Registry("trainer.engine", Policy)
+TRAINER_ENGINES: Registry[type[Policy]] = Registry("trainer.engine", Policy, "rljob.trainer_engines")
 register_trainer_engine = TRAINER_ENGINES.register
 
 

@@ -2,9 +2,10 @@
 the run directory, the worker's Prometheus gauges, TensorBoard event files
 (`logging.tensorboard`) and Weights & Biases (`logging.wandb`).
 
-A sink is a class with `write(metrics, version)` and `close()` that joins the
-registry with `@sink("name")`; `open_sinks` builds the ones a job asks for and
-hands back one object that writes to all of them:
+A sink is a class with `write(metrics, version)` and `close()` whose factory joins the
+registry with `@sink("name")` (or, from an installed package, an entry point in the
+group `rljob.step_sinks`); `open_sinks` builds the ones a job asks for and hands back
+one object that writes to all of them:
 
     sinks = open_sinks(spec, run_dir, start, prom)
     sinks.write(step_metrics, version)   # after each optimizer step
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..api.spec import RLJobSpec
+from ..infra.registry import Registry
 from ..infra.rundir import RunDir
 
 log = logging.getLogger("rljob.trainer")
@@ -68,19 +70,12 @@ class StepSink(ABC):
 # name → factory(spec, run_dir, start, prom) returning a sink, or None when the
 # job does not ask for it (or rank 0 has no run directory for it)
 SinkFactory = Callable[[RLJobSpec, "Path | None", int, object], "StepSink | None"]
-SINKS: dict[str, SinkFactory] = {}
+SINKS: Registry[SinkFactory] = Registry("step sink", None, "rljob.step_sinks")
 
 
 def sink(name: str):
     """Register a sink factory under `name` (once)."""
-    def register(factory: SinkFactory) -> SinkFactory:
-        if name in SINKS:
-            raise ValueError(f"step sink {name!r} is registered already")
-        if not callable(factory):
-            raise TypeError(f"step sink {name!r}: {factory!r} is not callable")
-        SINKS[name] = factory
-        return factory
-    return register
+    return SINKS.register(name)
 
 
 class Sinks(StepSink):
@@ -104,7 +99,7 @@ class Sinks(StepSink):
 def open_sinks(spec: RLJobSpec, run_dir: str | Path | RunDir | None, start: int,
                prom=None) -> Sinks:
     made = (factory(spec, RunDir.of(run_dir), start, prom)
-            for factory in SINKS.values())
+            for factory in SINKS.loaded().values())
     return Sinks([s for s in made if s is not None])
 
 

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .policies import CLAIM_POLICIES, ReadyView
+from .policies import ReadyView, get_claim_policy
 from .schema import ColumnSpec, TaskSpec, storage_column
 
 
@@ -153,7 +153,7 @@ class ClaimRequest:
     task: str
     count: int
     min_count: int | None = None
-    policy: str = "fifo"  # a name in policies.CLAIM_POLICIES
+    policy: str = "fifo"  # a name in policies.CLAIM_POLICIES (get_claim_policy)
     token_budget: int | None = None
     dp_size: int = 1
     partition: int | None = None
@@ -561,10 +561,10 @@ class Controller:
         """Lease up to `count` ready rows, or None if fewer than `min_count` are ready."""
         state = self._task(req.task)
         self._check_count("count", req.count)
-        policy = CLAIM_POLICIES.get(req.policy)
-        if policy is None:
-            raise ControllerError(f"unknown claim policy {req.policy!r}: use one of "
-                          f"{', '.join(CLAIM_POLICIES)}")
+        try:
+            policy = get_claim_policy(req.policy)
+        except ValueError as exc:  # unknown, or an installed one that fails to load
+            raise ControllerError(str(exc)) from None
         if not 1 <= req.dp_size <= min(self.limits.max_dp_size, req.count):
             raise ControllerError(f"dp_size must be between 1 and min(count, "
                           f"{self.limits.max_dp_size}), got {req.dp_size}")

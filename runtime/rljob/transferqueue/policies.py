@@ -1,8 +1,9 @@
 """Claim policies: which of a task's ready rows a claim takes.
 
-A claim policy is one class that joins the registry with `@claim_policy`; the
-controller looks a claim's policy up by name (`ClaimRequest.policy`, on the wire
-`ClaimRequest.policy_name`) and nothing else changes to add one:
+A claim policy is one class that joins the registry with `@claim_policy` (or, from an
+installed package, an entry point in the group `rljob.claim_policies` naming the
+class); the controller looks a claim's policy up by name (`ClaimRequest.policy`, on
+the wire `ClaimRequest.policy_name`) and nothing else changes to add one:
 
     @claim_policy
     class Newest(ClaimPolicy):
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..infra.registry import Registry
 from .samplers import balance_over_ranks
 
 
@@ -103,29 +105,27 @@ class ClaimPolicy(ABC):
         return [0] * len(lengths)
 
 
-CLAIM_POLICIES: dict[str, ClaimPolicy] = {}
+CLAIM_POLICIES: Registry[type[ClaimPolicy]] = Registry("claim policy", ClaimPolicy,
+                                                       "rljob.claim_policies")
+_INSTANCES: dict[type[ClaimPolicy], ClaimPolicy] = {}  # a policy holds no state: one each
 
 
 def claim_policy(cls: type[ClaimPolicy]) -> type[ClaimPolicy]:
     """Register a policy class under its `name` (once)."""
-    if not (isinstance(cls, type) and issubclass(cls, ClaimPolicy)):
-        raise TypeError(f"{cls!r} is not a ClaimPolicy")
-    name = getattr(cls, "name", None)
-    if not name:
+    name = getattr(cls, "name", None) if isinstance(cls, type) else None
+    if isinstance(cls, type) and not name:
         raise TypeError(f"{cls.__name__} has no name")
-    if name in CLAIM_POLICIES:
-        raise ValueError(f"claim policy {name!r} is registered already "
-                         f"({type(CLAIM_POLICIES[name]).__name__})")
-    CLAIM_POLICIES[name] = cls()
-    return cls
+    return CLAIM_POLICIES.register(name or repr(cls))(cls)
 
 
 def get_claim_policy(name: str) -> ClaimPolicy:
-    try:
-        return CLAIM_POLICIES[name]
-    except KeyError:
+    if name not in CLAIM_POLICIES:
         raise ValueError(f"unknown claim policy {name!r}: use one of "
-                         f"{', '.join(CLAIM_POLICIES)}") from None
+                         f"{', '.join(CLAIM_POLICIES.names())}")
+    cls = CLAIM_POLICIES.get(name)
+    if cls not in _INSTANCES:
+        _INSTANCES[cls] = cls()
+    return _INSTANCES[cls]
 
 
 @claim_policy

@@ -41,7 +41,8 @@ class StorageUnit(ABC):
 
 # backends join by decorator (`@register_backend("redis")` on a StorageUnit class
 # whose constructor takes the unit's address and the client's options)
-BACKENDS: Registry[type[StorageUnit]] = Registry("storage backend", StorageUnit)
+BACKENDS: Registry[type[StorageUnit]] = Registry("storage backend", StorageUnit,
+                                                  "rljob.storage_backends")
 register_backend = BACKENDS.register
 
 
