@@ -217,8 +217,8 @@ def _check_context(spec, context: int, tok, examples, problems: list[str]) -> No
 def _check_rollout_memory(spec, config: dict, problems: list[str]) -> None:
     """vLLM's share of each rollout accelerator leaves room for a weight update and
     the runtime, and holds the weights' shard and one sequence's KV cache
-    (planner/memory.py, with the accelerator type's datasheet memory)."""
-    from .planner.memory import for_rollout
+    (rollout/memory.py, with the accelerator type's datasheet memory)."""
+    from .rollout.memory import for_rollout
     from .weights.collective import BUCKET_BYTES
 
     kind = spec.accelerator_for("rollout").type

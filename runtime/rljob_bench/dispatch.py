@@ -7,7 +7,8 @@ from __future__ import annotations
 from statistics import mean
 
 from rljob.planner.dispatch import compare_dispatch
-from rljob.planner.profile import HARDWARE, MODEL_PRESETS, GenProfile
+from rljob.infra.hardware import HARDWARE
+from rljob.planner.profile import MODEL_PRESETS, GenProfile
 
 SCENARIOS = [
     # (instances, prompts per step, group size, max decode batch)

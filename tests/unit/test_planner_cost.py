@@ -10,11 +10,10 @@ from hypothesis import strategies as st
 
 from rljob.planner.allocation import allocate_brute_force, allocate_cross, allocate_single
 from rljob.planner.cost import Workload, generation_time, instance_time, wave_time
+from rljob.infra.hardware import HARDWARE, Hardware
 from rljob.planner.profile import (
-    HARDWARE,
     MODEL_PRESETS,
     GenProfile,
-    Hardware,
     ModelShape,
     Profile,
     TrainProfile,

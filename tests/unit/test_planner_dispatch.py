@@ -18,7 +18,8 @@ from rljob.planner.dispatch import (
     tail_recall,
     claim_policy_for,
 )
-from rljob.planner.profile import HARDWARE, MODEL_PRESETS, GenProfile
+from rljob.infra.hardware import HARDWARE
+from rljob.planner.profile import MODEL_PRESETS, GenProfile
 from rljob.transferqueue.controller import ClaimRequest, Controller, TaskSpec
 from rljob.transferqueue.schema import json_column
 from rljob.workflow.dispatch import LengthRanker

@@ -1,4 +1,4 @@
-"""A rollout device's memory budget (planner/memory.py): vLLM's share by default,
+"""A rollout device's memory budget (rollout/memory.py): vLLM's share by default,
 the rules that refuse a share that cannot fit, the engine's arguments, and the
 check `rljob validate` runs."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rljob.api.spec import ModelSpec, RolloutSpec
-from rljob.planner.memory import ModelBytes, rollout_memory
+from rljob.rollout.memory import ModelBytes, rollout_memory
 from rljob.rollout.vllm_engine import engine_args
 from rljob.weights.collective import BUCKET_BYTES
 

@@ -3,7 +3,8 @@ dispatch and a pipeline simulator. Pure functions; I/O stays in the CLI."""
 
 from .allocation import Allocation, allocate_brute_force, allocate_cross, allocate_single
 from .cost import Workload, generation_time, instance_time, training_time, wave_time
-from .profile import GenProfile, Hardware, ModelShape, Profile, TrainProfile
+from ..infra.hardware import Hardware
+from .profile import GenProfile, ModelShape, Profile, TrainProfile
 from .scaling import decide, gain_of_one_more_replica, loss_of_one_fewer_replica
 
 __all__ = [

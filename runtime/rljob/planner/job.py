@@ -10,7 +10,8 @@ from pathlib import Path
 from ..api.spec import RLJobSpec
 from ..workflow.tasks import rollout_batch_rows
 from .cost import Workload, generation_time, training_time
-from .profile import HARDWARE, MODEL_PRESETS, GenProfile, Hardware, ModelShape, Profile, TrainProfile
+from ..infra.hardware import HARDWARE, Hardware
+from .profile import MODEL_PRESETS, GenProfile, ModelShape, Profile, TrainProfile
 from .simulator import PipelineConfig
 
 PROMPT_TOKENS = 256.0  # assumed prompt length when no profile says otherwise

@@ -48,12 +48,12 @@ def model_config(model_spec) -> dict | None:
 
 
 def memory_plan(model_spec, rollout_spec, accelerator: str, device_bytes: float | None = None):
-    """A rollout device's budget for this job (`planner.memory.rollout_memory`): vLLM's
+    """A rollout device's budget for this job (`rollout.memory.rollout_memory`): vLLM's
     share is `rollout.memoryUtilization` or what the arithmetic leaves after a weight
     update's buffers and the runtime's (pure but for reading config.json). None on CPU
     or without a config.json to size from. `device_bytes`: the device's memory (the
     datasheet's for the accelerator type when not given)."""
-    from ..planner.memory import for_rollout
+    from .memory import for_rollout
     from ..weights.collective import BUCKET_BYTES
 
     cfg = model_config(model_spec) if accelerator != "cpu" else None
@@ -92,7 +92,7 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         args["hf_overrides"] = {"vocab_size": vocab_size}
     if cpu:
         args["enforce_eager"] = True  # no graph capture to amortise on CPU
-    else:  # the rest: a weight update's buffers and the runtime's (planner/memory.py)
+    else:  # the rest: a weight update's buffers and the runtime's (rollout/memory.py)
         plan = memory_plan(model_spec, rollout_spec, accelerator, device_bytes)
         args["gpu_memory_utilization"] = (plan.fraction if plan is not None
                                           else rollout_spec.memory_utilization or 0.9)

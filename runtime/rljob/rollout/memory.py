@@ -131,7 +131,7 @@ def for_rollout(cfg: dict, model_dtype: str, rollout, accelerator: str, bucket_b
     """`rollout_memory` for a job: the model's config.json, `model.dtype`, the spec's
     `rollout` section, the accelerator type (its datasheet memory unless
     `device_bytes` is known) and the weight path's bucket size."""
-    from .profile import HARDWARE
+    from ..infra.hardware import HARDWARE
 
     dtype_bytes = {"float32": 4}.get(model_dtype, 2)
     return rollout_memory(ModelBytes.from_config(cfg, dtype_bytes), rollout.tensor_parallel,
