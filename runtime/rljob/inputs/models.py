@@ -54,6 +54,14 @@ class CharTokenizer:
         (Path(path) / "rljob_tokenizer.json").write_text(json.dumps({"type": BUILTIN_CHAR}))
 
 
+
+def model_config(spec: ModelSpec) -> dict | None:
+    """The model's config.json when its directory is on this machine (`random:DIR`
+    too); None for a hub id or a directory without one. (`rljob validate` reports
+    what is wrong with it instead: preflight.py.)"""
+    config = Path(spec.path.removeprefix("random:")) / "config.json"
+    return json.loads(config.read_text()) if config.is_file() else None
+
 def load_tokenizer(spec: ModelSpec):
     name = spec.tokenizer_path
     if name == BUILTIN_CHAR:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..api.spec import RLJobSpec
 from ..workflow.tasks import rollout_batch_rows
 from .cost import Workload, generation_time, training_time
 from ..infra.hardware import HARDWARE, Hardware
+from ..inputs.models import model_config
 from .profile import MODEL_PRESETS, GenProfile, ModelShape, Profile, TrainProfile
 from .simulator import PipelineConfig
 
@@ -19,12 +18,10 @@ PROMPT_TOKENS = 256.0  # assumed prompt length when no profile says otherwise
 
 def model_shape(spec: RLJobSpec) -> ModelShape:
     """The model's size: its config.json when the path is local, else a known preset."""
-    path = spec.model.path.removeprefix("random:")
-    config = Path(path) / "config.json"
-    if config.is_file():
-        return ModelShape.from_config(json.loads(config.read_text()),
-                                      4 if spec.model.dtype == "float32" else 2)
-    name = re.sub(r"[^a-z0-9.]+", "-", path.lower())
+    config = model_config(spec.model)
+    if config is not None:
+        return ModelShape.from_config(config, 4 if spec.model.dtype == "float32" else 2)
+    name = re.sub(r"[^a-z0-9.]+", "-", spec.model.path.removeprefix("random:").lower())
     for key in sorted(MODEL_PRESETS, key=len, reverse=True):
         if key in name:
             return MODEL_PRESETS[key]

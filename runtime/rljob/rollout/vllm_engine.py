@@ -31,20 +31,12 @@ import threading
 import time
 from concurrent.futures import Future
 
+from ..inputs.models import model_config
 from .engine import Generation, RolloutEngine, SamplingParams, register_engine
 
 log = logging.getLogger("rljob.rollout.vllm")
 
 EXTENSION = "rljob.rollout.vllm_ext.WeightUpdateExtension"
-
-
-def model_config(model_spec) -> dict | None:
-    """The model's config.json (None: a hub id, or no file here)."""
-    import json
-    from pathlib import Path
-
-    config = Path(model_spec.path.removeprefix("random:")) / "config.json"
-    return json.loads(config.read_text()) if config.is_file() else None
 
 
 def memory_plan(model_spec, rollout_spec, accelerator: str, device_bytes: float | None = None):
