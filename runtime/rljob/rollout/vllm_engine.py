@@ -56,13 +56,14 @@ def memory_plan(model_spec, rollout_spec, accelerator: str, device_bytes: float 
 
 
 def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
-                seed: int, device_bytes: float | None = None) -> dict:
+                seed: int, device_bytes: float | None = None, plan=None) -> dict:
     """vLLM's engine arguments for a job (pure). A `random:DIR` model starts from
     dummy weights: the trainer's first version replaces them before any generation,
     and its embedding is sized to the tokenizer (`vocab_size`), as the trainer's
     (inputs/models.build_model). A checkpoint keeps its own rows: an embedding padded
     past the tokenizer loads as it is on disk, and the padded ids are never sampled
-    (`padded_ids`)."""
+    (`padded_ids`). `plan`: the device's memory plan when the caller has it
+    (`memory_plan`), else it is computed here."""
     random_init = model_spec.path.startswith("random:")
     cpu = accelerator == "cpu"
     args = {
@@ -85,7 +86,7 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
     if cpu:
         args["enforce_eager"] = True  # no graph capture to amortise on CPU
     else:  # the rest: a weight update's buffers and the runtime's (rollout/memory.py)
-        plan = memory_plan(model_spec, rollout_spec, accelerator, device_bytes)
+        plan = plan or memory_plan(model_spec, rollout_spec, accelerator, device_bytes)
         args["gpu_memory_utilization"] = (plan.fraction if plan is not None
                                           else rollout_spec.memory_utilization or 0.9)
     return args
@@ -172,7 +173,7 @@ class VLLMEngine(RolloutEngine):
                 raise RuntimeError("; ".join(plan.problems))
             log.info("rollout device memory: %s", "; ".join(plan.lines()))
         args = engine_args(model_spec, rollout_spec, accelerator, len(tokenizer), seed,
-                           device_bytes)
+                           device_bytes, plan)
         if accelerator == "ascend":
             # vllm-ascend casts weights to the NPU's FRACTAL_NZ layout (0.23.0,
             # vllm_ascend/envs.py:88-92: 1, the default, for quantized weights; 2
