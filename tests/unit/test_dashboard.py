@@ -11,7 +11,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rljob.transferqueue.metrics import ControllerCollector
-from rljob.transferqueue.service import TransferQueueService, UnitConfig
+from rljob.transferqueue.service import TransferQueueService
+from rljob.transferqueue.units import UnitConfig
 from rljob.infra.worker_metrics import WorkerMetrics
 
 REPO = Path(__file__).resolve().parents[2]

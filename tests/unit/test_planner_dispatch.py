@@ -20,8 +20,9 @@ from rljob.planner.dispatch import (
 )
 from rljob.infra.hardware import HARDWARE
 from rljob.planner.profile import MODEL_PRESETS, GenProfile
-from rljob.transferqueue.controller import ClaimRequest, Controller, TaskSpec
-from rljob.transferqueue.schema import json_column
+from rljob.transferqueue.controller import Controller
+from rljob.transferqueue.schema import TaskSpec, json_column
+from rljob.transferqueue.state import ClaimRequest
 from rljob.workflow.dispatch import LengthRanker
 
 GEN = GenProfile([1, 16, 64], [0.010, 0.012, 0.020], 64)

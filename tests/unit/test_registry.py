@@ -138,7 +138,8 @@ from rljob.reward import get_reward
 from rljob.rollout.engine import ENGINES, HFEngine
 from rljob.trainer.algorithms import ADVANTAGE_ESTIMATORS
 from rljob.trainer.sinks import open_sinks
-from rljob.transferqueue.controller import ClaimRequest, Controller
+from rljob.transferqueue.controller import Controller
+from rljob.transferqueue.state import ClaimRequest
 from rljob.transferqueue.schema import TaskSpec, json_column
 from rljob.api.spec import RLJobSpec
 

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.transferqueue.controller import (
-    ClaimRequest,
-    Conflict,
-    Controller,
-    NotFound,
-    TaskSpec,
-    ControllerError,
-)
-from rljob.transferqueue.schema import json_column, scalar, tensor
+from rljob.transferqueue.controller import Controller
+from rljob.transferqueue.schema import TaskSpec, json_column, scalar, tensor
+from rljob.transferqueue.state import ClaimRequest, Conflict, ControllerError, NotFound
 
 
 class Clock:

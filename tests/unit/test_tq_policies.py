@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.transferqueue.controller import ClaimRequest, ControllerError
 from rljob.transferqueue.policies import (CLAIM_POLICIES, ClaimPolicy, claim_policy,
                                           get_claim_policy, take_rows)
+from rljob.transferqueue.state import ClaimRequest, ControllerError
 from tests.unit.test_tq_controller import make
 
 

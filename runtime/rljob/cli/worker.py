@@ -35,9 +35,9 @@ def worker_transferqueue(
     import os
 
     from ..transferqueue.alloc import tune_allocator
-    from ..transferqueue.controller import ControllerError, check_lease_seconds
-    from ..transferqueue.service import (StorageError, TransferQueueService,
-                                        UnitConfig, check_unit_url, serve)
+    from ..transferqueue.service import TransferQueueService, serve
+    from ..transferqueue.state import ControllerError, check_lease_seconds
+    from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
 
     tune_allocator()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

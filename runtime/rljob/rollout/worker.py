@@ -31,7 +31,7 @@ from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch, TransferQueueClient
-from ..transferqueue.client import TransferQueueError
+from ..transferqueue.dataplane import TransferQueueError
 from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS

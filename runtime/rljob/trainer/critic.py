@@ -43,7 +43,7 @@ import torch
 from ..api.spec import RLJobSpec
 from ..infra.rundir import PARTIAL, RunDir, step_of
 from ..transferqueue import TransferQueueClient, TransferQueueError
-from ..transferqueue.client import Batch
+from ..transferqueue.dataplane import Batch
 from ..transferqueue.loader import LeaseKeeper
 from ..workflow.tasks import CRITIC_READS
 from .algorithms import advantage_estimator, value_loss

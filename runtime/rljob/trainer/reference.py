@@ -36,7 +36,7 @@ import numpy as np
 
 from ..sampling import TokenDistribution, row_logprobs
 from ..transferqueue import Batch, TransferQueueClient
-from ..transferqueue.client import TransferQueueError
+from ..transferqueue.dataplane import TransferQueueError
 from ..workflow.tasks import REFERENCE_READS, reference_task
 
 log = logging.getLogger("rljob.reference")

@@ -14,9 +14,9 @@ import importlib
 
 _EXPORTS = {
     "AsyncTransferQueueClient": ".client",
-    "Batch": ".client",
+    "Batch": ".dataplane",
     "TransferQueueClient": ".client",
-    "TransferQueueError": ".client",
+    "TransferQueueError": ".dataplane",
     "ColumnSpec": ".schema",
     "json_column": ".schema",
     "scalar": ".schema",

@@ -3,89 +3,29 @@
 A write is: allocate rows (new ones) → put cells on their storage units in one
 batch per unit → tell the controller (notify-written). A read is: claim (a
 lease with row metadata) → get cells from the units → ack after use.
-`AsyncTransferQueueClient` is the same over grpc.aio.
+`AsyncTransferQueueClient` is the same over grpc.aio. Both put and read cells
+through a `DataPlane` (dataplane.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
-import redis
 
-from ..contract import PASSWORD_ENV
+from .dataplane import Batch, DataPlane, TransferQueueError, rpc_error
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .policies import get_claim_policy
-from .schema import ColumnError, ColumnSpec, TaskSpec, decode, encode, storage_column
+from .schema import ColumnError, ColumnSpec, TaskSpec
 from .session import AsyncSession, SyncSession
-from .storage import StorageUnit, connect
-from .wire import CLIENT_OPTIONS, GRPC_OPTIONS, POLICY_PB, column_from_pb, task_to_pb
+from .wire import CLIENT_OPTIONS, POLICY_PB, task_to_pb
 
 RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
 _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
-
-
-class TransferQueueError(RuntimeError):
-    """The controller refused a request; `code` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-    @property
-    def unavailable(self) -> bool:
-        """The controller could not be reached (it may be restarting): try again."""
-        return self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                             grpc.StatusCode.DEADLINE_EXCEEDED)
-
-    @property
-    def refused(self) -> bool:
-        """The controller said no (e.g. a lease that expired): drop the work."""
-        return not self.unavailable
-
-
-def _wrap(exc: grpc.RpcError) -> TransferQueueError:
-    return TransferQueueError(exc.code(), exc.details())
-
-
-@contextmanager
-def _unit_errors(unit: int) -> Iterator[None]:
-    """A storage unit's failure as the client's error: an unreachable unit (Redis
-    restarting) is UNAVAILABLE, which callers retry like a restarting controller."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise TransferQueueError(grpc.StatusCode.UNAVAILABLE,
-                                 f"storage unit {unit} is unreachable: {exc}") from None
-    except grpc.RpcError as exc:  # a memory unit is served by the controller
-        raise _wrap(exc) from None
-
-
-@dataclass
-class Batch:
-    """A claimed set of rows: metadata, and the columns once fetched."""
-
-    task: str
-    lease: str
-    rows: list[pb.RowMeta]
-    data: dict[str, list[Any]] = field(default_factory=dict)
-    lease_seconds: float = 0.0
-
-    @property
-    def indices(self) -> list[int]:
-        return [r.index for r in self.rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
 
 def _claimed(task: str, resp: pb.ClaimResponse) -> Batch:
@@ -109,146 +49,6 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
         consumer=consumer)
 
 
-class _Data:
-    """Cell encoding and unit routing, shared by the sync and async clients."""
-
-    def __init__(self, address: str, password: str | None):
-        self.address = address
-        self.password = password if password is not None else os.environ.get(PASSWORD_ENV)
-        # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
-        self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-        self.job = ""
-        self.table_id = ""
-        self.columns: dict[str, ColumnSpec] = {}
-        self.units: list[StorageUnit] = []
-        self.max_row_bytes = 0
-        self._pool: list[int] = []  # reserved row indices not used yet
-        self._pool_generation = 0
-        self._lock = threading.Lock()
-
-    def set_layout(self, layout: pb.LayoutResponse) -> None:
-        self.job = layout.job
-        self.table_id = layout.table_id
-        self.max_row_bytes = layout.max_row_bytes
-        self.set_columns(layout.columns)
-        for u in self.units:
-            u.close()
-        self.units = [connect(u.backend, u.address or self.address, job=layout.job,
-                              password=self.password, unit=u.id)
-                      for u in sorted(layout.units, key=lambda u: u.id)]
-
-    def set_columns(self, columns) -> None:
-        self.columns = {c.name: column_from_pb(c) for c in columns}
-
-    def column(self, name: str) -> ColumnSpec:
-        spec = self.columns.get(name)
-        if spec is None:
-            # another process may have registered it since we last looked
-            self.set_columns(self._fetch_layout().columns)
-            spec = self.columns.get(name)
-        if spec is None:
-            raise ColumnError(f"unknown column {name!r}: register a task that produces it "
-                              f"(known: {sorted(self.columns)})")
-        return spec
-
-    def _fetch_layout(self) -> pb.LayoutResponse:
-        """A blocking Layout call (also from the async client's worker threads)."""
-        with grpc.insecure_channel(self.address, options=GRPC_OPTIONS) as channel:
-            try:
-                return pbg.TransferQueueControllerStub(channel).Layout(pb.LayoutRequest(),
-                                                                       timeout=30)
-            except grpc.RpcError as exc:
-                raise _wrap(exc) from None
-
-    def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
-                    length_column: str | None, tag: str = ""):
-        """Per-unit cell lists, per-row lengths and bytes; raises before any write."""
-        n = len(indices)
-        for name, values in columns.items():
-            if len(values) != n:
-                raise ColumnError(f"column {name!r} has {len(values)} values for {n} rows")
-        specs = {name: self.column(name) for name in columns}
-        per_unit: dict[int, list[tuple[int, str, Any]]] = {}
-        lengths = [0] * n
-        nbytes = [0] * n
-        for name, values in columns.items():
-            for r, (idx, value) in enumerate(zip(indices, values)):
-                data, length = encode(specs[name], value)
-                nbytes[r] += len(data)
-                if name == length_column:
-                    lengths[r] = length
-                per_unit.setdefault(idx % len(self.units), []).append(
-                    (idx, storage_column(name, tag), data))
-        too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
-        if too_big:
-            raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
-                              f"{self.max_row_bytes}")
-        return per_unit, lengths, nbytes
-
-    def take_reserved(self, n: int, generation: int) -> list[int] | None:
-        """n reserved indices from the local pool, or None if it must be refilled.
-
-        Reservations live in the controller's memory: a new session (maybe a
-        restarted controller) starts a new pool.
-        """
-        with self._lock:
-            if generation != self._pool_generation:
-                self._pool, self._pool_generation = [], generation
-            if len(self._pool) < n:
-                return None
-            out, self._pool = self._pool[:n], self._pool[n:]
-            return out
-
-    def refill(self, resp: pb.ReserveResponse) -> None:
-        with self._lock:
-            self._pool.extend(range(resp.start, resp.start + resp.count))
-
-    @staticmethod
-    def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
-                       length_column=None, create=False, partition=0, group_size=1,
-                       lease: Batch | None = None):
-        return pb.NotifyWrittenRequest(
-            indices=list(indices), columns=list(columns),
-            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
-            versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
-            group_size=group_size, task=lease.task if lease else "",
-            lease=lease.lease if lease else "")
-
-    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
-        specs = [self.column(c) for c in columns]
-        by_unit: dict[int, list[int]] = {}
-        for pos, row in enumerate(rows):
-            by_unit.setdefault(row.unit, []).append(pos)
-        out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
-        for unit, positions in by_unit.items():
-            if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
-                keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
-                        for p in positions for c in columns]
-                with _unit_errors(unit):
-                    flat = self.units[unit].get_cells(keys)
-                cells = [flat[k * len(columns):(k + 1) * len(columns)]
-                         for k in range(len(positions))]
-            else:
-                with _unit_errors(unit):
-                    cells = self.units[unit].get([rows[p].index for p in positions], columns)
-            for p, values in zip(positions, cells):
-                for spec, value in zip(specs, values):
-                    if value is None:
-                        raise TransferQueueError(
-                            grpc.StatusCode.DATA_LOSS,
-                            f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
-                    out[spec.name][p] = decode(spec, value)
-        return out
-
-    def store(self, unit: int, cells) -> None:
-        with _unit_errors(unit):
-            self.units[unit].put(cells)
-
-    def close(self) -> None:
-        for u in self.units:
-            u.close()
-
-
 class TransferQueueClient:
     """Blocking client. Thread-safe for concurrent claims (gRPC channels are)."""
 
@@ -259,7 +59,7 @@ class TransferQueueClient:
         # (kind, future) of put(wait=False) / ack(wait=False) whose answer is unchecked
         self._unchecked: list = []
         self._unchecked_lock = threading.Lock()
-        self._data = _Data(address, password)
+        self._data = DataPlane(address, password)
         self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
 
     def _call(self, method, request, timeout: float | None = 60.0):
@@ -267,7 +67,7 @@ class TransferQueueClient:
             # wait_for_ready: ride through a controller restart within the timeout
             return method(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
-            raise _wrap(exc) from None
+            raise rpc_error(exc) from None
 
     @property
     def columns(self) -> dict[str, ColumnSpec]:
@@ -448,7 +248,7 @@ class AsyncTransferQueueClient:
         self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = pbg.TransferQueueControllerStub(self._channel)
         self._session = AsyncSession(self._stub, TransferQueueError)
-        self._data = _Data(address, password)
+        self._data = DataPlane(address, password)
 
     @classmethod
     async def connect(cls, address: str, password: str | None = None) -> AsyncTransferQueueClient:
@@ -461,7 +261,7 @@ class AsyncTransferQueueClient:
         try:
             return await method(request, timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
-            raise _wrap(exc) from None
+            raise rpc_error(exc) from None
 
     async def register(self, *tasks: TaskSpec) -> None:
         resp = await self._call(self._stub.RegisterTasks,

@@ -21,166 +21,35 @@ Writes by a task that holds a lease are fenced: the cells go under a key tagged
 with the lease id and the notify is refused once that lease is gone, so a
 worker that was paused past its lease can neither overwrite nor publish the
 rows someone else has since produced.
+
+The rows, leases and limits are in `state`; claims, acks, releases and lease
+expiry in `leases` (`LeaseOps`, which the Controller takes on).
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
-from .policies import ReadyView, get_claim_policy
+from .leases import LeaseOps
 from .schema import ColumnSpec, TaskSpec, storage_column
+from .state import (
+    Cleared,
+    Conflict,
+    ControllerError,
+    Exhausted,
+    Limits,
+    NotFound,
+    Row,
+    TaskState,
+    check_lease_seconds,
+    spec_from_record,
+    spec_record,
+)
 
 
-class ControllerError(Exception):
-    """A request the controller refuses; nothing was changed."""
-
-    code = "invalid_argument"
-
-
-class NotFound(ControllerError):
-    code = "not_found"
-
-
-class Conflict(ControllerError):
-    code = "failed_precondition"
-
-
-class Exhausted(ControllerError):
-    """Over a limit: retry later (back-pressure) or ask for less."""
-
-    code = "resource_exhausted"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request, and the table as a whole, may hold."""
-
-    rows_per_call: int = 16384      # Allocate / Reserve / Claim / NotifyWritten
-    table_rows: int = 1 << 21       # rows alive + indices reserved
-    unconsumed_bytes: int = 16 << 30  # bytes of rows not yet cleared: new rows wait
-    max_dp_size: int = 4096
-    max_wait_seconds: float = 600.0
-
-
-MAX_LEASE_SECONDS = 7 * 24 * 3600.0
-
-
-def check_lease_seconds(value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value)
-            and 0 < value <= MAX_LEASE_SECONDS):
-        raise ControllerError(f"lease_seconds must be a number in (0, {MAX_LEASE_SECONDS:.0f}], "
-                      f"got {value!r}: a claim must expire so a dead consumer's rows come back")
-    return float(value)
-
-
-@dataclass
-class Row:
-    index: int
-    partition: int
-    group: int
-    unit: int
-    written: set[str] = field(default_factory=set)
-    length: int = 0
-    version: int = -1
-    nbytes: int = 0
-    acked: set[str] = field(default_factory=set)
-    leased: dict[str, str] = field(default_factory=dict)  # task -> lease id
-    tags: dict[str, str] = field(default_factory=dict)  # column -> lease id of its cells
-    issued: dict[str, str] = field(default_factory=dict)  # lease id -> producing task
-    # the consuming tasks this row flows through (set by its first write)
-    relevant: frozenset[str] | None = None
-    initial: frozenset[str] = frozenset()
-
-
-@dataclass
-class Lease:
-    id: str
-    task: str
-    rows: set[int]
-    deadline: float
-    consumer: str = ""
-    # rows a regenerate took back from this (producer's) lease before it acked them: its
-    # late ack skips them, so they are made again instead of counting as made
-    revoked: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class ClaimedRow:
-    index: int
-    partition: int
-    unit: int
-    length: int
-    version: int
-    group: int
-    rank: int = 0
-    tags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Claim:
-    lease: str
-    rows: list[ClaimedRow]
-
-
-@dataclass
-class TaskState:
-    spec: TaskSpec
-    # partition -> ordered set of ready row indices (dict keeps readiness order)
-    ready: dict[int, dict[int, None]] = field(default_factory=dict)
-    group_ready: dict[int, int] = field(default_factory=dict)  # group -> ready members
-    leases: dict[str, Lease] = field(default_factory=dict)
-    claimed: int = 0
-    acked: int = 0
-    expired: int = 0
-    stale_discarded: int = 0
-    stale_regenerated: int = 0
-    ack_times: deque = field(default_factory=lambda: deque(maxlen=4096))
-
-    ready_parts: list[int] = field(default_factory=list)  # sorted ids of non-empty ready sets
-    n_ready: int = 0
-
-    def ready_count(self) -> int:
-        return self.n_ready
-
-
-@dataclass(frozen=True)
-class ClaimRequest:
-    task: str
-    count: int
-    min_count: int | None = None
-    policy: str = "fifo"  # a name in policies.CLAIM_POLICIES (get_claim_policy)
-    token_budget: int | None = None
-    dp_size: int = 1
-    partition: int | None = None
-    min_version: int | None = None
-    on_stale: str = "discard"  # discard | regenerate
-    stale_producer: str | None = None
-    consumer: str = ""
-
-
-@dataclass(frozen=True)
-class Cleared:
-    partition: int
-    cells: list[tuple[int, int, tuple[str, ...]]]  # (unit, index, columns)
-
-
-def _spec_record(spec: TaskSpec) -> dict:
-    return {"name": spec.name, "consumes": sorted(spec.consumes),
-            "produces": [[c.name, c.kind, c.dtype, list(c.trailing_shape)]
-                         for c in spec.produces]}
-
-
-def _spec_from_record(d: dict) -> TaskSpec:
-    return TaskSpec(d["name"], frozenset(d["consumes"]),
-                    tuple(ColumnSpec(n, k, t, tuple(sh)) for n, k, t, sh in d["produces"]))
-
-
-class Controller:
+class Controller(LeaseOps):
     def __init__(
         self,
         num_units: int = 1,
@@ -246,7 +115,7 @@ class Controller:
 
     def snapshot(self) -> list[dict]:
         """The live state as records: replaying them rebuilds it (journal compaction)."""
-        recs: list[dict] = [{"op": "register", "tasks": [_spec_record(s.spec)
+        recs: list[dict] = [{"op": "register", "tasks": [spec_record(s.spec)
                                                           for s in self.tasks.values()]}]
         recs.append({"op": "counters", "next_index": self._next_index,
                      "next_group": self._next_group, "lease_seq": self._lease_seq,
@@ -298,10 +167,10 @@ class Controller:
                                "(or in the same call)")
         if all(s.name in self.tasks for s in specs):
             return  # already registered: nothing to journal
-        self._do({"op": "register", "tasks": [_spec_record(s) for s in specs]})
+        self._do({"op": "register", "tasks": [spec_record(s) for s in specs]})
 
     def _apply_register(self, rec: dict) -> None:
-        specs = [_spec_from_record(d) for d in rec["tasks"]]
+        specs = [spec_from_record(d) for d in rec["tasks"]]
         for spec in specs:
             for col in spec.produces:
                 self.columns[col.name] = col
@@ -556,263 +425,7 @@ class Controller:
                 del state.ready[p]
                 del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
 
-    # ---- claims ---------------------------------------------------------
-    def claim(self, req: ClaimRequest) -> Claim | None:
-        """Lease up to `count` ready rows, or None if fewer than `min_count` are ready."""
-        state = self._task(req.task)
-        self._check_count("count", req.count)
-        try:
-            policy = get_claim_policy(req.policy)
-        except ValueError as exc:  # unknown, or an installed one that fails to load
-            raise ControllerError(str(exc)) from None
-        if not 1 <= req.dp_size <= min(self.limits.max_dp_size, req.count):
-            raise ControllerError(f"dp_size must be between 1 and min(count, "
-                          f"{self.limits.max_dp_size}), got {req.dp_size}")
-        if req.token_budget is not None and req.token_budget < 0:
-            raise ControllerError(f"token_budget must be >= 0, got {req.token_budget}")
-        if req.on_stale == "regenerate":
-            if not req.stale_producer:
-                raise ControllerError("on_stale regenerate needs stale_producer (the task that makes rows)")
-            self._task(req.stale_producer)
-        self.expire()
-        if req.min_version is not None:
-            self._filter_stale(state, req)
-        view = ReadyView([state.ready[p] for p in self._candidate_partitions(state, req)],
-                         self.rows, self.groups, state.group_ready)
-        picked = policy.pick(view, req.count, req.token_budget)
-        min_count = req.count if req.min_count is None else req.min_count
-        if not picked or len(picked) < min(min_count, req.count):
-            return None
-        ranks = policy.ranks([self.rows[i].length for i in picked], req.dp_size)
-        lease_id = f"{req.task}-{self._lease_seq + 1}"
-        self._do({"op": "lease", "task": req.task, "lease": lease_id, "rows": picked,
-                  "consumer": req.consumer, "deadline": self.clock() + self.lease_seconds,
-                  "counted": True})
-        out = []
-        for idx, rank in zip(picked, ranks):
-            row = self.rows[idx]
-            out.append(ClaimedRow(idx, row.partition, row.unit, row.length, row.version,
-                                  row.group, rank, dict(row.tags)))
-        return Claim(lease_id, out)
-
-    def _apply_lease(self, rec: dict) -> None:
-        task, lease_id = rec["task"], rec["lease"]
-        state = self.tasks[task]
-        self._lease_seq = max(self._lease_seq, int(lease_id.rsplit("-", 1)[1]))
-        lease = Lease(lease_id, task, set(rec["rows"]), rec["deadline"], rec["consumer"],
-                      set(rec.get("revoked", ())))
-        state.leases[lease_id] = lease
-        produces = bool(state.spec.produces)
-        for idx in rec["rows"]:
-            row = self.rows[idx]
-            row.leased[task] = lease_id
-            if produces:
-                row.issued[lease_id] = task  # its cells may exist: deleted with the row
-            self._refresh(row, state)
-        if rec["counted"]:
-            state.claimed += len(rec["rows"])
-
-    def _candidate_partitions(self, state: TaskState, req: ClaimRequest) -> list[int]:
-        if req.partition is not None:
-            return [req.partition] if req.partition in state.ready else []
-        return state.ready_parts
-
-    def _filter_stale(self, state: TaskState, req: ClaimRequest) -> list[Cleared]:
-        cleared: list[Cleared] = []
-        for p in list(self._candidate_partitions(state, req)):
-            stale = [i for i in state.ready.get(p, ()) if self.rows[i].version < req.min_version]
-            if not stale:
-                continue
-            if req.on_stale == "regenerate":
-                self._do({"op": "regenerate", "task": state.spec.name,
-                          "producer": req.stale_producer, "indices": stale})
-            else:
-                cleared += self._do({"op": "discard", "task": state.spec.name, "indices": stale})
-        self._cleared.extend(cleared)
-        return cleared
-
-    def take_cleared(self) -> list[Cleared]:
-        """Partitions a claim's staleness filter completed: their cells can go."""
-        out, self._cleared = self._cleared, []
-        return out
-
-    def _apply_discard(self, rec: dict) -> list[Cleared]:
-        state = self.tasks[rec["task"]]
-        cleared = []
-        for idx in rec["indices"]:
-            row = self.rows[idx]
-            row.acked.add(state.spec.name)
-            self._refresh(row, state)
-            state.stale_discarded += 1
-            c = self._maybe_done(row)
-            if c:
-                cleared.append(c)
-        return cleared
-
-    def regenerate(self, task: str, lease_id: str, indices: list[int], producer: str) -> int:
-        """Take `indices` out of a lease of `task` and have `producer` make them again."""
-        lease = self._lease(task, lease_id)
-        self._task(producer)
-        foreign = sorted(set(indices) - lease.rows)
-        if foreign:
-            raise ControllerError(f"rows {foreign[:5]} are not in lease {lease_id!r}")
-        if not indices:
-            return 0
-        self._do({"op": "regenerate", "task": task, "producer": producer,
-                  "indices": sorted(set(indices)), "lease": lease_id})
-        return len(set(indices))
-
-    def _apply_regenerate(self, rec: dict) -> None:
-        """Clear what `producer` and the tasks downstream of it wrote for the rows
-        (first taking them out of the consumer's lease, when the record names one)."""
-        if rec.get("lease"):
-            state = self.tasks[rec["task"]]
-            lease = state.leases[rec["lease"]]
-            lease.rows -= set(rec["indices"])
-            if not lease.rows:
-                del state.leases[rec["lease"]]
-            for idx in rec["indices"]:
-                self.rows[idx].leased.pop(rec["task"], None)
-        producer = rec["producer"]
-        cleared = {c.name for c in self.tasks[producer].spec.produces}
-        redo = {producer}
-        changed = True
-        while changed:
-            changed = False
-            for state in self.tasks.values():
-                if state.spec.name not in redo and state.spec.consumes & cleared:
-                    redo.add(state.spec.name)
-                    cleared |= {c.name for c in state.spec.produces}
-                    changed = True
-        self.tasks[rec["task"]].stale_regenerated += len(rec["indices"])
-        for idx in rec["indices"]:
-            row = self.rows[idx]
-            for name in redo:  # a producer that wrote the row but has not acked it yet
-                lease_id = row.leased.pop(name, None)
-                if lease_id is not None:
-                    lease = self.tasks[name].leases[lease_id]
-                    lease.rows.discard(idx)
-                    lease.revoked.add(idx)
-            row.written -= cleared
-            row.acked -= redo
-            for state in self.tasks.values():
-                self._refresh(row, state)
-
-    # ---- acks, releases, leases -----------------------------------------
-    def _lease(self, task: str, lease_id: str) -> Lease:
-        state = self._task(task)
-        lease = state.leases.get(lease_id)
-        if lease is None:
-            raise Conflict(f"lease {lease_id!r} of task {task!r} is not held: it expired "
-                           "(its rows went back to the queue) or was already acked/released")
-        return lease
-
-    def ack(self, task: str, lease_id: str, indices: list[int] | None = None) -> tuple[int, list[Cleared]]:
-        lease = self._lease(task, lease_id)
-        chosen = set(indices) if indices else set(lease.rows)
-        foreign = chosen - lease.rows - lease.revoked
-        if foreign:
-            raise Conflict(f"rows {sorted(foreign)[:5]} are not in lease {lease_id!r}")
-        chosen = sorted(chosen & lease.rows)  # not the rows a regenerate took back
-        cleared = self._do({"op": "ack", "task": task, "lease": lease_id, "indices": chosen})
-        return len(chosen), cleared
-
-    def _apply_ack(self, rec: dict) -> list[Cleared]:
-        task, lease_id = rec["task"], rec["lease"]
-        state = self.tasks[task]
-        lease = state.leases[lease_id]
-        cleared: list[Cleared] = []
-        now = self.clock()
-        for idx in rec["indices"]:
-            row = self.rows[idx]
-            del row.leased[task]
-            row.acked.add(task)
-            lease.rows.discard(idx)
-            state.acked += 1
-            state.ack_times.append(now)
-            c = self._maybe_done(row)
-            if c:
-                cleared.append(c)
-        if not lease.rows:
-            del state.leases[lease_id]
-        return cleared
-
-    def extend(self, task: str, lease_id: str) -> float:
-        """Push a held lease's deadline to now + lease_seconds."""
-        self._lease(task, lease_id)
-        self._do({"op": "extend", "task": task, "lease": lease_id,
-                  "deadline": self.clock() + self.lease_seconds})
-        return self.lease_seconds
-
-    def _apply_extend(self, rec: dict) -> None:
-        self.tasks[rec["task"]].leases[rec["lease"]].deadline = rec["deadline"]
-
-    def release(self, task: str, lease_id: str) -> int:
-        lease = self._lease(task, lease_id)
-        n = len(lease.rows)
-        self._do({"op": "return", "task": task, "lease": lease_id, "expired": False})
-        return n
-
-    def release_consumer(self, consumer: str) -> int:
-        """Return every row a consumer holds (it restarted: its leases are dead)."""
-        n = 0
-        for name, state in self.tasks.items():
-            for lease in [le for le in state.leases.values() if le.consumer == consumer]:
-                n += len(lease.rows)
-                self._do({"op": "return", "task": name, "lease": lease.id, "expired": False})
-        return n
-
-    def _apply_return(self, rec: dict) -> None:
-        state = self.tasks[rec["task"]]
-        lease = state.leases.pop(rec["lease"])
-        if rec["expired"]:
-            state.expired += len(lease.rows)
-        for idx in lease.rows:
-            row = self.rows.get(idx)
-            if row is None:
-                continue
-            row.leased.pop(state.spec.name, None)
-            self._refresh(row, state)
-
-    def expire(self) -> int:
-        """Return the rows of every expired lease to their task's ready set."""
-        now = self.clock()
-        n = 0
-        for name, state in self.tasks.items():
-            for lease in [le for le in state.leases.values() if le.deadline <= now]:
-                n += len(lease.rows)
-                self._do({"op": "return", "task": name, "lease": lease.id, "expired": True})
-        return n
-
-    # ---- partition lifecycle ----------------------------------------------
-    def _maybe_done(self, row: Row) -> Cleared | None:
-        if row.relevant is None or not row.relevant <= row.acked:
-            return None
-        p = row.partition
-        self.partition_done[p] += 1
-        if self.partition_done[p] < len(self.partitions[p]):
-            return None
-        cells = []
-        for idx in sorted(self.partitions.pop(p)):
-            r = self.rows.pop(idx)
-            self.live_bytes -= r.nbytes
-            names = {storage_column(c, r.tags.get(c, "")) for c in r.written}
-            for tag, task in r.issued.items():  # cells of leases that never published
-                names.update(storage_column(c.name, tag) for c in self.tasks[task].spec.produces)
-            cells.append((r.unit, idx, tuple(sorted(names))))
-            self.groups.pop(r.group, None)
-            for state in self.tasks.values():
-                state.group_ready.pop(r.group, None)
-        for state in self.tasks.values():
-            # a task outside the row's flow may still list it (odd columns written)
-            stale = state.ready.pop(p, None)
-            if stale:
-                state.n_ready -= len(stale)
-                del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
-        del self.partition_done[p]
-        self.cleared_partitions += 1
-        return Cleared(p, cells)
-
+    # ---- cells ----------------------------------------------------------
     def writable(self, index: int) -> bool:
         """Whether cells of `index` may be stored: a row, or an index reserved for one."""
         return index in self.rows or index in self._reserved

@@ -18,17 +18,31 @@ every record that was accepted before it took over.
 
 Memory units live in the controller's process: nothing outlives it, and no
 journal is kept.
+
+A journal that cannot be written, or a unit that came back empty while the
+controller runs, stops the controller (`stop_storage_lost`, fail-stop: no answer
+is ever given for a change that would be lost); a restart recovers the table
+(`recover`) or starts a new one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
 import uuid
 from collections.abc import Sequence
+from typing import NoReturn
 
 import redis
 
+from .controller import Controller
+from .state import Cleared
 from .storage.redis_unit import RedisUnit
+
+log = logging.getLogger("rljob.transferqueue")
+EXIT_STORAGE_LOST = 3  # the controller's exit status when its journal or a unit is gone
 
 
 # RPUSH KEYS[2] ARGV[2..] only while KEYS[1] (the owner) still holds ARGV[1]
@@ -128,3 +142,47 @@ class RedisJournal:
             except (redis.ConnectionError, redis.TimeoutError):
                 pass  # down right now: judged when it is back
         return lost
+
+
+def stop_storage_lost(message: str, *args) -> NoReturn:
+    """Log why, and stop the process at once (fail-stop)."""
+    log.critical(message, *args)
+    logging.shutdown()
+    os._exit(EXIT_STORAGE_LOST)
+
+
+def recover(controller: Controller, journal: RedisJournal) -> tuple[str, list[Cleared]]:
+    """Open the table and replay its records into `controller`: (how the table was
+    found, the partitions the records cleared, whose cells a crash may have left)."""
+    records, how = journal.open()
+    cleared: list[Cleared] = []
+    if records:
+        t0 = time.monotonic()
+        cleared = controller.replay(records)
+        controller.renew_leases()
+        log.warning("recovered the table from its journal: %d records, %d rows, %d leases "
+                    "in %.2fs", len(records), len(controller.rows),
+                    sum(len(s.leases) for s in controller.tasks.values()),
+                    time.monotonic() - t0)
+    elif how == "lost":
+        log.error("a storage unit came back empty: the table is lost; a new one starts "
+                  "(the job continues from its last checkpoint)")
+    return how, cleared
+
+
+def journal_changes(controller: Controller, journal: RedisJournal | None, compact_every: int) -> None:
+    """Journal what the controller changed (compacting a long journal); without a
+    journal, forget it."""
+    records = controller.drain()
+    if not records or journal is None:
+        return
+    try:
+        journal.append(records)
+        if journal.length >= max(compact_every, 4 * len(controller.rows)):
+            journal.compact(controller.snapshot())
+    except Exception as exc:  # noqa: BLE001 - fail-stop: never answer past a lost change
+        if isinstance(exc, Fenced):
+            stop_storage_lost("a newer controller took the table over: stopping without "
+                              "answering (this one was replaced)")
+        stop_storage_lost("cannot write the journal (%s): stopping; a restart recovers "
+                          "the table from what was journaled", exc)

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .client import Batch, TransferQueueClient, TransferQueueError
+from .client import TransferQueueClient
+from .dataplane import Batch, TransferQueueError
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:

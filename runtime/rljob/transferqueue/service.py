@@ -9,31 +9,38 @@ on a condition that writes, releases and lease expiry signal.
 With Redis units every change is journaled in Redis before the answer goes
 out (see `journal`), so a restarted controller continues where it stopped;
 a journal that cannot be written stops the controller (fail-stop: no answer is
-ever given for a change that would be lost).
+ever given for a change that would be lost). The units themselves (opening,
+waiting for them, deleting cleared cells) are `units`'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from ..contract import PASSWORD_ENV
-from .controller import ClaimRequest, Cleared, Controller, ControllerError, Limits
+from .controller import Controller
+from .journal import RedisJournal, journal_changes, recover, stop_storage_lost
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError
-from .storage.base import StorageUnit, connect
+from .state import ClaimRequest, Cleared, ControllerError, Limits
+from .storage.base import StorageUnit
 from .storage.memory import MemoryUnit
+from .units import (
+    CellSweeper,
+    UnitConfig,
+    open_units,
+    unit_infos,
+    wait_for_units,
+)
 from .wire import GRPC_OPTIONS, POLICY, STALE, column_to_pb, task_from_pb
 
 log = logging.getLogger("rljob.transferqueue")
@@ -43,32 +50,7 @@ GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
              "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
 DEFAULT_MAX_ROW_BYTES = 64 << 20
-EXIT_STORAGE_LOST = 3  # the controller's exit status when its journal or a unit is gone
-
-
-class StorageError(RuntimeError):
-    """Storage cannot be used (unreachable, refused credentials): one clear line."""
-
-
-def check_unit_url(url: str) -> str:
-    """A Redis URL without credentials (they come from `PASSWORD_ENV`)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise StorageError(f"storage unit URL {url!r}: use redis://HOST:PORT/DB")
-    if parts.password is not None or parts.username:
-        raise StorageError("storage unit URL carries credentials: give the password in "
-                           f"{PASSWORD_ENV} instead (a URL shows in ps, logs and Layout)")
-    return url
-
-
 SESSION_OPS = {}  # filled below the class: op name -> TransferQueueService method
-
-
-@dataclass
-class UnitConfig:
-    backend: str  # memory | redis
-    address: str = ""  # redis URL (without password) for redis units
-    password: str | None = None
 
 
 @dataclass
@@ -99,17 +81,10 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         self.public_address = public_address
         # wall-clock deadlines: a journaled lease means the same in the next process
         self.controller = Controller(len(units), lease_seconds, clock=time.time, limits=limits)
-        self.units: list[StorageUnit] = []
-        for u in units:
-            if u.backend == "memory":
-                self.units.append(MemoryUnit(max_cell_bytes=max_row_bytes))
-            else:
-                self.units.append(connect(u.backend, check_unit_url(u.address), job=job,
-                                          password=u.password))
+        self.units: list[StorageUnit] = open_units(units, job, max_row_bytes)
         self.metrics = JobMetricsStore()
         self._changed: asyncio.Condition | None = None
-        self._to_delete: list[Cleared] = []
-        self._delete_wanted = asyncio.Event()
+        self.sweeper = CellSweeper(self.units)
         self.compact_every = compact_every
         self.journal = None
         self.table_id = uuid.uuid4().hex
@@ -118,69 +93,15 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             self._open_journal(storage_wait)
 
     def _open_journal(self, storage_wait: float) -> None:
-        import redis
-
-        from .journal import RedisJournal
-
-        deadline = time.monotonic() + storage_wait
-        for i, unit in enumerate(self.units):
-            while True:
-                try:
-                    unit.client.ping()
-                    break
-                except redis.AuthenticationError as exc:
-                    raise StorageError(
-                        f"storage unit {i} refused the password ({exc}): set {PASSWORD_ENV} to "
-                        "the Redis requirepass (on a cluster: the job's NAME-tq-auth Secret)"
-                    ) from None
-                except redis.ResponseError as exc:
-                    if "without any password" in str(exc) or "NOAUTH" in str(exc):
-                        raise StorageError(f"storage unit {i}: {exc}; check {PASSWORD_ENV}") \
-                            from None
-                    raise
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    # refused, or a timeout: a recreated unit's pod has a new address and
-                    # its DNS name may still point at the old one for a while
-                    if time.monotonic() > deadline:
-                        raise StorageError(f"storage unit {i} is unreachable after "
-                                           f"{storage_wait:.0f}s: {exc}") from None
-                    log.warning("storage unit %d unreachable (%s); waiting", i, exc)
-                    time.sleep(0.5)
+        wait_for_units(self.units, storage_wait)
         self.journal = RedisJournal(self.units, self.job)
-        records, self.recovered = self.journal.open()
+        self.recovered, cleared = recover(self.controller, self.journal)
         self.table_id = self.journal.table_id
-        if records:
-            t0 = time.monotonic()
-            self._clear(self.controller.replay(records))  # cells a crash left undeleted
-            self.controller.renew_leases()
-            log.warning("recovered the table from its journal: %d records, %d rows, %d leases "
-                        "in %.2fs", len(records), len(self.controller.rows),
-                        sum(len(s.leases) for s in self.controller.tasks.values()),
-                        time.monotonic() - t0)
-        elif self.recovered == "lost":
-            log.error("a storage unit came back empty: the table is lost; a new one starts "
-                      "(the job continues from its last checkpoint)")
+        self._clear(cleared)  # cells a crash left undeleted
 
     def persist(self) -> None:
         """Journal what the controller changed; without a journal, forget it."""
-        records = self.controller.drain()
-        if not records or self.journal is None:
-            return
-        try:
-            self.journal.append(records)
-            if self.journal.length >= max(self.compact_every, 4 * len(self.controller.rows)):
-                self.journal.compact(self.controller.snapshot())
-        except Exception as exc:  # noqa: BLE001 - fail-stop: never answer past a lost change
-            from .journal import Fenced
-
-            if isinstance(exc, Fenced):
-                log.critical("a newer controller took the table over: stopping without "
-                             "answering (this one was replaced)")
-            else:
-                log.critical("cannot write the journal (%s): stopping; a restart recovers "
-                             "the table from what was journaled", exc)
-            logging.shutdown()
-            os._exit(EXIT_STORAGE_LOST)
+        journal_changes(self.controller, self.journal, self.compact_every)
 
     # ---- helpers ------------------------------------------------------------
     @property
@@ -198,41 +119,11 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         await context.abort(code, str(exc))
 
     def _clear(self, cleared: list[Cleared]) -> None:
-        """Queue cleared partitions' cells for deletion: acks return at once, and a
-        background task deletes what piled up in one worker-thread call."""
-        if cleared:
-            self._to_delete.extend(cleared)
-            self._delete_wanted.set()
-
-    async def delete_cleared(self, linger: float = 0.02) -> None:
-        while True:
-            await self._delete_wanted.wait()
-            await asyncio.sleep(linger)  # let a few acks pile up
-            self._delete_wanted.clear()
-            batch, self._to_delete = self._to_delete, []
-            await asyncio.get_running_loop().run_in_executor(None, self._delete_cells, batch)
-
-    def _delete_cells(self, cleared: list[Cleared]) -> None:
-        for c in cleared:
-            by_unit: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
-            for unit, index, columns in c.cells:
-                by_unit.setdefault(unit, []).append((index, columns))
-            try:
-                for unit, cells in by_unit.items():
-                    self.units[unit].delete(cells)
-            except Exception:  # storage down: the cells stay, the job goes on
-                log.exception("could not delete the cells of partition %d", c.partition)
-                continue
-            if c.partition >= 0:
-                log.info("cleared partition %d (%d rows)", c.partition, len(c.cells))
+        """Queue cleared partitions' cells for deletion (`CellSweeper`)."""
+        self.sweeper.queue(cleared)
 
     def unit_infos(self) -> list[pb.StorageUnitInfo]:
-        out = []
-        for i, u in enumerate(self.unit_configs):
-            # memory units are served by this process: clients use the controller's address
-            address = check_unit_url(u.address) if u.backend != "memory" else ""
-            out.append(pb.StorageUnitInfo(id=i, backend=u.backend, address=address))
-        return out
+        return unit_infos(self.unit_configs)
 
     # ---- controller operations (shared by unary RPCs and sessions) ----------
     async def _register(self, request):
@@ -483,10 +374,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 lost = await asyncio.get_running_loop().run_in_executor(
                     None, self.journal.lost_units)
                 if lost:
-                    log.critical("storage unit(s) %s came back empty: the table's cells are "
-                                 "gone; stopping (a restart starts a new table)", lost)
-                    logging.shutdown()
-                    os._exit(EXIT_STORAGE_LOST)
+                    stop_storage_lost("storage unit(s) %s came back empty: the table's cells "
+                                      "are gone; stopping (a restart starts a new table)", lost)
 
 
 SESSION_OPS.update({
@@ -521,7 +410,7 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     reaper = asyncio.create_task(service.reap_leases())
-    deleter = asyncio.create_task(service.delete_cleared())
+    deleter = asyncio.create_task(service.sweeper.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -540,6 +429,6 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
     reaper.cancel()
     await server.stop(grace)
     deleter.cancel()
-    service._delete_cells(service._to_delete)  # what the last acks cleared
+    service.sweeper.delete(service.sweeper.pending)  # what the last acks cleared
     for u in service.units:
         u.close()

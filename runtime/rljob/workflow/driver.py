@@ -11,7 +11,7 @@ import grpc
 from ..api.spec import RLJobSpec
 from ..inputs.data import PromptCursor, load_examples, prompt_columns
 from ..transferqueue import TransferQueueClient
-from ..transferqueue.client import TransferQueueError
+from ..transferqueue.dataplane import TransferQueueError
 from ..weights import WeightClient
 from .release import ReleaseRule
 from .tasks import tasks_for

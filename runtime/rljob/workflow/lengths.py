@@ -17,7 +17,7 @@ import os
 import threading
 
 from .dispatch import LengthRanker
-from ..transferqueue.client import TransferQueueError
+from ..transferqueue.dataplane import TransferQueueError
 
 log = logging.getLogger("rljob.driver")
 ORACLE_ENV = "RLJOB_LENGTH_ORACLE"

@@ -1,0 +1,292 @@
+"""What every object of a job shares: the children's names and labels, the
+addresses the workers reach each other at, and the pieces of their pods
+(metadata, environment, volumes, security contexts, resources, probes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob.api import API_VERSION, KIND, RLJob
+from rljob.contract import (
+    LABEL_NAME,
+    LABEL_ROLE,
+    MANAGED_BY,
+    METRICS_PORT,
+    PASSWORD_ENV,
+    REDIS_PORT,
+    TQ_PORT,
+    WEIGHTS_PORT,
+)
+
+
+JOB_DIR = "/etc/rljob"
+JOB_FILE = f"{JOB_DIR}/job.yaml"
+CHECKPOINT_DIR = "/checkpoints"
+PASSWORD_KEY = "password"
+WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
+
+# Host paths the Ascend driver stack needs inside a container (what the
+# Ascend device plugin does not mount by itself).
+ASCEND_HOST_PATHS = (
+    ("ascend-driver", "/usr/local/Ascend/driver", "Directory"),
+    ("ascend-dcmi", "/usr/local/dcmi", "Directory"),
+    ("npu-smi", "/usr/local/bin/npu-smi", "File"),
+    ("ascend-install-info", "/etc/ascend_install.info", "File"),
+)
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+
+
+# ---- names and labels -------------------------------------------------------
+
+def secret_name(job: str) -> str:
+    return f"{job}-tq-auth"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-spec"
+
+
+def redis_name(job: str) -> str:
+    return f"{job}-redis"
+
+
+def tq_name(job: str) -> str:
+    return f"{job}-tq"
+
+
+def trainer_name(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def trainer_pod_name(job: str, rank: int) -> str:
+    return f"{job}-trainer-{rank}"
+
+
+def rollout_pod_name(job: str, index: int) -> str:
+    return f"{job}-rollout-{index}"
+
+
+def labels(job: str, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "rljob",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/part-of": "rljob",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_NAME: job,
+        LABEL_ROLE: role,
+    }
+
+
+def selector(job: str, role: str) -> dict[str, str]:
+    return {LABEL_NAME: job, LABEL_ROLE: role}
+
+
+def selector_string(job: str, role: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(job, role).items())
+
+
+# ---- addresses --------------------------------------------------------------
+
+def _ns(job: RLJob) -> str:
+    return job.metadata.namespace or "default"
+
+
+def tq_address(job: RLJob) -> str:
+    return f"{tq_name(job.metadata.name)}.{_ns(job)}.svc:{TQ_PORT}"
+
+
+def master_host(job: RLJob) -> str:
+    name = job.metadata.name
+    return f"{trainer_pod_name(name, 0)}.{trainer_name(name)}.{_ns(job)}.svc"
+
+
+def weights_address(job: RLJob) -> str:
+    return f"{master_host(job)}:{WEIGHTS_PORT}"
+
+
+def redis_urls(job: RLJob) -> list[str]:
+    name = job.metadata.name
+    return [f"redis://{redis_name(name)}-{i}.{redis_name(name)}.{_ns(job)}.svc:{REDIS_PORT}/0"
+            for i in range(job.spec.transfer_queue.storage_units)]
+
+
+# ---- shared pieces ----------------------------------------------------------
+
+def _meta(job: RLJob, name: str, role: str, extra_labels: dict | None = None,
+          annotations: dict | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": _ns(job),
+        "labels": {**labels(job.metadata.name, role), **(extra_labels or {})},
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    uid = (job.metadata.model_extra or {}).get("uid")
+    if uid:
+        meta["ownerReferences"] = [{
+            "apiVersion": API_VERSION, "kind": KIND, "name": job.metadata.name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True,
+        }]
+    return meta
+
+
+def _password_env(job: RLJob, env_name: str = PASSWORD_ENV) -> dict:
+    return {"name": env_name, "valueFrom": {"secretKeyRef": {
+        "name": secret_name(job.metadata.name), "key": PASSWORD_KEY}}}
+
+
+def _env_common(job: RLJob) -> list[dict]:
+    return [
+        _password_env(job),
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def _hccl_env(job: RLJob, role: str) -> list[dict]:
+    """HCCL settings for Ascend collectives (trainer gang, tensor-parallel rollouts)."""
+    acc = job.spec.accelerator_for(role)
+    if acc.type != "ascend":
+        return []
+    h = acc.hccl
+    env = [
+        {"name": "HCCL_IF_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "HCCL_CONNECT_TIMEOUT", "value": str(h.connect_timeout_seconds)},
+        {"name": "HCCL_EXEC_TIMEOUT", "value": str(h.exec_timeout_seconds)},
+    ]
+    if h.socket_ifname:
+        env.append({"name": "HCCL_SOCKET_IFNAME", "value": h.socket_ifname})
+        env.append({"name": "GLOO_SOCKET_IFNAME", "value": h.socket_ifname})
+    if h.if_base_port:
+        env.append({"name": "HCCL_IF_BASE_PORT", "value": str(h.if_base_port)})
+    return env
+
+
+def _wandb_env(job: RLJob) -> list[dict]:
+    """The W&B API key from `logging.wandb.apiKeySecret` (key `apiKey`)."""
+    cfg = job.spec.logging.wandb
+    if cfg is None or not cfg.api_key_secret:
+        return []
+    return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": cfg.api_key_secret, "key": WANDB_KEY}}}]
+
+
+def _restricted() -> dict:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": False}
+
+
+def _non_root_pod(uid: int = 1000) -> dict:
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _accelerated_pod_security(job: RLJob, role: str) -> dict:
+    # The Ascend driver's device files and libraries are usable by root or the
+    # HwHiAiUser group only in the common vllm-ascend / MindSpeed images, so
+    # accelerator pods keep the image's user; CPU pods run as non-root.
+    if job.spec.accelerator_for(role).type == "cpu":
+        return _non_root_pod()
+    return {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _volumes(job: RLJob, shm: bool, role: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts) every worker container of the job gets (`role`: a rollout's or
+    trainer's, with its accelerator's host paths)."""
+    name = job.metadata.name
+    vols: list[dict] = [{"name": "job", "configMap": {"name": config_map_name(name)}}]
+    mounts: list[dict] = [{"name": "job", "mountPath": JOB_DIR, "readOnly": True}]
+    if job.spec.model.pvc:
+        vols.append({"name": "models", "persistentVolumeClaim": {
+            "claimName": job.spec.model.pvc, "readOnly": True}})
+        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    if job.spec.dataset.pvc:
+        vols.append({"name": "data", "persistentVolumeClaim": {
+            "claimName": job.spec.dataset.pvc, "readOnly": True}})
+        mounts.append({"name": "data", "mountPath": "/data", "readOnly": True})
+    if shm:
+        # torch and the collective libraries pass tensors through /dev/shm;
+        # the container runtime's 64 MiB default is far too small.
+        vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if role is not None and job.spec.accelerator_for(role).type == "ascend":
+        for vname, path, kind in ASCEND_HOST_PATHS:
+            vols.append({"name": vname, "hostPath": {"path": path, "type": kind}})
+            mounts.append({"name": vname, "mountPath": path, "readOnly": True})
+    return vols, mounts
+
+
+def _worker_resources(job: RLJob, role: str, count: int, compute) -> dict:
+    """A rollout's or trainer's container: `count` accelerators, and the role's CPU and
+    memory (`rollout.resources` / `trainer.resources`) as requests and limits. The CPU
+    limit is what the worker sizes its compute threads by (`device.cores_given`): CPU
+    replicas on one node do not oversubscribe its cores."""
+    amounts = {k: v for k, v in compute.model_dump().items() if v is not None}
+    resource = job.spec.accelerator_for(role).resource
+    if resource is not None:
+        amounts[resource] = str(count)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _scheduling(job: RLJob, pod_spec: dict, role: str) -> None:
+    s = job.spec.scheduling
+    if s.scheduler_name:
+        pod_spec["schedulerName"] = s.scheduler_name
+    if s.priority_class_name:
+        pod_spec["priorityClassName"] = s.priority_class_name
+    selector = job.spec.accelerator_for(role).node_selector
+    if selector:
+        pod_spec["nodeSelector"] = dict(selector)
+
+
+def _metrics_port(port: int = METRICS_PORT, name: str = "metrics") -> dict:
+    return {"name": name, "containerPort": port, "protocol": "TCP"}
+
+
+def _http_probe(port: int, path: str = "/metrics", period: int = 10) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": 3}
+
+
+def _headless_service(job: RLJob, name: str, role: str, ports: dict[str, int]) -> dict:
+    """Stable per-pod DNS names, published before the pods are ready (ranks and
+    storage units must resolve each other while starting)."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, name, role),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(job.metadata.name, role),
+            "ports": [{"name": n, "port": port, "targetPort": port} for n, port in ports.items()],
+        },
+    }
+
+
+_SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50,
+           "Ei": 2 ** 60, "m": 10 ** -3, "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9,
+           "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
+
+
+def _quantity(q: str) -> float:
+    """A Kubernetes quantity as a number ("2Gi" -> 2147483648.0)."""
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * _SUFFIX[suffix]
+    return float(q)
+
+
+def _requests(res, memory_limit: str) -> dict:
+    """A container's requests, and a memory limit of `memory_limit` or the request."""
+    requests = {k: v for k, v in res.model_dump().items() if v is not None}
+    limit = memory_limit
+    if "memory" in requests and _quantity(requests["memory"]) > _quantity(limit):
+        limit = requests["memory"]
+    return {"requests": requests, "limits": {"memory": limit}}
+
+
+def volcano(job: RLJob) -> bool:
+    return job.spec.scheduling.scheduler_name == "volcano"

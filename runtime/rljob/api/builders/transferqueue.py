@@ -1,0 +1,211 @@
+"""The TransferQueue's objects: the job's Secret and ConfigMap, the Redis storage
+units (headless Service, StatefulSet) and the controller with the workflow driver
+(Service, Deployment)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import yaml
+
+from rljob.api import API_VERSION, KIND, RLJob
+from rljob.contract import (
+    DRIVER_METRICS_PORT,
+    METRICS_PORT,
+    PASSWORD_ENV,
+    REDIS_PORT,
+    TQ_PORT,
+    listen_address,
+    local_address,
+    worker_argv,
+)
+
+from .common import (
+    JOB_FILE,
+    PASSWORD_KEY,
+    _env_common,
+    _headless_service,
+    _meta,
+    _metrics_port,
+    _non_root_pod,
+    _ns,
+    _password_env,
+    _requests,
+    _restricted,
+    _volumes,
+    config_map_name,
+    labels,
+    redis_name,
+    redis_urls,
+    secret_name,
+    selector,
+    tq_name,
+    weights_address,
+)
+
+
+def resolved_job(job: RLJob) -> dict:
+    """The job as the workers read it: every default filled in, no status."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": job.metadata.name, "namespace": _ns(job)},
+        "spec": job.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+
+
+def build_config_map(job: RLJob) -> dict:
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(job, config_map_name(name), "config"),
+        "data": {"job.yaml": yaml.safe_dump(resolved_job(job), sort_keys=False)},
+    }
+
+
+def new_password() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def build_secret(job: RLJob, password: str) -> dict:
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": _meta(job, secret_name(name), "transferqueue"),
+        "stringData": {PASSWORD_KEY: password},
+    }
+
+
+def build_redis_service(job: RLJob) -> dict:
+    return _headless_service(job, redis_name(job.metadata.name), "storage", {"redis": REDIS_PORT})
+
+
+def build_redis_statefulset(job: RLJob) -> dict:
+    name = job.metadata.name
+    tq = job.spec.transfer_queue
+    res = {k: v for k, v in tq.redis.resources.model_dump().items() if v is not None}
+    # the append-only file always: a redis that crashes or is OOM-killed comes back with
+    # the table and the controller's journal (in an emptyDir: the pod's life; on a PVC
+    # with persistence: the pod may be rescheduled too)
+    args = ["--port", str(REDIS_PORT), "--requirepass", f"$({PASSWORD_ENV})",
+            "--protected-mode", "no", "--save", "", "--appendonly", "yes",
+            "--appendfsync", "everysec", "--dir", "/data"]
+    container = {
+        "name": "redis",
+        "image": tq.redis.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["redis-server"],
+        "args": args,
+        "env": [_password_env(job), _password_env(job, "REDISCLI_AUTH")],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+        "readinessProbe": {"exec": {"command": ["sh", "-c", "redis-cli ping | grep -q PONG"]},
+                           "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 10,
+                          "failureThreshold": 6},
+        "resources": {"requests": dict(res), "limits": dict(res)},
+        "securityContext": _restricted(),
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # the official redis image's user
+        "securityContext": _non_root_pod(999),
+        "enableServiceLinks": False,
+    }
+    spec: dict[str, Any] = {
+        "serviceName": redis_name(name),
+        "replicas": tq.storage_units,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector(name, "storage")},
+        "template": {
+            "metadata": {"labels": labels(name, "storage")},
+            "spec": pod_spec,
+        },
+    }
+    if not tq.redis.persistence:
+        pod_spec["volumes"] = [{"name": "data", "emptyDir": {}}]
+    else:
+        spec["volumeClaimTemplates"] = [{
+            "metadata": {"name": "data", "labels": labels(name, "storage")},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": tq.redis.storage_size}}},
+        }]
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": _meta(job, redis_name(name), "storage"), "spec": spec}
+
+
+def build_tq_service(job: RLJob) -> dict:
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, tq_name(name), "transferqueue"),
+        "spec": {
+            "selector": selector(name, "transferqueue"),
+            "ports": [
+                {"name": "grpc", "port": TQ_PORT, "targetPort": TQ_PORT, "appProtocol": "grpc"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+                {"name": "driver-metrics", "port": DRIVER_METRICS_PORT,
+                 "targetPort": DRIVER_METRICS_PORT},
+            ],
+        },
+    }
+
+
+def build_tq_deployment(job: RLJob) -> dict:
+    """TransferQueue controller and the workflow driver, one pod: the driver
+    releases prompts into this controller, and both hold only in-memory state
+    that must restart together."""
+    name = job.metadata.name
+    tq = job.spec.transfer_queue
+    vols, mounts = _volumes(job, shm=False)
+    grpc_probe = {"grpc": {"port": TQ_PORT}, "periodSeconds": 5}
+    tq_argv = worker_argv("transferqueue", listen=listen_address(TQ_PORT), job=name,
+                          redis=redis_urls(job), password_env=PASSWORD_ENV,
+                          lease_seconds=tq.lease_seconds, metrics_port=METRICS_PORT)
+    driver_argv = worker_argv("driver", job=JOB_FILE, tq=local_address(TQ_PORT),
+                              weights=weights_address(job), metrics_port=DRIVER_METRICS_PORT)
+    controller = {
+        "name": "transferqueue",
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["rljob", *tq_argv[:2]],
+        "args": tq_argv[2:],
+        "env": _env_common(job),
+        "ports": [{"name": "grpc", "containerPort": TQ_PORT}, _metrics_port()],
+        "readinessProbe": grpc_probe,
+        "livenessProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 6},
+        "resources": _requests(tq.resources, memory_limit="8Gi"),
+        "securityContext": _restricted(),
+    }
+    driver = {
+        "name": "driver",
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["rljob", *driver_argv[:2]],
+        "args": driver_argv[2:],
+        "env": _env_common(job),
+        "ports": [_metrics_port(DRIVER_METRICS_PORT, "driver-metrics")],
+        "volumeMounts": mounts,
+        "resources": _requests(tq.driver_resources, memory_limit="4Gi"),
+        "securityContext": _restricted(),
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(job, tq_name(name), "transferqueue"),
+        "spec": {
+            "replicas": 1,
+            # never two controllers for one table
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(name, "transferqueue")},
+            "template": {
+                "metadata": {"labels": labels(name, "transferqueue")},
+                "spec": {
+                    "containers": [controller, driver],
+                    "volumes": vols,
+                    "securityContext": _non_root_pod(),
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }

@@ -1,0 +1,78 @@
+"""What a job learns from: the policy model (`ModelSpec`), the prompts
+(`DatasetSpec`) and how a response is scored (`RewardSpec`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..base import ApiModel
+from .common import DNS_SUBDOMAIN_PATTERN
+
+# Reward functions: a built-in name or an importable `module:function`.
+REWARD_PATTERN = (r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
+                  r"|[^:\s]+\.py:[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+class ModelSpec(ApiModel):
+    path: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Policy model: a local/PVC directory or a hub name; "
+        "'random:DIR' builds a randomly initialised model from the transformers config in DIR.",
+    )
+    tokenizer: str | None = Field(
+        None,
+        max_length=512,
+        description="Tokenizer path or name; defaults to model.path. 'builtin:char' is a "
+        "character tokenizer built in code.",
+    )
+    pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim holding the model, mounted read-only at /models.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Parameter dtype on the accelerator (CPU runs use float32)."
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=100000,
+        description="Supervised steps on prompt → answer before RL starts (for randomly "
+        "initialised models).",
+    )
+    warmup_lr: float = Field(1e-3, gt=0, le=1, description="Learning rate of the warm-up.")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.path
+
+
+class DatasetSpec(ApiModel):
+    path: str = Field(
+        min_length=1, max_length=512, description="JSONL or Parquet file of prompts."
+    )
+    format: Literal["auto", "jsonl", "parquet"] = Field(
+        "auto", description="File format; auto picks by file extension."
+    )
+    prompt_key: str = Field("prompt", min_length=1, max_length=128)
+    answer_key: str = Field("answer", min_length=1, max_length=128)
+    pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim holding the dataset, mounted read-only at /data.",
+    )
+
+
+class RewardSpec(ApiModel):
+    name: str = Field(
+        "exact_match",
+        max_length=1024,
+        pattern=REWARD_PATTERN,
+        description="A built-in verifier name, a custom 'module:function' on the image, or "
+        "'path/to/reward.py:function' (relative to the job file on this machine; in the "
+        "pods, a path on the dataset's PVC such as /data/reward.py:score). Called as "
+        "fn(prompt, response, answer, **row) with the dataset row's other keys it names.",
+    )

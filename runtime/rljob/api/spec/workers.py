@@ -1,0 +1,228 @@
+"""The workers: rollout replicas (`RolloutSpec`, with their autoscaler) and the
+trainer gang (`TrainerSpec`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..base import ApiModel, Rule
+from .common import DNS_SUBDOMAIN_PATTERN, AcceleratorSpec, ComputeResources
+
+
+class AutoscalingSpec(ApiModel):
+    enabled: bool = Field(
+        False,
+        description="Add a rollout replica when generation lags training by more than "
+        "one more replica would save.",
+    )
+    interval_seconds: int = Field(
+        30, ge=1, le=86400,
+        description="Least time between two observations of the gap that count towards "
+        "consecutiveSteps (the gap is sampled at most this often).",
+    )
+    cooldown_seconds: int = Field(
+        300, ge=0, le=86400, description="Minimum time between two scale decisions."
+    )
+    consecutive_steps: int = Field(
+        3, ge=1, le=1000, description="Steps the gap must persist before scaling."
+    )
+    allow_scale_in: bool = Field(False, description="Also remove replicas when they idle.")
+    profile_config_map: str | None = Field(
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A ConfigMap in the job's namespace whose key profile.json holds a "
+        "profile of this job (`rljob profile`; kubectl create configmap NAME "
+        "--from-file=profile.json): δ′ comes from its latency model and workload. One "
+        "measured on another model, dtype, engine, accelerator or tensor parallelism is "
+        "refused, and the autoscaler then holds (condition ProfileTrusted False). Unset: "
+        "the analytic model of the model's config.json, or Tgen ∝ 1/replicas.",
+    )
+
+
+class RolloutSpec(ApiModel):
+    replicas: int = Field(1, ge=1, le=1024, description="Rollout replicas (scale subresource).")
+    min_replicas: int = Field(1, ge=1, le=1024)
+    max_replicas: int | None = Field(
+        None, ge=1, le=1024, description="Upper bound for kubectl scale and the autoscaler."
+    )
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers generate (CPU/tests); vllm: vLLM / vLLM-Ascend."
+    )
+    tensor_parallel: int = Field(1, ge=1, le=64, description="Tensor-parallel size per replica.")
+    npus_per_replica: int = Field(1, ge=1, le=64, description="Accelerators per rollout replica.")
+    max_new_tokens: int = Field(256, ge=1, le=262144, description="Generation length cap.")
+    max_num_seqs: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="Sequences a replica generates together: it claims whole groups up to "
+        "this many (at most its share of a step; in periodic mode at most a quarter of it, "
+        "so generation overlaps training). The hf engine generates them in one call; vllm "
+        "keeps that many in flight, claiming more as groups finish (continuous batching).",
+    )
+    memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's share of each rollout accelerator's memory (its "
+        "gpu_memory_utilization: weights, activations, KV cache); the rest holds a weight "
+        "update's buffers and the runtime's. Unset: computed from the model at start "
+        "(rollout/memory.py; 0.94 for Qwen2.5-7B with tensorParallel 4 on a 64 GB 910B). "
+        "Not used on CPU.",
+    )
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    accelerator: AcceleratorSpec | None = Field(
+        None, description="The rollout replicas' own accelerator (type, resourceName, "
+        "nodeSelector, hccl), in place of spec.accelerator: rollout and training on "
+        "different hardware or node pools (StreamRL's heterogeneous deployment).")
+    dispatch: Literal["fifo", "skew_aware"] = Field(
+        "fifo",
+        description="Which prompt groups a replica claims next. fifo: in release order. "
+        "skew_aware (StreamRL §5): the driver predicts each prompt's output length with an "
+        "online ranker that learns from the finished samples; one replica claims the "
+        "longest groups first (with several, one in five serves the long tail) and the "
+        "others the shortest first, so long generations run together instead of "
+        "stretching every batch.",
+    )
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    resources: ComputeResources = Field(
+        default_factory=ComputeResources,
+        description="CPU and memory of each rollout container, as requests and limits (a "
+        "CPU limit also caps its compute threads); unset: none.",
+    )
+
+    rules = (
+        Rule(
+            cel="self.minReplicas <= self.replicas",
+            message="rollout.replicas must be at least rollout.minReplicas",
+            check=lambda r: r.min_replicas <= r.replicas,
+            field_path=".replicas",
+        ),
+        Rule(
+            cel="!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+            message="rollout.replicas must be at most rollout.maxReplicas "
+            "(raise rollout.maxReplicas to scale further)",
+            check=lambda r: r.max_replicas is None or r.replicas <= r.max_replicas,
+            field_path=".replicas",
+        ),
+        Rule(
+            cel="!self.autoscaling.enabled || has(self.maxReplicas)",
+            message="rollout.maxReplicas is required when rollout.autoscaling.enabled is true",
+            check=lambda r: not r.autoscaling.enabled or r.max_replicas is not None,
+            field_path=".maxReplicas",
+        ),
+        Rule(
+            cel="self.npusPerReplica % self.tensorParallel == 0",
+            message="rollout.npusPerReplica must be a multiple of rollout.tensorParallel",
+            check=lambda r: r.npus_per_replica % r.tensor_parallel == 0,
+            field_path=".npusPerReplica",
+        ),
+    )
+
+
+class ParallelismSpec(ApiModel):
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel size.")
+
+
+class TrainerSpec(ApiModel):
+    num_nodes: int = Field(1, ge=1, le=4096, description="Trainer pods (one per node).")
+    npus_per_node: int = Field(
+        1, ge=1, le=64, description="Accelerators per trainer pod (processes per node on CPU)."
+    )
+    engine: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: DDP (CPU/gloo, NPU/hccl); megatron: Megatron-core."
+    )
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    checkpoint_every: int = Field(
+        50, ge=1, description="Save a checkpoint every N optimizer steps."
+    )
+    checkpoint_pvc: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim (ReadWriteMany across trainer nodes) for "
+        "checkpoints and final weights, mounted at /checkpoints; without it a restarted "
+        "trainer gang starts from step 0.",
+    )
+    resources: ComputeResources = Field(
+        default_factory=ComputeResources,
+        description="CPU and memory of each trainer container, as requests and limits (a "
+        "CPU limit also caps its compute threads); unset: none.",
+    )
+    accelerator: AcceleratorSpec | None = Field(
+        None, description="The trainer's own accelerator (type, resourceName, "
+        "nodeSelector, hccl), in place of spec.accelerator.")
+    micro_batch_order: Literal["auto", "slot", "arrival"] = Field(
+        "auto",
+        description="Order a step's samples are cut into micro-batches. slot: the step's "
+        "own order, so a streamed step makes the update a whole-batch (sync) step makes, "
+        "bit for bit; arrival: as groups come in, so a slow group does not hold up the "
+        "micro-batches after it (equal to sync within float rounding: the gradient is "
+        "summed in another order). auto: arrival in async mode and with skew-aware "
+        "dispatch (which generates the longest groups first, not the first slots), slot "
+        "otherwise.",
+    )
+
+    packing: Literal["none", "sequences", "shared_prompt"] = Field(
+        "none",
+        description="How a micro-batch goes through the model (torch engine). none: "
+        "right-padded rows; sequences: packed into one sequence with a block-diagonal "
+        "mask, no compute on padding; shared_prompt: packed, the samples of one prompt "
+        "sharing one copy of it (Periodic Asynchrony's shared-prompt attention). The "
+        "log-probs equal the padded ones within float rounding.",
+    )
+    data_parallel_split: Literal["round_robin", "token_balanced"] = Field(
+        "round_robin",
+        description="How a micro-batch's samples are split over data-parallel ranks. "
+        "round_robin: every world-th sample; token_balanced: equal counts with the "
+        "ranks' token sums balanced (Karmarkar-Karp), so no rank waits at the gradient "
+        "all-reduce for one with the long samples.",
+    )
+
+    def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
+        """The order in force in workflow `mode` with `rollout.dispatch` (auto resolved:
+        arrival where `rljob bench optimisations` measures it faster than slot order,
+        periodic mode with skew-aware dispatch; the figure is in the README)."""
+        if self.micro_batch_order != "auto":
+            return self.micro_batch_order
+        return "arrival" if mode == "async" or dispatch == "skew_aware" else "slot"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.npus_per_node
+
+    rules = (
+        Rule(
+            cel="self.engine == 'megatron' || self.parallelism.tp == 1",
+            message="trainer.parallelism.tp above 1 needs trainer.engine: megatron "
+            "(the torch engine is data-parallel only)",
+            check=lambda t: t.engine == "megatron" or t.parallelism.tp == 1,
+            field_path=".parallelism",
+        ),
+        Rule(
+            cel="self.engine == 'torch' || self.packing == 'none'",
+            message="trainer.packing needs trainer.engine: torch (the megatron engine "
+            "trains right-padded micro-batches); set packing: none",
+            check=lambda t: t.engine == "torch" or t.packing == "none",
+            field_path=".packing",
+        ),
+        Rule(
+            cel="self.parallelism.pp == 1",
+            message="trainer.parallelism.pp above 1 is not supported: the trainer runs "
+            "tensor and data parallelism only; set pp: 1",
+            check=lambda t: t.parallelism.pp == 1,
+            field_path=".parallelism",
+        ),
+        Rule(
+            cel="(self.numNodes * self.npusPerNode) % (self.parallelism.tp * self.parallelism.pp) == 0",
+            message="trainer.parallelism.tp × trainer.parallelism.pp must divide "
+            "trainer.numNodes × trainer.npusPerNode",
+            check=lambda t: t.world_size % (t.parallelism.tp * t.parallelism.pp) == 0,
+            field_path=".parallelism",
+        ),
+    )

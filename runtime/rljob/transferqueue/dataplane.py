@@ -1,0 +1,221 @@
+"""What a TransferQueue client reads and writes, and how: `Batch` (a claimed set of
+rows), `TransferQueueError`, and `DataPlane`, which both clients share: the
+table's layout (columns, storage units), encoding cells, storing them on their
+units and reading them back. Cells go straight between the client and the units;
+the controller only hears which rows were written.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import redis
+
+from ..contract import PASSWORD_ENV
+from .proto import transferqueue_pb2 as pb
+from .proto import transferqueue_pb2_grpc as pbg
+from .schema import ColumnError, ColumnSpec, decode, encode, storage_column
+from .storage import StorageUnit, connect
+from .wire import GRPC_OPTIONS, column_from_pb
+
+
+class TransferQueueError(RuntimeError):
+    """The controller refused a request; `code` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+    @property
+    def unavailable(self) -> bool:
+        """The controller could not be reached (it may be restarting): try again."""
+        return self.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                             grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    @property
+    def refused(self) -> bool:
+        """The controller said no (e.g. a lease that expired): drop the work."""
+        return not self.unavailable
+
+
+def rpc_error(exc: grpc.RpcError) -> TransferQueueError:
+    return TransferQueueError(exc.code(), exc.details())
+
+
+@contextmanager
+def unit_errors(unit: int) -> Iterator[None]:
+    """A storage unit's failure as the client's error: an unreachable unit (Redis
+    restarting) is UNAVAILABLE, which callers retry like a restarting controller."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise TransferQueueError(grpc.StatusCode.UNAVAILABLE,
+                                 f"storage unit {unit} is unreachable: {exc}") from None
+    except grpc.RpcError as exc:  # a memory unit is served by the controller
+        raise rpc_error(exc) from None
+
+
+@dataclass
+class Batch:
+    """A claimed set of rows: metadata, and the columns once fetched."""
+
+    task: str
+    lease: str
+    rows: list[pb.RowMeta]
+    data: dict[str, list[Any]] = field(default_factory=dict)
+    lease_seconds: float = 0.0
+
+    @property
+    def indices(self) -> list[int]:
+        return [r.index for r in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class DataPlane:
+    """Cell encoding and unit routing, shared by the sync and async clients."""
+
+    def __init__(self, address: str, password: str | None):
+        self.address = address
+        self.password = password if password is not None else os.environ.get(PASSWORD_ENV)
+        # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
+        self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+        self.job = ""
+        self.table_id = ""
+        self.columns: dict[str, ColumnSpec] = {}
+        self.units: list[StorageUnit] = []
+        self.max_row_bytes = 0
+        self._pool: list[int] = []  # reserved row indices not used yet
+        self._pool_generation = 0
+        self._lock = threading.Lock()
+
+    def set_layout(self, layout: pb.LayoutResponse) -> None:
+        self.job = layout.job
+        self.table_id = layout.table_id
+        self.max_row_bytes = layout.max_row_bytes
+        self.set_columns(layout.columns)
+        for u in self.units:
+            u.close()
+        self.units = [connect(u.backend, u.address or self.address, job=layout.job,
+                              password=self.password, unit=u.id)
+                      for u in sorted(layout.units, key=lambda u: u.id)]
+
+    def set_columns(self, columns) -> None:
+        self.columns = {c.name: column_from_pb(c) for c in columns}
+
+    def column(self, name: str) -> ColumnSpec:
+        spec = self.columns.get(name)
+        if spec is None:
+            # another process may have registered it since we last looked
+            self.set_columns(self._fetch_layout().columns)
+            spec = self.columns.get(name)
+        if spec is None:
+            raise ColumnError(f"unknown column {name!r}: register a task that produces it "
+                              f"(known: {sorted(self.columns)})")
+        return spec
+
+    def _fetch_layout(self) -> pb.LayoutResponse:
+        """A blocking Layout call (also from the async client's worker threads)."""
+        with grpc.insecure_channel(self.address, options=GRPC_OPTIONS) as channel:
+            try:
+                return pbg.TransferQueueControllerStub(channel).Layout(pb.LayoutRequest(),
+                                                                       timeout=30)
+            except grpc.RpcError as exc:
+                raise rpc_error(exc) from None
+
+    def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
+                    length_column: str | None, tag: str = ""):
+        """Per-unit cell lists, per-row lengths and bytes; raises before any write."""
+        n = len(indices)
+        for name, values in columns.items():
+            if len(values) != n:
+                raise ColumnError(f"column {name!r} has {len(values)} values for {n} rows")
+        specs = {name: self.column(name) for name in columns}
+        per_unit: dict[int, list[tuple[int, str, Any]]] = {}
+        lengths = [0] * n
+        nbytes = [0] * n
+        for name, values in columns.items():
+            for r, (idx, value) in enumerate(zip(indices, values)):
+                data, length = encode(specs[name], value)
+                nbytes[r] += len(data)
+                if name == length_column:
+                    lengths[r] = length
+                per_unit.setdefault(idx % len(self.units), []).append(
+                    (idx, storage_column(name, tag), data))
+        too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
+        if too_big:
+            raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
+                              f"{self.max_row_bytes}")
+        return per_unit, lengths, nbytes
+
+    def take_reserved(self, n: int, generation: int) -> list[int] | None:
+        """n reserved indices from the local pool, or None if it must be refilled.
+
+        Reservations live in the controller's memory: a new session (maybe a
+        restarted controller) starts a new pool.
+        """
+        with self._lock:
+            if generation != self._pool_generation:
+                self._pool, self._pool_generation = [], generation
+            if len(self._pool) < n:
+                return None
+            out, self._pool = self._pool[:n], self._pool[n:]
+            return out
+
+    def refill(self, resp: pb.ReserveResponse) -> None:
+        with self._lock:
+            self._pool.extend(range(resp.start, resp.start + resp.count))
+
+    @staticmethod
+    def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
+                       length_column=None, create=False, partition=0, group_size=1,
+                       lease: Batch | None = None):
+        return pb.NotifyWrittenRequest(
+            indices=list(indices), columns=list(columns),
+            lengths=list(lengths) if lengths is not None else (measured if length_column else []),
+            versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
+            group_size=group_size, task=lease.task if lease else "",
+            lease=lease.lease if lease else "")
+
+    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
+        specs = [self.column(c) for c in columns]
+        by_unit: dict[int, list[int]] = {}
+        for pos, row in enumerate(rows):
+            by_unit.setdefault(row.unit, []).append(pos)
+        out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
+        for unit, positions in by_unit.items():
+            if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
+                keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
+                        for p in positions for c in columns]
+                with unit_errors(unit):
+                    flat = self.units[unit].get_cells(keys)
+                cells = [flat[k * len(columns):(k + 1) * len(columns)]
+                         for k in range(len(positions))]
+            else:
+                with unit_errors(unit):
+                    cells = self.units[unit].get([rows[p].index for p in positions], columns)
+            for p, values in zip(positions, cells):
+                for spec, value in zip(specs, values):
+                    if value is None:
+                        raise TransferQueueError(
+                            grpc.StatusCode.DATA_LOSS,
+                            f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
+                    out[spec.name][p] = decode(spec, value)
+        return out
+
+    def store(self, unit: int, cells) -> None:
+        with unit_errors(unit):
+            self.units[unit].put(cells)
+
+    def close(self) -> None:
+        for u in self.units:
+            u.close()
