@@ -13,6 +13,7 @@ import torch.distributed as dist
 from ..infra.rundir import RunDir
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.client import TransferQueueError
+from ..transferqueue.consumer import Consumer, ride_out
 from .lineage import Lineage
 
 log = logging.getLogger("rljob.trainer")
@@ -40,9 +41,10 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
                for v in st.values() if torch.is_tensor(v))
 
 
-def commit(run, version, policy, opt, rank, world, tq, keeper, batches,
+def commit(run, version, policy, opt, rank, world, consumer: Consumer | None, batches,
            lineage: Lineage) -> None:
-    """Checkpoint `version`, then ack the rows it holds: they are consumed for good."""
+    """Checkpoint `version`, then ack the rows it holds: they are consumed for good
+    (rank 0, the step's `consumer`)."""
     if run and hasattr(opt, "consolidate_state_dict"):
         opt.consolidate_state_dict(to=0)  # ZeRO, collective: the whole state to the saver
     if run and policy.saves_checkpoint(rank):
@@ -52,42 +54,36 @@ def commit(run, version, policy, opt, rank, world, tq, keeper, batches,
     if rank != 0:
         return
     for batch in batches:
-        keeper.drop(batch)
-        _ack_trained(tq, batch)
+        consumer.keeper.drop(batch)
+        _ack_trained(consumer.tq, batch)
 
 
 def _ack_trained(tq: TransferQueueClient, batch) -> None:
     """Ack rows a checkpoint now holds, riding out a controller restart. A lease that
     expired meanwhile (this process was paused) gave its rows back to `train`: they
     are in the checkpoint, so they are claimed again and acked, never retrained."""
-    retried = False
-    while True:
-        try:
-            tq.ack(batch)
-            return
-        except TransferQueueError as exc:
-            if exc.unavailable:
-                retried = True
-                time.sleep(0.5)
-                continue
-            if retried and "not held" in exc.message:
-                return  # the ack before the controller restarted went through
-            if "not held" not in exc.message:
-                raise
-        step = batch.rows[0].partition
-        want = set(batch.indices)
-        log.warning("the lease of %d trained rows of step %d expired: acking them again",
-                    len(want), step)
-        deadline = time.monotonic() + 60
-        while want and time.monotonic() < deadline:
-            again = tq.claim("train", 1 << 14, partition=step, wait=1.0, min_count=1)
-            mine = [i for i in again.indices if i in want]
-            if mine:
-                tq.ack(again, mine)
-                want -= set(mine)
-            if len(mine) < len(again.indices):
-                tq.release(again)  # rows of another batch of the step
+    retried: list = []  # the controller was away meanwhile
+    try:
+        ride_out(lambda: tq.ack(batch), away=retried.append)
         return
+    except TransferQueueError as exc:
+        if retried and "not held" in exc.message:
+            return  # the ack before the controller restarted went through
+        if "not held" not in exc.message:
+            raise
+    step = batch.rows[0].partition
+    want = set(batch.indices)
+    log.warning("the lease of %d trained rows of step %d expired: acking them again",
+                len(want), step)
+    deadline = time.monotonic() + 60
+    while want and time.monotonic() < deadline:
+        again = tq.claim("train", 1 << 14, partition=step, wait=1.0, min_count=1)
+        mine = [i for i in again.indices if i in want]
+        if mine:
+            tq.ack(again, mine)
+            want -= set(mine)
+        if len(mine) < len(again.indices):
+            tq.release(again)  # rows of another batch of the step
 
 
 def _checkpoint(run: RunDir, version: int, policy, opt, lineage: Lineage) -> None:
@@ -98,6 +94,7 @@ def _checkpoint(run: RunDir, version: int, policy, opt, lineage: Lineage) -> Non
     torch.save({**policy.checkpoint_state(), "optimizer": opt.state_dict(), "step": version,
                 "lineage": lineage.at(version)}, tmp)
     tmp.rename(path / name)
+
 
 def restore(run: RunDir | None, policy, resume: bool, map_location
             ) -> tuple[int, dict | None, dict | None, dict | None]:

@@ -15,6 +15,7 @@ import numpy as np
 from ..api.spec import RLJobSpec
 from ..transferqueue import Batch, TransferQueueClient
 from ..transferqueue.client import TransferQueueError
+from ..transferqueue.consumer import ride_out, warn
 from ..transferqueue.samplers import balance_over_ranks
 from ..workflow.dynamic_sampling import StepLanes
 from ..workflow.tasks import train_reads
@@ -114,16 +115,11 @@ class StepSource:
                 self._arrived.notify_all()
 
     def _claim(self, count: int, min_count: int) -> None:
-        try:
-            batch = self.tq.claim_get("train", count, self.reads, policy="group",
-                                      partition=self.step, wait=1.0, min_count=min_count)
-        except TransferQueueError as exc:
-            if not exc.unavailable:
-                raise
-            log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
-            self._stop.wait(0.5)  # it restarts: the session reconnects by itself
-            return
-        if not batch.rows:
+        batch = ride_out(lambda: self.tq.claim_get("train", count, self.reads, policy="group",
+                                                   partition=self.step, wait=1.0,
+                                                   min_count=min_count),
+                         away=warn(log), stop=self._stop, once=True)
+        if batch is None or not batch.rows:  # None: the controller was away
             return
         d = batch.data
         samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),

@@ -36,8 +36,8 @@ from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
-from ..transferqueue.client import TransferQueueError
-from ..transferqueue.loader import LeaseKeeper, broadcast_object
+from ..transferqueue.consumer import Consumer, ride_out, warn
+from ..transferqueue.loader import broadcast_object
 from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import reference_task, tasks_for
 from ..workflow.dynamic_sampling import replacement_example
@@ -80,7 +80,7 @@ class TrainerWorker:
         self.name = f"trainer-{rank}"
         self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
         self.spans = SpanLog(run_dir, self.name)
-        self.sender = self.tq = self.keeper = self.critic = self.reporter = self.source = None
+        self.sender = self.consumer = self.critic = self.reporter = self.source = None
         self.reference: ReferenceWork | None = None
         self.examples = None  # the dataset, once filterGroups draws from it
         self.start = self.version = self.checkpointed = 0
@@ -142,19 +142,16 @@ class TrainerWorker:
                 drain(tensors)
         if rank == 0:
             self.sender.publish(self.start, tensors)
-            self.tq = TransferQueueClient(self.tq_address)
-            self.tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares it
-            back = self.tq.release_consumer()  # what an earlier life of this rank held
-            if back:
-                log.info("gave back %d rows an earlier trainer held", back)
-            self.keeper = LeaseKeeper(self.tq)
+            self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
+            if self.consumer.released:  # what an earlier life of this rank held
+                log.info("gave back %d rows an earlier trainer held", self.consumer.released)
             if reference_task(spec):
                 self.reference = self._reference_work()
             if spec.algorithm.critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
                                             self.steps, self.resume)
-            self.reporter = Reporter(self.tq, self.name,
+            self.reporter = Reporter(self.consumer.tq, self.name,
                                      open_sinks(spec, self.run_dir, self.start, self.prom))
         self.version = self.checkpointed = self.start
         return self
@@ -199,14 +196,8 @@ class TrainerWorker:
             # let the replicas pick up the last version before the sender goes away
             self.sender.wait_replicas(self.sender.version, timeout=5.0)
             self.sender.stop(grace=1.0)
-        if self.keeper is not None:
-            self.keeper.close()
-        if self.tq is not None:
-            try:
-                self.tq.flush()  # surface a refused ack
-            except Exception as exc:  # noqa: BLE001 - shutting down: report, do not mask
-                log.warning("an ack was refused: %s", exc)
-            self.tq.close()
+        if self.consumer is not None:
+            self.consumer.close(refused=lambda exc: log.warning("an ack was refused: %s", exc))
         if self.reporter is not None:
             self.reporter.close()
         self.spans.close()
@@ -224,7 +215,8 @@ class TrainerWorker:
         n, mb = algo.samples_per_step, algo.micro_samples
         micro_batches = n // mb
         if rank == 0:
-            self.source = StepSource(spec, self.tq, t, self.keeper, self.stop, self.lineage,
+            self.source = StepSource(spec, self.consumer.tq, t, self.consumer.keeper,
+                                     self.stop, self.lineage,
                                      health=self.critic.check if self.critic else None,
                                      draw=self._draw_replacements,
                                      idle=self._reference_rows if self.reference else None)
@@ -309,17 +301,10 @@ class TrainerWorker:
         columns = prompt_columns(self.tok, picks, algo.group_size, groups)
         rows = len(columns["slot"])
         columns["released_at"] = [time.time()] * rows
-        while True:
-            try:
-                self.tq.put(step, columns, group_size=algo.group_size,
-                            lengths=[len(x) for x in columns["prompt_ids"]])
-                return
-            except TransferQueueError as exc:
-                if not exc.unavailable:
-                    raise
-                log.warning("drawing replacement prompts: transferqueue unavailable (%s); "
-                            "putting them again", exc.code.name)
-                time.sleep(0.5)
+        ride_out(lambda: self.consumer.tq.put(step, columns, group_size=algo.group_size,
+                                              lengths=[len(x) for x in columns["prompt_ids"]]),
+                 away=warn(log, "drawing replacement prompts: transferqueue unavailable (%s); "
+                                "putting them again"))
 
     def _next_micro_batch(self):
         """Rank 0's next micro-batch of samples ("stop" when asked to stop), the
@@ -344,7 +329,7 @@ class TrainerWorker:
     def checkpoint(self) -> None:
         """Checkpoint the current version, then ack the rows it holds."""
         commit(self.run_dir, self.version, self.policy, self.opt, self.rank, self.world,
-               self.tq, self.keeper, self.uncommitted, self.lineage)
+               self.consumer, self.uncommitted, self.lineage)
         self.uncommitted, self.checkpointed = [], self.version
 
 
