@@ -90,7 +90,9 @@ def _train(spec, tok, prompts, responses, steps: int, log) -> float:
     from .infra.device import activate, resolve
     from .trainer.algorithms import GroupRelative
     from .trainer.policy import make_policy
-    from .trainer.worker import Sample, _micro_step, make_optimizer
+    from .trainer.checkpoint import make_optimizer
+    from .trainer.source import Sample
+    from .trainer.step import micro_step
 
     device = resolve(spec.accelerator_for("trainer").type)
     torch_device = activate(device)
@@ -114,7 +116,7 @@ def _train(spec, tok, prompts, responses, steps: int, log) -> float:
     for k in range(steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad()
-        _micro_step(policy, samples, 0, tok, spec, last=True)
+        micro_step(policy, samples, 0, tok, spec, last=True)
         policy.clip_grad_norm(1.0)
         opt.step()
         if k:

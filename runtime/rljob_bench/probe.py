@@ -92,7 +92,8 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
     from rljob.inputs.models import build_model, load_tokenizer
     from rljob.rollout.engine import SamplingParams, make_engine
     from rljob.trainer.policy import make_policy
-    from rljob.trainer.worker import Sample, _micro_step
+    from rljob.trainer.source import Sample
+    from rljob.trainer.step import micro_step
 
     began = time.perf_counter()
     spec = job_for(max(sizes)).spec
@@ -128,7 +129,7 @@ def run_probe(job_for, rollout_threads: int, trainer_threads: int,
         t0 = time.perf_counter()
         opt.zero_grad()
         for k in range(0, len(samples), mb):
-            _micro_step(policy, samples[k:k + mb], 0, tok, s, last=k + mb >= len(samples))
+            micro_step(policy, samples[k:k + mb], 0, tok, s, last=k + mb >= len(samples))
         opt.step()
         return gen, time.perf_counter() - t0
 

@@ -11,7 +11,7 @@ Qwen2: `tiny` (the examples' `models/tiny-qwen2`, character vocabulary) or
 
 A step is the worker's: M micro-batches of synthetic GRPO samples (random token
 ids, prompt length P, response length R, groups of G with random rewards and
-their group-relative advantages, all on-policy) each through `_micro_step` (policy
+their group-relative advantages, all on-policy) each through `micro_step` (policy
 forward and backward, the reference's forward for the KL term, the GRPO loss),
 then the gradient clip and the optimizer step. After W warm-up steps, N steps
 are timed (device synchronised at both ends). Printed per engine: the median
@@ -111,7 +111,7 @@ def synthetic_step(step: int, prompts: int, group: int, prompt_len: int, respons
     random ids in [3, vocab), random rewards and each group's advantages, as
     `StepSource` hands them to the trainer."""
     from rljob.trainer.algorithms import GroupRelative
-    from rljob.trainer.worker import Sample
+    from rljob.trainer.source import Sample
 
     samples = []
     for p in range(prompts):
@@ -189,7 +189,8 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
     from rljob.infra.device import activate, cores_given, resolve
     from rljob.inputs.models import load_tokenizer
     from rljob.trainer.policy import make_policy
-    from rljob.trainer.worker import _micro_step, make_optimizer, optimizer_state_bytes
+    from rljob.trainer.checkpoint import make_optimizer, optimizer_state_bytes
+    from rljob.trainer.step import micro_step
 
     device = resolve(accelerator)
     torch_device = activate(device)
@@ -232,7 +233,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
             opt.zero_grad()
             for j in range(micro_batches):
                 chunk = samples[j * micro_batch:(j + 1) * micro_batch]
-                parts = _micro_step(policy, chunk, t, tok, spec, last=j == micro_batches - 1)
+                parts = micro_step(policy, chunk, t, tok, spec, last=j == micro_batches - 1)
                 for key in sums:
                     sums[key] += parts[key] / micro_batches
             grad_norm = policy.clip_grad_norm(spec.algorithm.max_grad_norm)

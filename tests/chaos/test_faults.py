@@ -22,7 +22,7 @@ from rljob.api import RLJob
 from rljob.inputs.data import PromptCursor, load_examples
 from rljob.inputs.models import load_tokenizer
 from rljob.transferqueue import TransferQueueClient
-from rljob.trainer.worker import prompts_digest
+from rljob.trainer.source import prompts_digest
 from rljob.workflow.driver import Workflow
 from tests.integration.conftest import PASSWORD, RedisServer
 

@@ -15,7 +15,7 @@ from rljob.api.validation import load_rljob
 from rljob.inputs.data import load_examples
 from rljob.inputs.models import load_tokenizer
 from rljob.preflight import resolve_paths
-from rljob.trainer.worker import StepSource
+from rljob.trainer.source import StepSource
 from rljob.transferqueue import TransferQueueClient
 from rljob.transferqueue.loader import LeaseKeeper
 from rljob.workflow.driver import Workflow

@@ -81,7 +81,7 @@ def test_packed_micro_batches_equal_the_padded_one():
 
 
 def test_token_balanced_split_gives_each_rank_its_share_once():
-    from rljob.trainer.worker import Sample, data_parallel_shard
+    from rljob.trainer.source import Sample, data_parallel_shard
 
     lengths = [40, 3, 3, 3, 38, 4, 2, 3]
     chunk = [Sample(i, i // 2, 0, [1, 2], [5] * n, [0.0] * n, 0.0, 0.0, 0.0, 0.0)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rljob.infra.netutil import free_port
-from rljob.trainer.worker import make_optimizer, optimizer_state_bytes
+from rljob.trainer.checkpoint import make_optimizer, optimizer_state_bytes
 
 
 class _Policy:

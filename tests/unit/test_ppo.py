@@ -126,7 +126,7 @@ def test_the_engine_mismatch_is_measured_on_fresh_samples_only():
 
 
 def test_a_mismatch_far_out_of_line_says_so_in_one_line():
-    from rljob.trainer.worker import mismatch_alert
+    from rljob.trainer.report import mismatch_alert
 
     assert mismatch_alert(None) is None and mismatch_alert(2e-6) is None
     line = mismatch_alert(0.8)

@@ -26,7 +26,7 @@ def test_smoothing_clock_and_eta():
 def test_the_warm_up_reports_its_progress_to_the_view(tmp_path):
     from rljob.infra.rundir import RunDir
     from rljob.liveview import RunView
-    from rljob.trainer.worker import warmup_reporter
+    from rljob.trainer.warmup import warmup_reporter
 
     report = warmup_reporter(RunDir(tmp_path))
     runner = type("Runner", (), {"run_dir": tmp_path})()

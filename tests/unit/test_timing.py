@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rljob.trainer.worker import Sample, _step_metrics
+from rljob.trainer.report import step_metrics
+from rljob.trainer.source import Sample
 from rljob.workflow.timing import (busy_seconds, generation_queue_seconds,
                                    generation_seconds, training_seconds)
 
@@ -38,8 +39,8 @@ def test_a_step_queued_behind_the_previous_one_reports_its_generation_only():
     reported beside it; tokens/s are over the generation time."""
     samples = [sample(0, 100, 130, 140), sample(1, 100, 130, 140),
                sample(2, 100, 131, 142), sample(3, 100, 131, 142)]
-    m = _step_metrics(0, samples, [(150, 151), (152, 153.5)], 60.0,
-                      {"loss": 0.0, "kl": 0.0, "clip": 0.0})
+    m = step_metrics(0, samples, [(150, 151), (152, 153.5)], 60.0,
+                     {"loss": 0.0, "kl": 0.0, "clip": 0.0})
     assert m["gen_seconds"] == 12.0
     assert m["gen_queue_seconds"] == 30.0
     assert m["train_seconds"] == 2.5

@@ -30,9 +30,9 @@ from ..trainer.reference import ReferenceFromRunDir, ReferenceWork, replicas_tak
 from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
-from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue import Batch
+from ..transferqueue.consumer import Consumer, ride_out, warn
 from ..transferqueue.dataplane import TransferQueueError
-from ..transferqueue.loader import LeaseKeeper
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS
 from ..workflow.dispatch import rollout_claim_policy
@@ -67,7 +67,7 @@ class RolloutWorker:
         self.wait_weights = spec.workflow.weight_sync == "sync"
         self.claim_policy = rollout_claim_policy(spec.rollout.dispatch, replica,
                                                  spec.rollout.replicas)
-        self.engine = self.receiver = self.tq = self.keeper = self.cores = None
+        self.engine = self.receiver = self.consumer = self.cores = None
         self.reference = None  # this replica's share of the reference task
         self.run_dir = run_dir
         self.logged_swaps = 0
@@ -119,12 +119,9 @@ class RolloutWorker:
         with self.spans.span("weight-sync", -1):
             self.receiver.load_latest(self.engine, 0)  # joining: the newest version first
         self.receiver.start_background(self.engine)
-        self.tq = TransferQueueClient(self.tq_address)
-        self.tq.register(*tasks_for(spec))  # idempotent: whoever comes first declares it
-        back = self.tq.release_consumer()  # rows an earlier life of this replica held
-        if back:
-            log.info("gave back %d rows an earlier %s held", back, self.name)
-        self.keeper = LeaseKeeper(self.tq)
+        self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
+        if self.consumer.released:  # rows an earlier life of this replica held
+            log.info("gave back %d rows an earlier %s held", self.consumer.released, self.name)
         if self.claim_policy != "group":
             log.info("rollout.dispatch %s: claiming %s", spec.rollout.dispatch,
                      self.claim_policy)
@@ -136,31 +133,27 @@ class RolloutWorker:
     def close(self) -> None:
         if self.engine is not None and self.engine.concurrent:
             self.engine.close()
-        if self.keeper is not None:
-            self.keeper.close()
         if self.receiver is not None:
             self.receiver.stop()
         if self.reference is not None:
             self.reference.close()
-        if self.tq is not None:
-            self.tq.close()
+        if self.consumer is not None:
+            self.consumer.close()
         self.spans.close()
 
     # ---- the steps both loops share ------------------------------------------
     def claim(self, rows: int | None = None) -> tuple[Batch, tuple[int, int]]:
         """The next groups, and (weightSync sync) the newest (version, epoch) published
         then."""
-        try:
-            batch = self.tq.claim_get("rollout", rows or self.claim_rows, ROLLOUT_READS,
-                                      policy=self.claim_policy, wait=0.5, min_count=self.g)
-        except TransferQueueError as exc:
-            if not exc.unavailable:
-                raise
-            log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
-            self.stop.wait(0.5)  # it restarts: the session reconnects by itself
+        tq = self.consumer.tq
+        batch = ride_out(lambda: tq.claim_get("rollout", rows or self.claim_rows, ROLLOUT_READS,
+                                              policy=self.claim_policy, wait=0.5,
+                                              min_count=self.g),
+                         away=warn(log), stop=self.stop, once=True)
+        if batch is None:  # the controller was away
             return Batch("rollout", "", []), (-1, 0)
         if batch.rows:
-            self.keeper.hold(batch)  # generation may outlast the lease
+            self.consumer.keeper.hold(batch)  # generation may outlast the lease
         return batch, (self.receiver.latest() if batch.rows and self.wait_weights
                        else (-1, 0))
 
@@ -194,10 +187,10 @@ class RolloutWorker:
         expired meanwhile (this replica was paused or cut off) has given the rows to
         another replica: the controller refuses the write and the work is dropped."""
         if last:
-            self.keeper.drop(batch)
+            self.consumer.keeper.drop(batch)
         indices = batch.indices if indices is None else indices
         try:
-            self.tq.write(indices, {
+            self.consumer.tq.write(indices, {
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
                 "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
                 "reward": [s.score for s in scored],
@@ -207,7 +200,7 @@ class RolloutWorker:
                 "weights_epoch": [epoch] * len(flat),
                 "gen_calls": [list(calls)] + [[] for _ in flat[1:]],
             }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
-            self.tq.ack(batch, indices)
+            self.consumer.tq.ack(batch, indices)
         except TransferQueueError as exc:
             log.warning("dropped %d generated samples of step %d: %s", len(flat),
                         batch.rows[0].partition, exc)
@@ -227,9 +220,9 @@ class RolloutWorker:
     def _give_back(self, batches) -> None:
         """Rows claimed but not generated go back to the queue at once (shutting down)."""
         for batch in batches:
-            self.keeper.drop(batch)
+            self.consumer.keeper.drop(batch)
             try:
-                self.tq.release(batch)
+                self.consumer.tq.release(batch)
             except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
                 log.warning("could not release a claimed batch: %s", exc)
 

@@ -42,7 +42,8 @@ import torch
 
 from ..api.spec import RLJobSpec
 from ..infra.rundir import PARTIAL, RunDir, step_of
-from ..transferqueue import TransferQueueClient, TransferQueueError
+from ..transferqueue import TransferQueueClient
+from ..transferqueue.consumer import ride_out, warn
 from ..transferqueue.dataplane import Batch
 from ..transferqueue.loader import LeaseKeeper
 from ..workflow.tasks import CRITIC_READS
@@ -211,14 +212,10 @@ class Critic:
 
     def _claim(self) -> Batch:
         while True:
-            try:
-                batch = self.tq.claim_get("critic", self.n, CRITIC_READS, policy="group",
-                                          wait=1.0, min_count=1)
-            except TransferQueueError as exc:
-                if not exc.unavailable:
-                    raise
-                log.warning("transferqueue unavailable (%s); claiming again", exc.code.name)
-                self._stop.wait(0.5)
+            batch = ride_out(lambda: self.tq.claim_get("critic", self.n, CRITIC_READS,
+                                                       policy="group", wait=1.0, min_count=1),
+                             away=warn(log), stop=self._stop, once=True)
+            if batch is None:  # the controller was away: claim again
                 continue
             if batch.rows:
                 self.keeper.hold(batch)

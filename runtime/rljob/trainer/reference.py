@@ -36,6 +36,7 @@ import numpy as np
 
 from ..sampling import TokenDistribution, row_logprobs
 from ..transferqueue import Batch, TransferQueueClient
+from ..transferqueue.consumer import ride_out
 from ..transferqueue.dataplane import TransferQueueError
 from ..workflow.tasks import REFERENCE_READS, reference_task
 
@@ -86,14 +87,10 @@ class ReferenceWork:
             time.sleep(wait)  # as a claim that found nothing: the caller polls
             return 0
         kwargs = {"partition": partition} if partition is not None else {}
-        try:
-            batch = self.tq.claim_get("reference", self.rows, REFERENCE_READS, wait=wait,
-                                      min_count=1, **kwargs)
-        except TransferQueueError as exc:
-            if exc.unavailable:
-                return 0  # it restarts: the next call claims again
-            raise
-        if not batch.rows:
+        batch = ride_out(lambda: self.tq.claim_get("reference", self.rows, REFERENCE_READS,
+                                                   wait=wait, min_count=1, **kwargs),
+                         once=True, pause=0)  # away: the next call claims again
+        if batch is None or not batch.rows:
             return 0
         t0 = time.time()
         with self.compute():

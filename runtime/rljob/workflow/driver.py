@@ -11,7 +11,7 @@ import grpc
 from ..api.spec import RLJobSpec
 from ..inputs.data import PromptCursor, load_examples, prompt_columns
 from ..transferqueue import TransferQueueClient
-from ..transferqueue.dataplane import TransferQueueError
+from ..transferqueue.consumer import ride_out, warn
 from ..weights import WeightClient
 from .release import ReleaseRule
 from .tasks import tasks_for
@@ -75,26 +75,14 @@ class Workflow:
 
 def _released(tq: TransferQueueClient) -> int:
     """Steps whose prompts are in the table already (partitions are steps)."""
-    while True:
-        try:
-            return tq.stats().next_partition
-        except TransferQueueError as exc:
-            if not exc.unavailable:
-                raise
-            time.sleep(0.5)
+    return ride_out(lambda: tq.stats().next_partition)
 
 
 def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> None:
     """Release a step exactly once, through a controller restart: if the answer was
     lost, the table says whether the rows were created."""
-    while True:
-        try:
-            flow.put_prepared(step, prepared)
-            return
-        except TransferQueueError as exc:
-            if not exc.unavailable:
-                raise
-            log.warning("releasing step %d: %s; checking the table", step, exc.code.name)
+    while ride_out(lambda: flow.put_prepared(step, prepared), once=True, pause=0,
+                   away=warn(log, f"releasing step {step}: %s; checking the table")) is None:
         if _released(tq) > step:
             return
 

@@ -17,6 +17,7 @@ import os
 import threading
 
 from .dispatch import LengthRanker
+from ..transferqueue.consumer import ride_out
 from ..transferqueue.dataplane import TransferQueueError
 
 log = logging.getLogger("rljob.driver")
@@ -49,15 +50,16 @@ class LengthModel:
         return [max(1, int(round(predicted[p]))) for p in prompts]
 
     def _learn(self) -> None:
+        def refused(exc) -> None:  # the controller's absence goes unsaid
+            if not exc.unavailable:
+                log.warning("length ranker: %s", exc)
+
         while not self._stop.is_set():
-            try:
-                batch = self.tq.claim_get("lengths", 4096, ["prompt"], wait=1.0, min_count=1)
-            except TransferQueueError as exc:
-                if not exc.unavailable:
-                    log.warning("length ranker: %s", exc)
-                self._stop.wait(0.5)
-                continue
-            if not batch.rows:
+            # a refused claim is waited out too: the ranker only learns
+            batch = ride_out(lambda: self.tq.claim_get("lengths", 4096, ["prompt"], wait=1.0,
+                                                       min_count=1),
+                             away=refused, stop=self._stop, refusals=True)
+            if batch is None or not batch.rows:
                 continue
             with self._lock:
                 self.ranker.observe(batch.data["prompt"], [r.length for r in batch.rows])

@@ -1,0 +1,129 @@
+"""A trainer step's figures: its metrics.jsonl line (`step_metrics`, with the
+importance-weight and engine-mismatch figures and, ppo, the critic's), and
+`Reporter`, rank 0's hand that sends them to the sinks (metrics.jsonl, Prometheus,
+TensorBoard, W&B) and the job's to the controller (the operator's status)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from ..workflow.timing import (generation_queue_seconds, generation_seconds, profile_record,
+                               spread, training_seconds)
+from .algorithms import OffPolicyStats
+from .source import Sample, prompts_digest
+
+log = logging.getLogger("rljob.trainer")
+
+
+# the live profile the controller keeps for the operator: the record of this trainer
+# life's last PROFILE_STEPS steps, its first PROFILE_SKIP aside
+PROFILE_STEPS, PROFILE_SKIP = 20, 3
+# the step's figures the controller keeps for the operator's status
+CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "staleness_max",
+                      "tokens_per_second", "samples_per_second", "reward_mean")
+
+
+def critic_metrics(samples: list[Sample], critic) -> dict:
+    """A step's critic figures: the critic versions that scored its samples, and the
+    critic's latest update (its version, value loss, clipped share, mean value)."""
+    versions = [s.critic_version for s in samples]
+    last = critic.history[max(critic.history)] if critic.history else {}
+    return {"scored_by_critic": [min(versions), max(versions)],
+            "critic_version": last.get("step", 0), "value_loss": last.get("value_loss"),
+            "value_clip": last.get("value_clip"), "values_mean": last.get("values_mean")}
+
+
+# mean |rollout − trainer log-prob| of fresh tokens above which a step says so: the
+# same weights under two engines differ by ~1e-6 nats in float32 and ~1e-2 in
+# bfloat16; a tenth of a nat on average is a different distribution (a tokenizer,
+# a chat template, a weight sync or a sampling setting that does not match)
+MISMATCH_ALERT = 0.1
+
+
+def off_policy_figures(stats: OffPolicyStats) -> dict:
+    """A step's importance-weight and mismatch figures; with `off_policy_alert`, one
+    line, when the engine mismatch is far out of line (also logged)."""
+    raw = stats.figures()
+    figures = {k: (v if v is None or math.isfinite(v) else None) for k, v in raw.items()}
+    alert = mismatch_alert(raw["logp_mismatch_mean"])
+    if alert:
+        log.warning(alert)
+        figures["off_policy_alert"] = alert
+    return figures
+
+
+def mismatch_alert(mean: float | None) -> str | None:
+    """The line a step's engine mismatch (mean |Δ log-prob| on fresh tokens) earns, or
+    None when it is in line (pure)."""
+    if mean is None or mean <= MISMATCH_ALERT:
+        return None
+    return (f"rollout and trainer log-probs of the same tokens under the same weights "
+            f"differ by {mean:.3g} nats on average (in line: below {MISMATCH_ALERT}): the "
+            f"rollouts sample from another distribution than the trainer scores; check the "
+            f"tokenizer, the weight sync and the rollout engine's sampling settings")
+
+
+def step_metrics(t, samples, train_spans, wall, sums) -> dict:
+    """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py)."""
+    versions = [t - s.version for s in samples]
+    generating = [(s.started_at, s.finished_at) for s in samples]
+    gen_seconds = generation_seconds(generating)
+    tokens = sum(len(s.response_ids) for s in samples)
+    return {
+        "step": t + 1,
+        "time": time.time(),
+        "samples": len(samples),
+        "versions": sorted({s.version for s in samples}),
+        "reward_mean": float(np.mean([s.reward for s in samples])),
+        "staleness_mean": float(np.mean(versions)),
+        "staleness_max": int(max(versions)),
+        "gen_seconds": gen_seconds,
+        "gen_queue_seconds": generation_queue_seconds([s.released_at for s in samples],
+                                                      generating),
+        "train_seconds": training_seconds(train_spans),
+        "step_seconds": wall,
+        "tokens": tokens,
+        "tokens_per_second": tokens / gen_seconds if gen_seconds > 0 else 0.0,
+        "samples_per_second": len(samples) / wall if wall > 0 else 0.0,
+        "response_length": tokens / len(samples),
+        # the step's workload (a profile's input, planner/live.py): every response's
+        # length (at most 256 of them, evenly over the sorted lengths) and the prompts'
+        "response_lengths": spread(sorted(len(s.response_ids) for s in samples), 256),
+        "prompt_tokens": float(np.mean([len(s.prompt_ids) for s in samples])),
+        # the rollout engine calls that generated them (at most 64) and the tokens the
+        # trainer computed on in train_seconds: a live profile's latency model
+        # (planner/live.py `profile_from_metrics`)
+        "gen_calls": spread([c for s in samples for c in s.gen_calls], 64),
+        "train_tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
+        "prompts": prompts_digest(s.prompt_ids for s in sorted(samples, key=lambda s: s.slot)),
+        **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
+    }
+
+
+class Reporter:
+    """Rank 0's figures of each step, to the sinks; those the controller keeps (the
+    operator's status, the live profile), to the controller."""
+
+    def __init__(self, tq, name: str, sinks):
+        self.tq, self.name, self.sinks = tq, name, sinks
+        # this life's steps after its first PROFILE_SKIP: the live profile's window
+        self.recent: deque[dict] = deque(maxlen=PROFILE_STEPS)
+        self.reported = 0
+
+    def report(self, m: dict, version: int) -> None:
+        self.reported += 1
+        if self.reported > PROFILE_SKIP:  # start-up (compilation, first weights) aside
+            self.recent.append(m)
+        profile = json.dumps(profile_record(list(self.recent))) if self.recent else ""
+        self.tq.report_metrics(step=version, source=self.name, profile=profile,
+                               **{k: m[k] for k in CONTROLLER_FIGURES})
+        self.sinks.write(m, version)
+
+    def close(self) -> None:
+        self.sinks.close()
