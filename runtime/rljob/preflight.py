@@ -179,6 +179,18 @@ def _check_reward(spec, examples, problems: list[str]) -> None:
                             f"row: {' '.join(failed.split())}")
 
 
+def _check_length_predictor(spec, problems: list[str]) -> None:
+    """skew-aware dispatch: the length predictor resolves (a name or module:Class)."""
+    if spec.rollout.dispatch != "skew_aware":
+        return
+    from .workflow.lengths import LENGTH_PREDICTORS
+
+    try:
+        LENGTH_PREDICTORS.get(spec.rollout.length_predictor)
+    except ValueError as exc:
+        problems.append(f"rollout.lengthPredictor: {exc}")
+
+
 def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
     """A checkpoint's embedding has a row for every id of its tokenizer (more rows are
     padding, never sampled: sampling.py); a `random:` config is sized to the
@@ -252,6 +264,7 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
     examples = (_check_dataset(spec, where, problems)
                 if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, examples, problems)
+    _check_length_predictor(spec, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, problems)

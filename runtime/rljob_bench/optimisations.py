@@ -32,7 +32,6 @@ the rounds: compare the figures of one run of the benchmark, not of two machines
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -42,7 +41,6 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.local import LocalRun
-from rljob.workflow.lengths import ORACLE_ENV
 
 from .examples import example, tiny_model
 
@@ -133,19 +131,15 @@ def config_job(name: str, model: Path, steps: int) -> RLJob:
     spec["workflow"] = dict(c["workflow"])
     spec["rollout"].update(c["rollout"])
     spec["trainer"].update(c["trainer"])
+    if c["oracle"]:  # lengths known: the answer's (rljob_bench/oracle.py)
+        spec["rollout"]["lengthPredictor"] = "rljob_bench.oracle:AnswerLength"
     spec["algorithm"]["maxSteps"] = steps
     return RLJob.model_validate(doc)
 
 
 def run_config(name: str, model: Path, steps: int, root: Path, skip: int = 2) -> dict:
-    oracle = CONFIGS[name]["oracle"]
     run = LocalRun(config_job(name, model, steps), root)
-    if oracle:
-        os.environ[ORACLE_ENV] = "answer"  # the driver inherits it
-    try:
-        run.run_to_end()
-    finally:
-        os.environ.pop(ORACLE_ENV, None)
+    run.run_to_end()
     ms = run.metrics()
     steady = ms[skip:]
     t0, t1 = ms[skip - 1]["time"], ms[-1]["time"]

@@ -36,6 +36,24 @@ def test_each_configuration_switches_what_its_name_says():
                          spec.workflow.mode != "async" else "arrival"), name
     assert jobs["async(1), skew-aware"].workflow.staleness_bound == 1
     assert CONFIGS["periodic, oracle"]["oracle"] and not CONFIGS["periodic, skew-aware"]["oracle"]
+    # the oracle is a length predictor the driver loads by its address, the rest learn
+    assert jobs["periodic, oracle"].rollout.length_predictor == "rljob_bench.oracle:AnswerLength"
+    assert jobs["periodic, skew-aware"].rollout.length_predictor == "online"
     # each comparison differs in its one mechanism
     for _, off, on in COMPARISONS:
         assert off in CONFIGS and on in CONFIGS
+
+
+def test_the_driver_loads_the_length_predictor_the_job_names():
+    """The driver's LengthModel takes rollout.lengthPredictor: the online ranker by
+    default, the oracle by its address (each answer's tokens and its end)."""
+    from rljob.inputs.models import CharTokenizer
+    from rljob.workflow.lengths import LengthModel, OnlineRanker
+
+    tok = CharTokenizer()
+    oracle = LengthModel(None, tok, "rljob_bench.oracle:AnswerLength")
+    assert oracle.predict(["1+1=", "12+30="], ["2", "42"]) == [2, 3]
+    online = LengthModel(None, tok)
+    assert isinstance(online.predictor, OnlineRanker)
+    online.predictor.observe(["1+1="] * 2, [9, 11])
+    assert online.predict(["1+1="], ["2"])[0] >= 1

@@ -240,3 +240,23 @@ def test_run_checks_paths_on_a_pvc_too(tmp_path):
     assert out.returncode == 1 and "dataset.path: '/data/none.jsonl' does not exist" in out.stderr
     assert not (tmp_path / "run").exists()
     assert "/data/none.jsonl" not in rljob("validate", str(job)).stderr
+
+
+def test_validate_resolves_the_length_predictor(tmp_path):
+    """rollout.lengthPredictor under skew-aware dispatch: a name or module:Class that
+    does not resolve is one line naming the field; the benchmarks' oracle resolves."""
+    spec = ("  model: {path: 'random:%s', tokenizer: 'builtin:char'}\n"
+            "  dataset: {path: %s}\n"
+            "  rollout: {dispatch: skew_aware, maxNewTokens: 8, lengthPredictor: '%s'}\n")
+    model, data = REPO / "examples/models/tiny-qwen2", REPO / "examples/data/arith.jsonl"
+    bad = _job(tmp_path, spec % (model, data, "nosuchmod:Predictor"), name="bad")
+    out = rljob("validate", str(bad))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"{bad}: rollout.lengthPredictor: rollout.lengthPredictor 'nosuchmod:Predictor': "
+        "cannot import it: ModuleNotFoundError: No module named 'nosuchmod'"]
+    wrong = _job(tmp_path, spec % (model, data, "rljob.reward:get_reward"), name="wrong")
+    assert "is not a LengthPredictor" in rljob("validate", str(wrong)).stderr
+    good = _job(tmp_path, spec % (model, data, "rljob_bench.oracle:AnswerLength"), name="good")
+    out = rljob("validate", str(good))
+    assert out.returncode == 0, out.stderr

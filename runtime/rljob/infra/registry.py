@@ -1,14 +1,16 @@
 """The one style of every extension point: a registry of named things (rollout and
 trainer engines, storage backends, advantage estimators, policy losses, claim
-policies, step sinks, rewards). The project's own join by decorator; an installed
-package joins by an entry point in the registry's group (`[project.entry-points.
-"rljob.rollout_engines"] mine = "my_pkg.engine:MyEngine"`), loaded the first time
-its name is asked for. A registry checks what it is given (a subclass of its base,
+policies, step sinks, rewards, length predictors). The project's own join by
+decorator; an installed package joins by an entry point in the registry's group
+(`[project.entry-points."rljob.rollout_engines"] mine = "my_pkg.engine:MyEngine"`),
+loaded the first time its name is asked for; and `module:attribute` names an
+importable one directly. A registry checks what it is given (a subclass of its base,
 or a callable), refuses a second thing under a taken name, and names the choices
 when asked for one it does not have."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
@@ -62,8 +64,24 @@ class Registry(Generic[T]):
         ep = self._entry_points().get(name)
         if ep is not None:
             return self._load(ep)
+        if ":" in name:
+            return self._import(name)
         raise ValueError(f"{self.field} {name!r} is not available here: use one of "
-                         f"{', '.join(self.names())}")
+                         f"{', '.join(self.names())} or module:attribute")
+
+    def _import(self, name: str) -> T:
+        """`module:attribute`, imported (not registered: the name is its address)."""
+        module, _, attribute = name.partition(":")
+        try:
+            thing = getattr(importlib.import_module(module), attribute)
+        except Exception as exc:  # noqa: BLE001 - a user's module: missing, or broken
+            raise ValueError(f"{self.field} {name!r}: cannot import it: "
+                             f"{type(exc).__name__}: {exc}") from None
+        try:
+            self._check(name, thing)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        return thing
 
     def loaded(self) -> dict[str, T]:
         """Every thing by name, the installed packages' entry points loaded too (one

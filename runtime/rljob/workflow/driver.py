@@ -103,7 +103,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     if spec.rollout.dispatch == "skew_aware":
         from .lengths import LengthModel
 
-        flow.lengths = LengthModel(tq, tokenizer).start()
+        flow.lengths = LengthModel(tq, tokenizer, spec.rollout.length_predictor).start()
     steps = max_steps or spec.algorithm.max_steps
     start_step = max(start_step, _released(tq))
     if start_step:

@@ -1,35 +1,70 @@
-"""The driver's length ranker (rollout.dispatch: skew_aware): predicts each
+"""The driver's length predictor (rollout.dispatch: skew_aware): predicts each
 prompt's output length when its step is released, written as the rows' length so
 that rollout claims can take the longest (or shortest) groups first, and learns
-online from every finished sample through a TransferQueue task of its own
-(`lengths`: ready as soon as a response is written; it reads the prompt, the
-response length is in the row's metadata).
+from every finished sample through a TransferQueue task of its own (`lengths`:
+ready as soon as a response is written; it reads the prompt, the response length
+is in the row's metadata).
 
-`RLJOB_LENGTH_ORACLE=answer` (benchmarks only) predicts instead the length of the
-reference answer: what a perfect ranker would know of a task whose output length
-is its answer's.
+`rollout.lengthPredictor` names the predictor: `online` (the default: a ranker that
+learns from the finished samples), one an installed package adds (entry point group
+`rljob.length_predictors`) or an importable `module:Class` (a `LengthPredictor`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from abc import ABC, abstractmethod
 
-from .dispatch import LengthRanker
+from ..infra.registry import Registry
 from ..transferqueue.consumer import ride_out
 from ..transferqueue.dataplane import TransferQueueError
+from .dispatch import LengthRanker
 
 log = logging.getLogger("rljob.driver")
-ORACLE_ENV = "RLJOB_LENGTH_ORACLE"
+
+
+class LengthPredictor(ABC):
+    """Predicts the output tokens of a step's rows when the driver releases them."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    @abstractmethod
+    def predict(self, prompts: list[str], answers: list[str]) -> list[int]:
+        """Predicted output tokens of each row (its rendered prompt, its answer)."""
+
+    def observe(self, prompts: list[str], lengths: list[int]) -> None:
+        """Finished samples: each prompt and the tokens its response took."""
+
+
+LENGTH_PREDICTORS: Registry[type[LengthPredictor]] = Registry(
+    "rollout.lengthPredictor", LengthPredictor, "rljob.length_predictors")
+
+
+@LENGTH_PREDICTORS.register("online")
+class OnlineRanker(LengthPredictor):
+    """StreamRL's ranker, learning online from the finished samples."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.ranker = LengthRanker()
+
+    def predict(self, prompts: list[str], answers: list[str]) -> list[int]:
+        distinct = list(dict.fromkeys(prompts))  # a group's G rows share their prompt
+        predicted = dict(zip(distinct, self.ranker.predict(distinct)))
+        return [max(1, int(round(predicted[p]))) for p in prompts]
+
+    def observe(self, prompts: list[str], lengths: list[int]) -> None:
+        self.ranker.observe(prompts, lengths)
 
 
 class LengthModel:
-    def __init__(self, tq, tokenizer):
+    """The job's predictor, and the thread that feeds it the finished samples."""
+
+    def __init__(self, tq, tokenizer, predictor: str = "online"):
         self.tq = tq
-        self.tok = tokenizer
-        self.ranker = LengthRanker()
-        self.oracle = os.environ.get(ORACLE_ENV) == "answer"
+        self.predictor = LENGTH_PREDICTORS.get(predictor)(tokenizer)
         self.observed = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -42,12 +77,8 @@ class LengthModel:
 
     def predict(self, prompts: list[str], answers: list[str]) -> list[int]:
         """Predicted output tokens of each row (its rendered prompt, its answer)."""
-        if self.oracle:
-            return [len(self.tok.encode(a, add_special_tokens=False)) + 1 for a in answers]
-        distinct = list(dict.fromkeys(prompts))  # a group's G rows share their prompt
         with self._lock:
-            predicted = dict(zip(distinct, self.ranker.predict(distinct)))
-        return [max(1, int(round(predicted[p]))) for p in prompts]
+            return self.predictor.predict(prompts, answers)
 
     def _learn(self) -> None:
         def refused(exc) -> None:  # the controller's absence goes unsaid
@@ -62,7 +93,7 @@ class LengthModel:
             if batch is None or not batch.rows:
                 continue
             with self._lock:
-                self.ranker.observe(batch.data["prompt"], [r.length for r in batch.rows])
+                self.predictor.observe(batch.data["prompt"], [r.length for r in batch.rows])
             self.observed += len(batch.rows)
             try:
                 self.tq.ack(batch)

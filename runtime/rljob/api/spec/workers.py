@@ -88,6 +88,12 @@ class RolloutSpec(ApiModel):
         "others the shortest first, so long generations run together instead of "
         "stretching every batch.",
     )
+    length_predictor: str = Field(
+        "online", min_length=1,
+        description="dispatch skew_aware: what predicts each prompt's output length. "
+        "online: a ranker that learns from the finished samples; else a predictor an "
+        "installed package adds (entry point group rljob.length_predictors) or an "
+        "importable module:Class (a rljob.workflow.lengths.LengthPredictor).")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     resources: ComputeResources = Field(
         default_factory=ComputeResources,
