@@ -17,7 +17,7 @@ from rljob.inputs.models import load_tokenizer
 from rljob.preflight import resolve_paths
 from rljob.trainer.source import StepSource
 from rljob.transferqueue import TransferQueueClient
-from rljob.transferqueue.loader import LeaseKeeper
+from rljob.transferqueue.consumer import LeaseKeeper
 from rljob.workflow.driver import Workflow
 from rljob.workflow.tasks import ROLLOUT_READS, tasks_for
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
 import threading
@@ -16,7 +15,6 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rljob.transferqueue import (
-    AsyncTransferQueueClient,
     TaskSpec,
     TransferQueueClient,
     TransferQueueError,
@@ -245,25 +243,6 @@ def test_health_metrics_and_graceful_shutdown(redis_units):
     assert "rljob_job_gen_seconds" in body
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=20) == 0
-
-
-def test_async_client_round_trip(tq):
-    async def main():
-        c = await AsyncTransferQueueClient.connect(tq.address)
-        await c.register(DRIVER, ROLLOUT, TRAIN)
-        await c.put(0, prompts(4))
-        b = await c.claim_get("rollout", 4, ["prompt"], wait=1)
-        assert b.data["prompt"] == ["p0", "p1", "p2", "p3"]
-        await c.write(b.indices, {"response_ids": [np.ones(2, np.int32)] * 4,
-                                  "reward": [1.0] * 4})
-        await c.ack(b)
-        waiting = asyncio.create_task(c.claim_get("train", 4, ["reward"], wait=5))
-        t = await waiting
-        assert t.data["reward"] == [1.0] * 4
-        assert await c.ack(t) == 4
-        await c.close()
-
-    asyncio.run(main())
 
 
 def test_cells_shard_over_units_by_index(tq, redis_units):

@@ -43,9 +43,8 @@ import torch
 from ..api.spec import RLJobSpec
 from ..infra.rundir import PARTIAL, RunDir, step_of
 from ..transferqueue import TransferQueueClient
-from ..transferqueue.consumer import ride_out, warn
+from ..transferqueue.consumer import LeaseKeeper, ride_out, warn
 from ..transferqueue.dataplane import Batch
-from ..transferqueue.loader import LeaseKeeper
 from ..workflow.tasks import CRITIC_READS
 from .algorithms import advantage_estimator, value_loss
 from .batch import make_batch

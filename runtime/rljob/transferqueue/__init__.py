@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "AsyncTransferQueueClient": ".client",
     "Batch": ".dataplane",
     "TransferQueueClient": ".client",
     "TransferQueueError": ".dataplane",

@@ -2,14 +2,12 @@
 
 A write is: allocate rows (new ones) → put cells on their storage units in one
 batch per unit → tell the controller (notify-written). A read is: claim (a
-lease with row metadata) → get cells from the units → ack after use.
-`AsyncTransferQueueClient` is the same over grpc.aio. Both put and read cells
+lease with row metadata) → get cells from the units → ack after use. Cells go
 through a `DataPlane` (dataplane.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,7 +19,7 @@ from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .policies import get_claim_policy
 from .schema import ColumnError, ColumnSpec, TaskSpec
-from .session import AsyncSession, SyncSession
+from .session import SyncSession
 from .wire import CLIENT_OPTIONS, POLICY_PB, task_to_pb
 
 RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
@@ -240,107 +238,3 @@ class TransferQueueClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-class AsyncTransferQueueClient:
-    """asyncio client: control over grpc.aio, storage I/O in worker threads."""
-
-    def __init__(self, address: str, password: str | None = None):
-        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
-        self._stub = pbg.TransferQueueControllerStub(self._channel)
-        self._session = AsyncSession(self._stub, TransferQueueError)
-        self._data = DataPlane(address, password)
-
-    @classmethod
-    async def connect(cls, address: str, password: str | None = None) -> AsyncTransferQueueClient:
-        client = cls(address, password)
-        layout = await client._call(client._stub.Layout, pb.LayoutRequest())
-        await asyncio.to_thread(client._data.set_layout, layout)
-        return client
-
-    async def _call(self, method, request, timeout: float | None = 60.0):
-        try:
-            return await method(request, timeout=timeout, wait_for_ready=True)
-        except grpc.RpcError as exc:
-            raise rpc_error(exc) from None
-
-    async def register(self, *tasks: TaskSpec) -> None:
-        resp = await self._call(self._stub.RegisterTasks,
-                                pb.RegisterTaskRequest(tasks=[task_to_pb(t) for t in tasks]))
-        self._data.set_columns(resp.columns)
-
-    async def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
-                    versions: Sequence[int] | None = None, length_column: str | None = None,
-                    lengths: Sequence[int] | None = None, lease: Batch | None = None) -> int:
-        per_unit, measured, nbytes = self._data.encode_rows(
-            indices, columns, length_column, lease.lease if lease else "")
-        await self._store(per_unit)
-        resp = await self._session.call("notify", self._data.notify_request(
-            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column, lease=lease))
-        return resp.newly_ready
-
-    async def _store(self, per_unit) -> None:
-        await asyncio.gather(*(asyncio.to_thread(self._data.store, u, cells)
-                               for u, cells in per_unit.items()))
-
-    async def put(self, partition: int, columns: Mapping[str, Sequence[Any]], *,
-                  group_size: int = 1, versions: Sequence[int] | None = None,
-                  length_column: str | None = None,
-                  lengths: Sequence[int] | None = None) -> list[int]:
-        n = len(next(iter(columns.values())))
-        if n % max(group_size, 1):
-            raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
-        while (indices := self._data.take_reserved(n, await self._session.open())) is None:
-            self._data.refill(await self._session.call("reserve",
-                                               pb.ReserveRequest(count=max(n, RESERVE_BLOCK))))
-        per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
-        await self._store(per_unit)
-        await self._session.call("notify", self._data.notify_request(
-            indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column, create=True, partition=partition,
-            group_size=group_size))
-        return indices
-
-    async def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
-        """As `TransferQueueClient.claim` (its options)."""
-        req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
-        resp = await self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
-        return _claimed(task, resp)
-
-    async def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
-        batch.data.update(await asyncio.to_thread(self._data.read, batch.rows, columns))
-        return batch
-
-    async def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
-        batch = await self.claim(task, count, **kwargs)
-        return await self.get(batch, columns) if batch.rows else batch
-
-    async def ack(self, batch: Batch, indices: Sequence[int] | None = None) -> int:
-        if not batch.lease:
-            return 0
-        resp = await self._session.call("ack", pb.AckRequest(
-            task=batch.task, lease=batch.lease, indices=list(indices or [])))
-        return resp.acked
-
-    async def extend(self, batch: Batch) -> float:
-        resp = await self._session.call("extend", pb.ExtendRequest(
-            task=batch.task, lease=batch.lease))
-        return resp.lease_seconds
-
-    async def release(self, batch: Batch) -> int:
-        if not batch.lease:
-            return 0
-        resp = await self._session.call("release", pb.ReleaseRequest(
-            task=batch.task, lease=batch.lease))
-        return resp.released
-
-    async def report_metrics(self, **fields: Any) -> None:
-        await self._call(self._stub.ReportMetrics, pb.JobMetrics(**fields))
-
-    async def stats(self) -> pb.StatsResponse:
-        return await self._call(self._stub.Stats, pb.StatsRequest())
-
-    async def close(self) -> None:
-        await self._session.close()
-        self._data.close()
-        await self._channel.close()

@@ -16,13 +16,52 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from .client import TransferQueueClient
-from .dataplane import TransferQueueError
-from .loader import LeaseKeeper
+from .dataplane import Batch, TransferQueueError
 from .schema import TaskSpec
 
 T = TypeVar("T")
 PAUSE = 0.5  # seconds between two tries while the controller is away
 CLAIMING_AGAIN = "transferqueue unavailable (%s); claiming again"
+
+
+class LeaseKeeper:
+    """Extends the leases of the batches held, every lease_seconds/3."""
+
+    def __init__(self, client: TransferQueueClient):
+        self.client = client
+        self._held: dict[str, Batch] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rljob-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def hold(self, batch: Batch) -> None:
+        with self._lock:
+            self._held[batch.lease] = batch
+
+    def drop(self, batch: Batch) -> None:
+        with self._lock:
+            self._held.pop(batch.lease, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                held = list(self._held.values())
+            period = min((b.lease_seconds for b in held if b.lease_seconds), default=3.0) / 3
+            if self._stop.wait(period):
+                return
+            for batch in held:
+                with self._lock:
+                    if batch.lease not in self._held:
+                        continue
+                try:
+                    self.client.extend(batch)
+                except TransferQueueError:
+                    pass  # acked or released meanwhile, or expired: the claim side says so
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def warn(log: logging.Logger, note: str = CLAIMING_AGAIN) -> Callable[[TransferQueueError], None]:

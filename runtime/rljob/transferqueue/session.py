@@ -9,7 +9,6 @@ sides, which is what the data path pays per batch.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import queue
 import threading
@@ -117,67 +116,3 @@ class SyncSession:
                 self._stream.close()
                 self._stream = None
 
-
-class AsyncSession:
-    def __init__(self, stub, error_type):
-        self._stub = stub
-        self._error_type = error_type
-        self._ids = itertools.count(1)
-        self._call = None
-        self._pending: dict[int, asyncio.Future] = {}
-        self._write_lock = asyncio.Lock()
-        self._reader: asyncio.Task | None = None
-        self.generation = 0
-
-    def _ensure(self) -> None:
-        if self._call is None:
-            self._call = self._stub.Session(wait_for_ready=True)
-            self._reader = asyncio.create_task(self._read(self._call))
-            self.generation += 1
-
-    async def open(self) -> int:
-        async with self._write_lock:
-            self._ensure()
-        return self.generation
-
-    async def _read(self, call) -> None:
-        try:
-            async for res in call:
-                fut = self._pending.pop(res.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(res)
-            err = self._error_type(grpc.StatusCode.UNAVAILABLE, "session ended by the controller")
-        except grpc.RpcError as exc:
-            err = self._error_type(exc.code(), exc.details())
-        except asyncio.CancelledError:
-            err = self._error_type(grpc.StatusCode.CANCELLED, "session closed")
-        if self._call is call:
-            self._call = None
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-
-    async def call(self, kind: str, request, timeout: float | None = 60.0):
-        op = pb.Op(id=next(self._ids), **{kind: request})
-        fut = asyncio.get_running_loop().create_future()
-        async with self._write_lock:
-            self._ensure()
-            self._pending[op.id] = fut
-            await self._call.write(op)
-        try:
-            res = await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise self._error_type(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"no answer to {kind} within {timeout}s") from None
-        return _result(res, kind, self._error_type)
-
-    async def close(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            try:
-                await call.done_writing()
-            except grpc.RpcError:
-                pass
-        if self._reader is not None:
-            self._reader.cancel()
