@@ -1,0 +1,95 @@
+"""The tool sandbox (tools/sandbox.py) against code that hangs, crashes, forks,
+floods its output, allocates 10 GB, writes a big file or tries the network: each
+call ends with an error for that call only, in about its limits, and the next call
+runs as if nothing happened. Real processes, no mocks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from rljob.tools import TOOLS, Limits, run_python
+
+LIMITS = Limits(wall_seconds=4.0, cpu_seconds=1, memory_bytes=256 << 20, output_bytes=4096)
+
+
+def still_works():
+    r = run_python("import math\nprint(math.gcd(12, 18))", LIMITS)
+    assert (r.ok, r.output) == (True, "6\n"), r
+
+
+@pytest.mark.parametrize("name,code,error", [
+    ("spins", "while True:\n    pass", "CPU time over 1 s"),
+    ("sleeps", "import time\ntime.sleep(60)", "timed out after 4 s"),
+    ("raises", "raise ValueError('no')", "ValueError: no"),
+    ("aborts", "import os\nos.abort()", "killed by SIGABRT"),
+    ("floods", "print('x' * 10**8)", "output over 4096 bytes"),
+    ("floods in a loop", "while True:\n    print('y' * 100)", "output over 4096 bytes"),
+    ("allocates 10 GB", "b = bytearray(10 * 2**30)", "memory over 256 MB"),
+    ("writes 8 MB", "open('big', 'wb').write(b'z' * (8 << 20))", "File too large"),
+    ("forks", "import os\nwhile True:\n    os.fork()", "refuses os.fork"),
+    ("runs a program", "import os\nos.system('touch /tmp/rljob-sandbox-escaped')",
+     "refuses os.system"),
+])
+def test_bad_code_ends_its_own_call_and_the_next_runs(name, code, error):
+    started = time.monotonic()
+    r = run_python(code, LIMITS)
+    assert not r.ok and error in r.error, (name, r)
+    assert time.monotonic() - started < LIMITS.wall_seconds + 3, name
+    assert len(r.output.encode()) <= LIMITS.output_bytes
+    assert not os.path.exists("/tmp/rljob-sandbox-escaped")
+    still_works()
+
+
+def test_the_network_is_out_of_reach():
+    """A listener on this machine's loopback: the tool's connection never arrives."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    server.settimeout(0.2)
+    accepted, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        code = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "s.sendall(b'leak')\nprint('connected')")
+        r = run_python(code, LIMITS)
+        assert not r.ok and "connected" not in r.output, r
+        if os.getuid() == 0:  # a namespace of its own, beside the audit hook
+            assert r.network_isolated
+        time.sleep(0.5)
+        assert accepted == []
+    finally:
+        stop.set()
+        t.join()
+        server.close()
+    still_works()
+
+
+def test_a_call_leaves_nothing_behind():
+    """The working directory goes with the call; no process of it survives."""
+    r = run_python("import os\nopen('x', 'w').write('1')\nprint(os.getcwd())", LIMITS)
+    assert r.ok, r
+    assert not os.path.exists(r.output.strip())
+    r = run_python("import time\nprint('started', flush=True)\ntime.sleep(60)", LIMITS)
+    assert r.error.startswith("timed out") and r.output == "started\n"
+
+
+def test_calculator_evaluates_arithmetic_and_refuses_the_rest():
+    calc = TOOLS.get("calculator")
+    assert calc("(3 + 4) * 2 ** 10").output == "7168"
+    assert calc("7 / 2").output == "3.5"
+    assert "not arithmetic" in calc("__import__('os').system('true')").error
+    assert "exponent" in calc("9 ** 9 ** 9").error
+    assert "division by zero" in calc("1 / 0").error
