@@ -199,7 +199,8 @@ class LossParts:
 @dataclass
 class PolicyInputs:
     """A micro-batch's log-probs, [B, T] over response positions (mask 1 on the
-    response tokens): `logp` the policy's (with grad), `proximal` the same detached,
+    response tokens the model wrote: the loss, the KL and the figures count those
+    only): `logp` the policy's (with grad), `proximal` the same detached,
     `behaviour` the rollout's, `ref` the reference's; `fresh` [B] bool: made by the
     weights of this step; `advantages` [B] or [B, T]."""
 

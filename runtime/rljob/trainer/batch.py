@@ -19,7 +19,9 @@ from .packing import Packed, pack, packed_logprobs
 @dataclass
 class TokenBatch:
     """Right-padded prompt+response sequences; `mask` marks response tokens of
-    `input_ids[:, 1:]`."""
+    `input_ids[:, 1:]`, `loss_mask` those of them the loss and KL count: the model's
+    own (an episode's observation tokens, which its environment wrote, are part of
+    the response but never trained on)."""
 
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L]
@@ -27,16 +29,30 @@ class TokenBatch:
     # trainer.packing: the same samples as one packed sequence (packing.py); the
     # log-probs come back in this padded layout
     packed: Packed | None = None
+    loss_mask: torch.Tensor | None = None  # [B, L-1]; None: `mask`
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.mask
 
     def to(self, device) -> TokenBatch:
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device),
-                     self.mask.to(device),
-                     self.packed.to(device) if self.packed is not None else None)
+                          self.mask.to(device),
+                          self.packed.to(device) if self.packed is not None else None,
+                          self.loss_mask.to(device))
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-               packing: str = "none") -> TokenBatch:
+               packing: str = "none", loss_masks=None) -> TokenBatch:
+    """`loss_masks`: per sample, 1 or 0 for each response token (None: all count)."""
     batch = _padded(prompts, responses, pad_id)
+    if loss_masks is not None and any(m is not None for m in loss_masks):
+        lm = batch.mask.clone()
+        for i, m in enumerate(loss_masks):
+            if m is not None:
+                pos = batch.mask[i].nonzero().squeeze(1)
+                lm[i, pos] = torch.as_tensor(list(m)[:len(pos)], dtype=lm.dtype)
+        batch.loss_mask = lm
     if packing != "none":
         batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
                             pad_id=pad_id)

@@ -78,7 +78,7 @@ def fit_values(model: ValueModel, opt, samples: list[dict], micro: int, pad_id: 
     for start in range(0, len(samples), micro):
         chunk = samples[start:start + micro]
         mb = make_batch([s["prompt"] for s in chunk], [s["response"] for s in chunk],
-                        pad_id).to(device)
+                        pad_id, loss_masks=[s.get("loss_mask") for s in chunk]).to(device)
         opt.zero_grad()
         values = response_values(model, mb)
         old = torch.zeros_like(values)
@@ -87,7 +87,7 @@ def fit_values(model: ValueModel, opt, samples: list[dict], micro: int, pad_id: 
             pos = mb.mask[k].nonzero().squeeze(1)
             old[k, pos] = s["values"].to(values.device)
             returns[k, pos] = s["returns"].to(values.device)
-        loss, frac = value_loss(values, old, returns, mb.mask, clip, len(chunk))
+        loss, frac = value_loss(values, old, returns, mb.loss_mask, clip, len(chunk))
         loss.backward()
         if max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

@@ -43,6 +43,9 @@ class Sample:
     critic_version: int = -1
     ref_logp: list[float] | None = None  # the reference task's, per response token
     gen_calls: list[dict] = field(default_factory=list)  # rollout engine calls (first row)
+    # 1 for each response token the model wrote, 0 for one its environment wrote (an
+    # episode's observations); None: every token is the model's
+    loss_mask: list[int] | None = None
 
 
 class Stopped(Exception):

@@ -10,7 +10,8 @@ reference's, which the row carries too when the reference is a task of its own
 replica), else (megatron) computed in the micro-step. The policy loss that
 combines them is the one `algorithm.offPolicyCorrection` names (algorithms.py),
 and each step reports the importance weights and the engine mismatch they show
-(`OffPolicyStats`).
+(`OffPolicyStats`). The loss, the KL and those figures count the model's own tokens
+only (`TokenBatch.loss_mask`: an episode's observation tokens are left out).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def micro_step(policy, shard, t, tok, spec, last):
             loss.backward()
             return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "stats": OffPolicyStats()}
         batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
-                           tok.pad_token_id, spec.trainer.packing).to(policy.device)
+                           tok.pad_token_id, spec.trainer.packing,
+                           [s.loss_mask for s in shard]).to(policy.device)
         dist = TokenDistribution.of(spec.rollout, len(tok))
         logp = policy.logprobs(batch, dist)
         if not spec.algorithm.kl_coef:
@@ -45,7 +47,7 @@ def micro_step(policy, shard, t, tok, spec, last):
                 ref_logp = policy.ref_logprobs(batch, dist)
         parts = policy_loss(spec.algorithm)(PolicyInputs(
             logp, logp.detach(), _per_token(batch, [s.rollout_logp for s in shard]), ref_logp,
-            _advantages(batch, shard), batch.mask,
+            _advantages(batch, shard), batch.loss_mask,
             torch.tensor([s.version == t for s in shard], device=logp.device)))
         # DDP averages gradients over the data-parallel ranks; the objective sums
         # over all samples
