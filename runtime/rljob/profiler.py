@@ -34,6 +34,7 @@ def measure(spec, train_steps: int = 3, sizes: tuple[int, ...] = SIZES, log=prin
     from .inputs.models import build_model, load_tokenizer
     from .planner.live import calls_profile, measured_on
     from .planner.profile import Profile, TrainProfile
+    from .rollout import vllm_engine  # noqa: F401 - registers rollout.engine vllm
     from .rollout.engine import SamplingParams, make_engine
 
     tok = load_tokenizer(spec.model)
@@ -89,8 +90,9 @@ def _train(spec, tok, prompts, responses, steps: int, log) -> float:
 
     from .infra.device import activate, resolve
     from .trainer.algorithms import GroupRelative
-    from .trainer.policy import make_policy
+    from .trainer import mcore  # noqa: F401 - registers trainer.engine megatron
     from .trainer.checkpoint import make_optimizer
+    from .trainer.policy import make_policy
     from .trainer.source import Sample
     from .trainer.step import micro_step
 

@@ -188,8 +188,9 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
                micro_batches: int, seed: int = 0) -> dict:
     from rljob.infra.device import activate, cores_given, resolve
     from rljob.inputs.models import load_tokenizer
-    from rljob.trainer.policy import make_policy
+    from rljob.trainer import mcore  # noqa: F401 - registers trainer.engine megatron
     from rljob.trainer.checkpoint import make_optimizer, optimizer_state_bytes
+    from rljob.trainer.policy import make_policy
     from rljob.trainer.step import micro_step
 
     device = resolve(accelerator)
