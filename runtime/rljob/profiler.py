@@ -32,7 +32,8 @@ def measure(spec, train_steps: int = 3, sizes: tuple[int, ...] = SIZES, log=prin
     from .infra.device import activate, resolve
     from .inputs.data import load_examples, prompt_ids
     from .inputs.models import build_model, load_tokenizer
-    from .planner.live import calls_profile, measured_on
+    from .planner.live import calls_profile
+    from .planner.profile import measured_on
     from .planner.profile import Profile, TrainProfile
     from .rollout import vllm_engine  # noqa: F401 - registers rollout.engine vllm
     from .rollout.engine import SamplingParams, make_engine

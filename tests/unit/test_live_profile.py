@@ -9,9 +9,8 @@ import pytest
 
 from rljob.api.spec import RLJobSpec
 from rljob.planner.cost import Workload, generation_time
-from rljob.planner.live import (calls_profile, measured_on, profile_from_records, train_profile,
-                                workload_lengths)
-from rljob.planner.profile import GenProfile, Profile, TrainProfile
+from rljob.planner.live import calls_profile, profile_from_records, train_profile, workload_lengths
+from rljob.planner.profile import GenProfile, Profile, TrainProfile, measured_on
 from rljob.workflow.timing import RECORD_CALLS, RECORD_LENGTHS, profile_record
 
 SPEC = RLJobSpec.model_validate({
@@ -120,7 +119,7 @@ def test_a_malformed_profile_file_says_so():
 
 
 def test_a_model_is_matched_by_its_name_wherever_it_is_mounted():
-    from rljob.planner.live import model_name
+    from rljob.planner.profile import model_name
 
     assert {model_name(p) for p in ("random:examples/models/tiny-qwen2", "/mnt/tiny-qwen2/",
                                     "models/tiny-qwen2")} == {"tiny-qwen2"}

@@ -291,7 +291,7 @@ def test_status_progress_is_the_controllers_figures_rounded():
 
 
 def _profile(spec):
-    from rljob.planner.live import measured_on
+    from rljob.planner.profile import measured_on
     from rljob.planner.profile import GenProfile, Profile, TrainProfile
 
     return Profile(GenProfile([1, 8, 64], [0.010, 0.011, 0.020], 64),

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 from ..infra.rundir import RunDir
-from .profile import GenProfile, Profile, TrainProfile
+from .profile import GenProfile, Profile, TrainProfile, measured_on
 
 
 def calls_profile(calls: list[dict], max_batch_size: int) -> GenProfile:
@@ -94,26 +93,3 @@ def profile_from_run(run_dir: str | Path, spec, skip_steps: int = 3,
     return profile_from_records(kept, spec, f"live: {run.root}, steps {kept[0]['step']}-"
                                             f"{kept[-1]['step']}")
 
-
-def model_name(path: str) -> str:
-    """A model's name for matching profiles to jobs: its directory's (or hub id's)
-    last part, whether its weights are loaded or random-initialised from its config
-    (the same shapes: the same latencies) and wherever it is mounted (pure)."""
-    return path.removeprefix("random:").rstrip("/").rsplit("/", 1)[-1]
-
-
-# what a job must share with the setup a profile was measured on to use it
-SETUP = ("model", "dtype", "engine", "rollout_accelerator", "trainer_accelerator",
-         "tensor_parallel")
-
-
-def measured_on(spec, source: str) -> dict:
-    """What a profile was measured on: the `SETUP` fields, the responses' cap, when
-    and how."""
-    return {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
-            "engine": spec.rollout.engine,
-            "rollout_accelerator": spec.accelerator_for("rollout").type,
-            "trainer_accelerator": spec.accelerator_for("trainer").type,
-            "tensor_parallel": spec.rollout.tensor_parallel,
-            "max_new_tokens": spec.rollout.max_new_tokens,
-            "created": time.time(), "source": source}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -179,10 +180,34 @@ class TrainProfile:
         return cls(npus, tps, f"analytic ({hw.name})")
 
 
+def model_name(path: str) -> str:
+    """A model's name for matching profiles to jobs: its directory's (or hub id's)
+    last part, whether its weights are loaded or random-initialised from its config
+    (the same shapes: the same latencies) and wherever it is mounted (pure)."""
+    return path.removeprefix("random:").rstrip("/").rsplit("/", 1)[-1]
+
+
+# what a job must share with the setup a profile was measured on to use it
+SETUP = ("model", "dtype", "engine", "rollout_accelerator", "trainer_accelerator",
+         "tensor_parallel")
+
+
+def measured_on(spec, source: str) -> dict:
+    """What a profile was measured on: the `SETUP` fields, the responses' cap, when
+    and how."""
+    return {"model": model_name(spec.model.path), "dtype": spec.model.dtype,
+            "engine": spec.rollout.engine,
+            "rollout_accelerator": spec.accelerator_for("rollout").type,
+            "trainer_accelerator": spec.accelerator_for("trainer").type,
+            "tensor_parallel": spec.rollout.tensor_parallel,
+            "max_new_tokens": spec.rollout.max_new_tokens,
+            "created": time.time(), "source": source}
+
+
 @dataclass
 class Profile:
     """Everything the planner needs, as one JSON document. `meta`: what it was
-    measured on (planner/live.py `measured_on`); empty for a hand-written profile."""
+    measured on (`measured_on`); empty for a hand-written profile."""
 
     gen: GenProfile
     train: TrainProfile
@@ -221,8 +246,6 @@ class Profile:
         saying which field and why."""
         if not self.meta:
             return self, []
-        from .live import SETUP, measured_on
-
         job = measured_on(spec, "")
         differ = [f"{k} {self.meta[k]!r} (the job's: {job[k]!r})" for k in SETUP
                   if k in self.meta and self.meta[k] != job[k]]
