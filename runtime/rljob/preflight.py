@@ -191,6 +191,27 @@ def _check_length_predictor(spec, problems: list[str]) -> None:
         problems.append(f"rollout.lengthPredictor: {exc}")
 
 
+def _check_environment(spec, examples, problems: list[str]) -> None:
+    """An environment resolves and starts on the dataset's first row."""
+    if not spec.rollout.episodic:
+        return
+    from .environments import ENVIRONMENTS
+
+    name = spec.rollout.environment
+    try:
+        env = ENVIRONMENTS.get(name)
+    except ValueError as exc:
+        problems.append(f"rollout.environment: {exc}")
+        return
+    if examples:
+        e = examples[0]
+        try:
+            env({"prompt": e.prompt, "answer": e.answer, **(e.extra or {})})
+        except Exception as exc:  # noqa: BLE001 - a user's environment, one line
+            problems.append(f"rollout.environment: {name} fails to start on the dataset's "
+                            f"first row: {type(exc).__name__}: {' '.join(str(exc).split())}")
+
+
 def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
     """A checkpoint's embedding has a row for every id of its tokenizer (more rows are
     padding, never sampled: sampling.py); a `random:` config is sized to the
@@ -265,6 +286,7 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
                 if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, examples, problems)
     _check_length_predictor(spec, problems)
+    _check_environment(spec, examples, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, problems)

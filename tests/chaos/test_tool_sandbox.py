@@ -93,3 +93,42 @@ def test_calculator_evaluates_arithmetic_and_refuses_the_rest():
     assert "not arithmetic" in calc("__import__('os').system('true')").error
     assert "exponent" in calc("9 ** 9 ** 9").error
     assert "division by zero" in calc("1 / 0").error
+
+
+def test_a_bad_program_in_an_episode_is_that_episodes_error_observation():
+    """The python environment in episodes (a scripted policy): a program that spins,
+    floods or forks ends as `<out>error: ...</out>` for its episode, which goes on to
+    its next turn; the batch's other episodes are answered as usual."""
+    from rljob.environments import Python
+    from rljob.rollout.engine import Generation, SamplingParams
+    from rljob.rollout.episodes import run_episodes
+    from tests.unit.test_episodes import TOK, Scripted, enc
+
+    class Quick(Python):
+        limits = LIMITS
+
+    programs = ["<py>while True:\n    pass</py>", "<py>print('x' * 10**7)</py>",
+                "<py>import os\nos.fork()</py>", "<py>print(6 * 7)</py>"]
+
+    class PerPrompt(Scripted):
+        """Turn 1: prompt i's program; turn 2: every episode ends."""
+
+        def generate(self, prompts, params):
+            self.calls += 1
+            texts = programs if self.calls == 1 else ["done"] * len(prompts)
+            ends = [] if self.calls == 1 else [TOK.eos_token_id]
+            return [[Generation(enc(texts[i]) + ends, [-0.1] * (len(enc(texts[i])) + len(ends)))]
+                    for i in range(len(prompts))]
+
+    rows = [{"prompt": f"q{i}", "answer": ""} for i in range(4)]
+    started = time.monotonic()
+    groups = run_episodes(PerPrompt([]), TOK, [enc(r["prompt"]) for r in rows], rows,
+                          SamplingParams(n=1, seeds=(1, 2, 3, 4)), Quick, 3, 512)
+    assert time.monotonic() - started < 3 * LIMITS.wall_seconds  # replies side by side
+    texts = [TOK.decode(g[0].response_ids) for g in groups]
+    assert "<out>error: CPU time over 1 s</out>done" in texts[0]
+    assert "<out>error: output over 4096 bytes</out>done" in texts[1]
+    assert "refuses os.fork" in texts[2]
+    assert "<out>42\n</out>done" in texts[3]
+    assert [g[0].tool_errors for g in groups] == [1, 1, 1, 0]
+    assert all(len(g[0].turns) == 2 and not g[0].error for g in groups)

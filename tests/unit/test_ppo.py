@@ -182,7 +182,7 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
     class Spec:  # what tasks_for and train_reads look at
         def __init__(self, algorithm, engine="torch"):
             self.algorithm = algorithm
-            self.rollout = type("R", (), {"dispatch": "fifo"})()
+            self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False})()
             self.trainer = type("T", (), {"engine": engine})()
 
     names = {t.name: t for t in tasks_for(Spec(ppo))}

@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ..api.spec import RLJobSpec
+from ..environments import ENVIRONMENTS
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
@@ -39,6 +40,7 @@ from ..workflow.dispatch import rollout_claim_policy
 from ..workflow.tasks import ROLLOUT_READS, rollout_batch_rows, tasks_for
 from . import vllm_engine  # noqa: F401 - registers rollout.engine vllm
 from .engine import SamplingParams, make_engine
+from .episodes import Episode, episode_record, run_episodes, summary
 
 log = logging.getLogger("rljob.rollout")
 
@@ -95,6 +97,8 @@ class RolloutWorker:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, self.tok,
                                   model, accelerator, spec.algorithm.seed)
+        if spec.rollout.episodic:  # episodes: the environment's class, one per episode
+            self.make_env = ENVIRONMENTS.get(spec.rollout.environment)
         # a local run: the cores of a trainer that waits are lent to generation
         self.cores = CoreShare.open(self.run_dir, self.name) if model is not None else None
         if self.cores is not None:
@@ -159,7 +163,9 @@ class RolloutWorker:
 
     def score(self, batch: Batch, first: int, samples: list) -> list:
         """The rewards of `samples`, generated for the batch's rows from `first` on."""
-        texts = [self.tok.decode(x.response_ids) for x in samples]
+        # an episode's: the turns its environment says the reward scores
+        texts = [x.text if isinstance(x, Episode) else self.tok.decode(x.response_ids)
+                 for x in samples]
         rows = range(first, first + len(samples))
         scored = score_all(self.reward_fn, [batch.data["prompt"][i] for i in rows], texts,
                            [batch.data["answer"][i] for i in rows],
@@ -189,8 +195,12 @@ class RolloutWorker:
         if last:
             self.consumer.keeper.drop(batch)
         indices = batch.indices if indices is None else indices
+        episodes = {}
+        if self.spec.rollout.episodic:  # the model's tokens 1, the observations' 0
+            episodes = {"loss_mask": [np.asarray(x.loss_mask, np.uint8) for x in flat],
+                        "episode": [episode_record(x) for x in flat]}
         try:
-            self.consumer.tq.write(indices, {
+            self.consumer.tq.write(indices, {**episodes,
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
                 "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
                 "reward": [s.score for s in scored],
@@ -253,11 +263,15 @@ class RolloutWorker:
                 # weights swap between generations, not in one
                 with self.receiver.lock, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
-                    groups = self.engine.generate(prompts, replace(self.params, seeds=seeds))
+                    params = replace(self.params, seeds=seeds)
+                    groups = (self._episodes(batch, firsts, prompts, params)
+                              if spec.rollout.episodic else self.engine.generate(prompts, params))
                 flat = [x for group in groups for x in group]
                 done = time.time()
                 calls = [asdict(c) for c in self.engine.take_timings()]
-                self.spans.add("generate", t0, done, step, {"calls": calls})
+                self.spans.add("generate", t0, done, step, {
+                    "calls": calls, **({"episodes": summary(flat)} if spec.rollout.episodic
+                                       else {})})
                 if written is not None:
                     written.result()  # one write in flight at most; a refusal surfaces here
                 # scored and written while the next batch generates
@@ -276,6 +290,15 @@ class RolloutWorker:
             except Exception as exc:  # noqa: BLE001 - shutting down: its lease expires
                 log.warning("could not release a claimed batch: %s", exc)
             io.shutdown()
+
+    def _episodes(self, batch: Batch, firsts: list[int], prompts: list[list[int]],
+                  params: SamplingParams) -> list[list[Episode]]:
+        """Each group's episodes: the model's turns and its environment's replies."""
+        d = batch.data
+        rows = [{"prompt": d["prompt"][i], "answer": d["answer"][i], **(d["extra"][i] or {})}
+                for i in firsts]
+        return run_episodes(self.engine, self.tok, prompts, rows, params, self.make_env,
+                            self.spec.rollout.max_turns, self.spec.rollout.max_new_tokens)
 
     def _await_claim(self, ahead: Future):
         """The claim in flight; while it waits (parked by the staleness bound), the

@@ -45,7 +45,7 @@ from ..infra.rundir import PARTIAL, RunDir, step_of
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import LeaseKeeper, ride_out, warn
 from ..transferqueue.dataplane import Batch
-from ..workflow.tasks import CRITIC_READS
+from ..workflow.tasks import critic_reads
 from .algorithms import advantage_estimator, value_loss
 from .batch import make_batch
 
@@ -126,6 +126,7 @@ class Critic:
                  pad_id: int, run: RunDir | None, version: int = 0,
                  opt_state: dict | None = None):
         self.spec, self.model, self.device, self.tq = spec, model.to(device), device, tq
+        self.reads = critic_reads(spec)
         self.pad_id, self.run, self.version = pad_id, run, version
         algo = spec.algorithm
         self.n, self.mb, self.g = algo.samples_per_step, algo.micro_samples, algo.group_size
@@ -211,7 +212,7 @@ class Critic:
 
     def _claim(self) -> Batch:
         while True:
-            batch = ride_out(lambda: self.tq.claim_get("critic", self.n, CRITIC_READS,
+            batch = ride_out(lambda: self.tq.claim_get("critic", self.n, self.reads,
                                                        policy="group", wait=1.0, min_count=1),
                              away=warn(log), stop=self._stop, once=True)
             if batch is None:  # the controller was away: claim again
@@ -245,7 +246,9 @@ class Critic:
                                                       algo.gamma, algo.lam)
                 out[int(d["slot"][i])] = {"prompt": prompts[k], "response": responses[k],
                                           "index": batch.rows[i].index, "lease": batch.lease,
-                                          "values": v, "advantages": adv, "returns": ret}
+                                          "values": v, "advantages": adv, "returns": ret,
+                                          "loss_mask": (d["loss_mask"][i].tolist()
+                                                        if "loss_mask" in d else None)}
             indices = [batch.rows[i].index for i in members]
             slots = [int(d["slot"][i]) for i in members]
             self.tq.write(indices, {

@@ -49,6 +49,13 @@ SCALARS = {
     "filtered_share": "dynamic_sampling/filtered_share",
     "extra_prompts": "dynamic_sampling/extra_prompts",
     "groups_filled": "dynamic_sampling/groups_filled",
+    # episodes (rollout.environment)
+    "turns_mean": "episodes/turns_mean",
+    "tool_calls": "episodes/tool_calls",
+    "tool_errors": "episodes/tool_errors",
+    "tool_seconds": "episodes/tool_seconds",
+    "episode_errors": "episodes/errors",
+    "observation_tokens": "episodes/observation_tokens",
 }
 
 

@@ -46,6 +46,7 @@ class Sample:
     # 1 for each response token the model wrote, 0 for one its environment wrote (an
     # episode's observations); None: every token is the model's
     loss_mask: list[int] | None = None
+    episode: dict | None = None  # its turns, tool calls, errors and seconds (episodes)
 
 
 class Stopped(Exception):
@@ -140,6 +141,10 @@ class StepSource:
             for i, s in enumerate(samples):
                 s.token_advantages = d["advantages"][i].tolist()
                 s.critic_version = int(d["critic_version"][i])
+        if "loss_mask" in d:  # episodes: the model's tokens 1, the observations' 0
+            for i, s in enumerate(samples):
+                s.loss_mask = d["loss_mask"][i].tolist()
+                s.episode = dict(d["episode"][i] or {})
         batch, samples = self._refuse_foreign(batch, samples)
         if not batch.rows:
             return

@@ -19,8 +19,9 @@ log = logging.getLogger("rljob.trainer")
 
 
 def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
-    """Supervised steps on prompt → answer (teacher forcing) for random-init models;
-    `report(step, steps, loss)` hears every tenth step and the last."""
+    """Supervised steps on prompt → answer (teacher forcing) for random-init models (a
+    row's `demonstration`, when it has one: a demonstrated episode, its tool calls and
+    their results); `report(step, steps, loss)` hears every tenth step and the last."""
     steps = spec.model.warmup_steps
     if steps == 0:
         return 0.0
@@ -32,8 +33,8 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
     for step in range(1, steps + 1):
         picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
         prompts = [prompt_ids(tok, examples[i].prompt) for i in picked]
-        answers = [tok.encode(examples[i].answer, add_special_tokens=False) + [tok.eos_token_id]
-                   for i in picked]
+        answers = [tok.encode(target(examples[i]), add_special_tokens=False)
+                   + [tok.eos_token_id] for i in picked]
         b = make_batch(prompts, answers, tok.pad_token_id).to(policy.device)
         logp = policy.logprobs(b, TokenDistribution(vocab=len(tok)))  # the tokenizer's ids
         loss = -(logp * b.mask).sum() / b.mask.sum()
@@ -43,6 +44,11 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
         if report is not None and (step % 10 == 0 or step == steps):
             report(step, steps, float(loss.detach()))
     return float(loss.detach())
+
+
+def target(example) -> str:
+    """What the warm-up teaches for a row: its demonstration, else its answer."""
+    return str(example.extra.get("demonstration") or example.answer)
 
 
 def warmup_reporter(run: RunDir | None):

@@ -8,7 +8,9 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           weights_epoch (int64: the trainer life whose weights made the sample),
           gen_calls (json: the engine calls that generated the rows written
           together, on the first of them, [] on the others: a live profile's input,
-          planner/live.py)
+          planner/live.py); with an environment (rollout.environment) also
+          loss_mask (uint8, one per response token: 1 the model's, 0 an
+          observation's) and episode (json: turns, tool calls and errors, seconds)
 reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
           frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
           torch, computed by whichever side waits (trainer/reference.py)
@@ -36,6 +38,8 @@ ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            scalar("finished_at", "float64"),
                                            scalar("weights_epoch", "int64"),
                                            json_column("gen_calls")])
+# rollout.environment: an episode's tokens, the model's and its environment's
+EPISODE_COLUMNS = [tensor("loss_mask", "uint8"), json_column("episode")]
 TRAIN = TaskSpec("train", ["response_ids", "reward"])
 REFERENCE = TaskSpec("reference", ["response_ids"], [tensor("ref_logp", "float32")])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
@@ -63,7 +67,9 @@ def tasks_for(spec) -> tuple:
     train = TRAIN_PPO if spec.algorithm.critic else TRAIN
     if reference_task(spec):
         train = TaskSpec("train", [*train.consumes, "ref_logp"])
-    tasks = (DRIVER, ROLLOUT, train) + ((CRITIC,) if spec.algorithm.critic else ())
+    rollout = (TaskSpec("rollout", ROLLOUT.consumes, [*ROLLOUT.produces, *EPISODE_COLUMNS])
+               if spec.rollout.episodic else ROLLOUT)
+    tasks = (DRIVER, rollout, train) + ((CRITIC,) if spec.algorithm.critic else ())
     tasks += (REFERENCE,) if reference_task(spec) else ()
     return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
 
@@ -72,7 +78,13 @@ def train_reads(spec) -> list[str]:
     """The columns the trainer reads (ppo: the critic's advantages too; the
     reference's log-probs when they are a task)."""
     return (TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
-            + (["ref_logp"] if reference_task(spec) else []))
+            + (["ref_logp"] if reference_task(spec) else [])
+            + (["loss_mask", "episode"] if spec.rollout.episodic else []))
+
+
+def critic_reads(spec) -> list[str]:
+    """The columns the critic reads (an episode's loss mask too)."""
+    return CRITIC_READS + (["loss_mask"] if spec.rollout.episodic else [])
 
 ROLLOUT_READS = ["prompt", "answer", "extra", "prompt_ids", "slot"]
 TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "released_at",

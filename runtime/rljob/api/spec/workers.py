@@ -94,6 +94,17 @@ class RolloutSpec(ApiModel):
         "online: a ranker that learns from the finished samples; else a predictor an "
         "installed package adds (entry point group rljob.length_predictors) or an "
         "importable module:Class (a rljob.workflow.lengths.LengthPredictor).")
+    environment: str = Field(
+        "single_turn", min_length=1, max_length=253,
+        description="What answers the model's turns of an episode. single_turn: one "
+        "prompt, one response. calculator: the model may call <calc>EXPRESSION</calc> and "
+        "reads <res>VALUE</res> before it goes on. Else an installed package's (entry "
+        "point group rljob.environments) or an importable module:Class (a "
+        "rljob.environments.Environment). An episode's observation tokens are never "
+        "trained on; maxNewTokens caps its whole response.")
+    max_turns: int = Field(
+        4, ge=1, le=64,
+        description="The model's turns an episode takes at most (single_turn: one).")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     resources: ComputeResources = Field(
         default_factory=ComputeResources,
@@ -127,7 +138,20 @@ class RolloutSpec(ApiModel):
             check=lambda r: r.npus_per_replica % r.tensor_parallel == 0,
             field_path=".npusPerReplica",
         ),
+        Rule(
+            cel="!has(self.environment) || self.environment == 'single_turn' || "
+            "!has(self.engine) || self.engine == 'hf'",
+            message="rollout.environment other than single_turn runs with rollout.engine "
+            "hf (episodes on vLLM are not built yet)",
+            check=lambda r: r.environment == "single_turn" or r.engine == "hf",
+            field_path=".environment",
+        ),
     )
+
+    @property
+    def episodic(self) -> bool:
+        """Whether an environment answers the model's turns (episodes of turns)."""
+        return self.environment != "single_turn"
 
 
 class ParallelismSpec(ApiModel):
