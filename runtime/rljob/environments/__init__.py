@@ -14,7 +14,6 @@ the entry point group `rljob.environments`.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,54 +57,45 @@ class SingleTurn(Environment):
         return Reply(done=True)
 
 
-CALL = re.compile(r"<calc>(.*?)</calc>\s*$", re.S)
+class ToolEnvironment(Environment):
+    """A turn that ends in a call (`call`ARGUMENTS`stop`) runs the tool named `tool`
+    and the result comes back between `reply_open` and `reply_close` (`error: ...`
+    for a failed call); a turn without a call ends the episode, and the reward scores
+    that last turn (the tool's results are not the model's answer)."""
+
+    tool: str
+    call: str
+    reply_open: str
+    reply_close: str
+    limits = Limits()
+    shown = 512  # characters of a result the model reads (its end)
+
+    def step(self, turn: str) -> Reply:
+        head, found, arguments = turn.rstrip().removesuffix(self.stop).rpartition(self.call)
+        if not (found and turn.rstrip().endswith(self.stop)):
+            return Reply(done=True)
+        result = TOOLS.get(self.tool)(arguments, self.limits)
+        text = result.output[-self.shown:] if result.ok else f"error: {result.error}"
+        return Reply(f"{self.reply_open}{text}{self.reply_close}", done=False,
+                     error=result.error, tool_seconds=result.seconds)
+
+    def scored_text(self, turns: list[str]) -> str:
+        return turns[-1] if turns else ""
 
 
 @ENVIRONMENTS.register("calculator")
-class Calculator(Environment):
-    """The model may call the calculator as `<calc>EXPRESSION</calc>`; the value comes
-    back as `<res>VALUE</res>` (`<res>error: ...</res>` for what is not arithmetic). A
-    turn without a call ends the episode, and the reward scores that last turn (the
-    tool's results are not the model's answer)."""
+class Calculator(ToolEnvironment):
+    """`<calc>EXPRESSION</calc>` → `<res>VALUE</res>` (`<res>error: ...</res>` for what
+    is not arithmetic)."""
 
-    stop = "</calc>"
-    limits = Limits()
-
-    def step(self, turn: str) -> Reply:
-        call = CALL.search(turn)
-        if call is None:
-            return Reply(done=True)
-        result = TOOLS.get("calculator")(call.group(1), self.limits)
-        text = result.output if result.ok else f"error: {result.error}"
-        return Reply(f"<res>{text}</res>", done=False, error=result.error,
-                     tool_seconds=result.seconds)
-
-    def scored_text(self, turns: list[str]) -> str:
-        return turns[-1] if turns else ""
-
-
-PROGRAM = re.compile(r"<py>(.*?)</py>\s*$", re.S)
+    tool, call, stop = "calculator", "<calc>", "</calc>"
+    reply_open, reply_close = "<res>", "</res>"
 
 
 @ENVIRONMENTS.register("python")
-class Python(Environment):
-    """The model may run code as `<py>CODE</py>`; what it printed comes back as
-    `<out>OUTPUT</out>` (`<out>error: ...</out>` for code that fails or passes a
-    sandbox limit: time, memory, output, processes, network). A turn without code ends
-    the episode, and the reward scores that last turn."""
+class Python(ToolEnvironment):
+    """`<py>CODE</py>` → `<out>OUTPUT</out>` (`<out>error: ...</out>` for code that fails
+    or passes a sandbox limit: time, memory, output, processes, network)."""
 
-    stop = "</py>"
-    limits = Limits()
-    shown = 512  # characters of a program's output the model reads
-
-    def step(self, turn: str) -> Reply:
-        program = PROGRAM.search(turn)
-        if program is None:
-            return Reply(done=True)
-        result = TOOLS.get("python")(program.group(1), self.limits)
-        text = result.output[-self.shown:] if result.ok else f"error: {result.error}"
-        return Reply(f"<out>{text}</out>", done=False, error=result.error,
-                     tool_seconds=result.seconds)
-
-    def scored_text(self, turns: list[str]) -> str:
-        return turns[-1] if turns else ""
+    tool, call, stop = "python", "<py>", "</py>"
+    reply_open, reply_close = "<out>", "</out>"

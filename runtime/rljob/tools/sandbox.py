@@ -126,7 +126,7 @@ def run_python(code: str, limits: Limits = Limits()) -> ToolResult:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     isolated = out[:2] == b"\x001"
-    text = out[2:].decode("utf-8", "replace") if out[:1] == b"\x00" else out.decode("utf-8", "replace")
+    text = (out[2:] if out[:1] == b"\x00" else out).decode("utf-8", "replace")
     return ToolResult(text, _what_ended(returncode, text, cut, timed_out, limits),
                       time.monotonic() - started, isolated)
 
