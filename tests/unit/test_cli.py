@@ -260,3 +260,32 @@ def test_validate_resolves_the_length_predictor(tmp_path):
     good = _job(tmp_path, spec % (model, data, "rljob_bench.oracle:AnswerLength"), name="good")
     out = rljob("validate", str(good))
     assert out.returncode == 0, out.stderr
+
+
+def test_validate_starts_the_environment_on_the_first_row(tmp_path):
+    """rollout.environment: one that does not resolve, or fails to start on the
+    dataset's first row, is one line naming the field."""
+    (tmp_path / "env.py").write_text(
+        "from rljob.environments import Environment\n"
+        "class NeedsTests(Environment):\n"
+        "    def __init__(self, row):\n"
+        "        self.tests = row['tests']\n"
+        "    def step(self, turn):\n"
+        "        raise NotImplementedError\n")
+    spec = ("  model: {path: 'random:%s', tokenizer: 'builtin:char'}\n"
+            "  dataset: {path: %s}\n"
+            "  rollout: {maxNewTokens: 8, environment: '%s'}\n")
+    model, data = REPO / "examples/models/tiny-qwen2", REPO / "examples/data/arith.jsonl"
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    bad = _job(tmp_path, spec % (model, data, "env:NeedsTests"), name="bad")
+    out = rljob("validate", str(bad), env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"{bad}: rollout.environment: env:NeedsTests fails to start on the dataset's first "
+        "row: KeyError: 'tests'"]
+    missing = _job(tmp_path, spec % (model, data, "nowhere"), name="missing")
+    assert "rollout.environment 'nowhere' is not available here" in rljob(
+        "validate", str(missing)).stderr

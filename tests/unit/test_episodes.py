@@ -122,3 +122,19 @@ def test_single_turn_is_the_generation_itself():
     [group] = run(engine, SingleTurn)
     assert group[0].response_ids == enc("12") + [EOS] and group[0].loss_mask == [1, 1, 1]
     assert engine.calls == 1
+
+
+def test_the_spec_takes_an_environment_and_refuses_it_on_vllm():
+    import pytest
+    from pydantic import ValidationError
+
+    from rljob.api.spec import RLJobSpec
+
+    base = {"model": {"path": "m"}, "dataset": {"path": "d.jsonl"}}
+    spec = RLJobSpec.model_validate({**base, "rollout": {"environment": "calculator"}})
+    assert spec.rollout.episodic and spec.rollout.max_turns == 4
+    assert not RLJobSpec.model_validate(base).rollout.episodic
+    with pytest.raises(ValidationError, match="rollout.environment other than single_turn "
+                       "runs with rollout.engine hf"):
+        RLJobSpec.model_validate({**base, "rollout": {"environment": "calculator",
+                                                      "engine": "vllm"}})
