@@ -55,7 +55,11 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.field} {ep.name!r}: the entry point {ep.value!r} "
                              f"(group {self.group}) fails to load: {type(exc).__name__}: "
                              f"{exc}") from None
-        return self.register(ep.name)(thing)
+        try:
+            return self.register(ep.name)(thing)
+        except TypeError as exc:  # it loads, but is not what this registry holds
+            raise ValueError(f"{exc} (the entry point {ep.value!r}, group {self.group})"
+                             ) from None
 
     def get(self, name: str) -> T:
         found = self._things.get(name)
@@ -90,7 +94,7 @@ class Registry(Generic[T]):
             if name not in self._things:
                 try:
                     self._load(ep)
-                except (ValueError, TypeError) as exc:
+                except ValueError as exc:
                     log.warning("%s", exc)
         return dict(self._things)
 
