@@ -30,6 +30,22 @@ class Reply:
     tool_seconds: float = 0.0
 
 
+def episode_figures(records: list[dict]) -> dict:
+    """Figures of episodes from their records (`rollout.episodes.episode_record`):
+    turns, tool calls and their errors, tool seconds, episodes ended by an
+    environment error, observation tokens; none without records."""
+    if not records:
+        return {}
+    n = len(records)
+    return {"turns_mean": sum(e["turns"] for e in records) / n,
+            "turns_max": max(e["turns"] for e in records),
+            "tool_calls": sum(e["tool_calls"] for e in records),
+            "tool_errors": sum(e["tool_errors"] for e in records),
+            "tool_seconds": sum(e["tool_seconds"] for e in records),
+            "episode_errors": sum(bool(e["error"]) for e in records),
+            "observation_tokens": sum(e["observation_tokens"] for e in records)}
+
+
 class Environment(ABC):
     stop: str | None = None  # a model turn ends at this text (else at the end token)
 
@@ -71,8 +87,9 @@ class ToolEnvironment(Environment):
     shown = 512  # characters of a result the model reads (its end)
 
     def step(self, turn: str) -> Reply:
-        head, found, arguments = turn.rstrip().removesuffix(self.stop).rpartition(self.call)
-        if not (found and turn.rstrip().endswith(self.stop)):
+        turn = turn.rstrip()
+        _, found, arguments = turn.removesuffix(self.stop).rpartition(self.call)
+        if not (found and turn.endswith(self.stop)):
             return Reply(done=True)
         result = TOOLS.get(self.tool)(arguments, self.limits)
         text = result.output[-self.shown:] if result.ok else f"error: {result.error}"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from ..environments import Environment, Reply
+from ..environments import Environment, Reply, episode_figures
 from .engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger("rljob.rollout")
@@ -54,11 +54,13 @@ def cut_at_stop(gen: Generation, stop: str | None, decode: Callable[[list[int]],
     """A turn's tokens up to and with the first `stop` text (or the end token), at
     most `room` of them, their log-probs and the turn's text (pure)."""
     ids, logps = list(gen.response_ids)[:room], list(gen.logprobs)[:room]
-    if stop:
-        for k in range(1, len(ids) + 1):
-            if stop in decode(ids[:k]):
-                ids, logps = ids[:k], logps[:k]
-                break
+    if stop and stop in decode(ids):
+        # the shortest prefix holding the stop (a longer prefix holds it too)
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if stop in decode(ids[:mid]) else (mid + 1, hi)
+        ids, logps = ids[:lo], logps[:lo]
     text = decode([t for t in ids if t != eos])
     return ids, logps, text
 
@@ -95,8 +97,8 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
                      and not (ids and ids[-1] == eos) for e, (ids, _, _) in zip(live, cut)]
             replies = list(pool.map(_reply, live, [c[2] for c in cut], asked))
             going = []
-            for e, (ids, _, _), reply in zip(live, cut, replies):
-                _take(e, reply, ids, eos, turn, max_turns, budget, tok)
+            for e, reply in zip(live, replies):
+                _take(e, reply, budget, tok)
                 if not e.done:
                     going.append(e)
             live = going
@@ -136,18 +138,16 @@ def _reply(e: Episode, text: str, asked: bool = True) -> Reply:
                                       f"{exc}")
 
 
-def _take(e: Episode, reply: Reply, ids: list[int], eos: int, turn: int, max_turns: int,
-          budget: int, tok) -> None:
-    """The environment's reply into the episode: its observation, its end."""
+def _take(e: Episode, reply: Reply, budget: int, tok) -> None:
+    """The environment's reply into the episode: its observation, its end (a turn
+    that left no room to go on was not asked: its reply is done)."""
     if not reply.done:  # the environment answered a call
         e.tool_calls += 1
         e.tool_errors += bool(reply.error)
     elif reply.error:
         e.error = e.error or reply.error
     e.tool_seconds += reply.tool_seconds
-    ended = (reply.done or turn >= max_turns or (ids and ids[-1] == eos)
-             or len(e.response_ids) >= budget)
-    if ended:
+    if reply.done:
         e.done = True
         return
     obs = tok.encode(reply.observation, add_special_tokens=False)
@@ -168,15 +168,8 @@ def episode_record(e: Episode) -> dict:
 
 
 def summary(episodes: list[Episode]) -> dict:
-    """Turns, tool calls, errors and seconds of a batch of episodes (for its span)."""
-    n = max(len(episodes), 1)
-    return {"episodes": len(episodes),
-            "turns": sum(len(e.turns) for e in episodes) / n,
-            "tool_calls": sum(e.tool_calls for e in episodes),
-            "tool_errors": sum(e.tool_errors for e in episodes),
-            "env_errors": sum(bool(e.error) for e in episodes),
-            "tool_seconds": sum(e.tool_seconds for e in episodes)}
-
+    """A batch's episode figures (for its span), as the trainer's step figures."""
+    return {"episodes": len(episodes), **episode_figures([episode_record(e) for e in episodes])}
 
 def _mix(seed: int, k: int) -> int:
     """A seed of its own for the k-th of `seed`'s (deterministic: no hash salt)."""

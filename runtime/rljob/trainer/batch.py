@@ -47,16 +47,24 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     """`loss_masks`: per sample, 1 or 0 for each response token (None: all count)."""
     batch = _padded(prompts, responses, pad_id)
     if loss_masks is not None and any(m is not None for m in loss_masks):
-        lm = batch.mask.clone()
-        for i, m in enumerate(loss_masks):
-            if m is not None:
-                pos = batch.mask[i].nonzero().squeeze(1)
-                lm[i, pos] = torch.as_tensor(list(m)[:len(pos)], dtype=lm.dtype)
-        batch.loss_mask = lm
+        batch.loss_mask = per_token(batch.mask, loss_masks, fill=batch.mask)
     if packing != "none":
         batch.packed = pack(prompts, responses, share=packing == "shared_prompt",
                             pad_id=pad_id)
     return batch
+
+
+def per_token(mask: torch.Tensor, rows, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-response-token values (a row's, in response order) in the [B, T] layout of
+    `mask` (1 on the response positions); a row that is None keeps `fill`'s values
+    (default: zeros), and so do the positions off the response."""
+    out = fill.clone() if fill is not None else torch.zeros(mask.shape, device=mask.device)
+    for i, row in enumerate(rows):
+        if row is not None:
+            pos = mask[i].nonzero().squeeze(1)
+            out[i, pos] = torch.as_tensor(list(row)[:len(pos)], dtype=out.dtype,
+                                          device=out.device)
+    return out
 
 
 def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:

@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 
+from ..environments import episode_figures
 from ..workflow.timing import (generation_queue_seconds, generation_seconds, profile_record,
                                spread, training_seconds)
 from .algorithms import OffPolicyStats
@@ -103,25 +104,10 @@ def step_metrics(t, samples, train_spans, wall, sums) -> dict:
         "train_tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
         "prompts": prompts_digest(s.prompt_ids for s in sorted(samples, key=lambda s: s.slot)),
         **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
-        **episode_figures(samples),
+        # episodes (rollout.environment): none for single-turn samples
+        **episode_figures([s.episode for s in samples if s.episode]),
     }
 
-
-def episode_figures(samples) -> dict:
-    """Episodes (rollout.environment): turns, tool calls and their errors, tool
-    seconds, episodes ended by an environment error, observation tokens; none for
-    single-turn samples."""
-    eps = [s.episode for s in samples if s.episode]
-    if not eps:
-        return {}
-    n = len(eps)
-    return {"turns_mean": sum(e["turns"] for e in eps) / n,
-            "turns_max": max(e["turns"] for e in eps),
-            "tool_calls": sum(e["tool_calls"] for e in eps),
-            "tool_errors": sum(e["tool_errors"] for e in eps),
-            "tool_seconds": sum(e["tool_seconds"] for e in eps),
-            "episode_errors": sum(bool(e["error"]) for e in eps),
-            "observation_tokens": sum(e["observation_tokens"] for e in eps)}
 
 
 class Reporter:

@@ -20,7 +20,7 @@ import torch
 
 from ..sampling import TokenDistribution
 from .algorithms import OffPolicyStats, PolicyInputs, policy_loss
-from .batch import make_batch
+from .batch import make_batch, per_token
 from .source import Sample
 
 
@@ -41,12 +41,12 @@ def micro_step(policy, shard, t, tok, spec, last):
         if not spec.algorithm.kl_coef:
             ref_logp = logp.detach()  # no KL term, no reference forward
         elif shard[0].ref_logp is not None:  # the reference task computed them
-            ref_logp = _per_token(batch, [s.ref_logp for s in shard])
+            ref_logp = per_token(batch.mask, [s.ref_logp for s in shard])
         else:
             with torch.no_grad():
                 ref_logp = policy.ref_logprobs(batch, dist)
         parts = policy_loss(spec.algorithm)(PolicyInputs(
-            logp, logp.detach(), _per_token(batch, [s.rollout_logp for s in shard]), ref_logp,
+            logp, logp.detach(), per_token(batch.mask, [s.rollout_logp for s in shard]), ref_logp,
             _advantages(batch, shard), batch.loss_mask,
             torch.tensor([s.version == t for s in shard], device=logp.device)))
         # DDP averages gradients over the data-parallel ranks; the objective sums
@@ -56,18 +56,8 @@ def micro_step(policy, shard, t, tok, spec, last):
             "clip": parts.clip_frac, "stats": parts.stats}
 
 
-def _per_token(batch, values: list[list[float]]) -> torch.Tensor:
-    """Per-response-token values (a row's, in response order) in the batch's [B, T]
-    layout, zero off the response."""
-    out = torch.zeros(batch.mask.shape, device=batch.mask.device)
-    for i, row in enumerate(values):
-        pos = batch.mask[i].nonzero().squeeze(1)
-        out[i, pos] = torch.tensor(row[:len(pos)], dtype=out.dtype, device=out.device)
-    return out
-
-
 def _advantages(batch, shard: list[Sample]) -> torch.Tensor:
     """One advantage per response ([B]: grpo) or the critic's per token ([B, T])."""
     if shard[0].token_advantages is None:
         return torch.tensor([s.advantage for s in shard], device=batch.mask.device)
-    return _per_token(batch, [s.token_advantages for s in shard])
+    return per_token(batch.mask, [s.token_advantages for s in shard])

@@ -119,7 +119,7 @@ def claim_policy(cls: type[ClaimPolicy]) -> type[ClaimPolicy]:
 
 
 def get_claim_policy(name: str) -> ClaimPolicy:
-    if name not in CLAIM_POLICIES:
+    if name not in CLAIM_POLICIES and ":" not in name:
         raise ValueError(f"unknown claim policy {name!r}: use one of "
                          f"{', '.join(CLAIM_POLICIES.names())}")
     cls = CLAIM_POLICIES.get(name)
