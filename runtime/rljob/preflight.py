@@ -191,11 +191,19 @@ def _check_length_predictor(spec, problems: list[str]) -> None:
         problems.append(f"rollout.lengthPredictor: {exc}")
 
 
-def _check_environment(spec, examples, problems: list[str]) -> None:
-    """An environment resolves and starts on the dataset's first row."""
+def _check_environment(spec, examples, tok, problems: list[str]) -> None:
+    """An environment resolves and starts on the dataset's first row; the model's
+    chat template, where it has one, can write the environment's replies."""
     if not spec.rollout.episodic:
         return
     from .environments import ENVIRONMENTS
+    from .rollout.chat import ChatTemplateError, ChatTurns
+
+    if tok is not None:
+        try:
+            ChatTurns.of(tok)
+        except ChatTemplateError as exc:
+            problems.append(f"rollout.environment: {exc}")
 
     name = spec.rollout.environment
     try:
@@ -286,7 +294,7 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
                 if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, examples, problems)
     _check_length_predictor(spec, problems)
-    _check_environment(spec, examples, problems)
+    _check_environment(spec, examples, tok, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, problems)

@@ -162,6 +162,38 @@ def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
             **{**params.__dict__, "seed": 12}))[0]]
 
 
+def test_a_stop_text_ends_each_row_where_it_is_spelled_and_ends_the_call_early():
+    """`SamplingParams.stop` (an environment's tool-call close tag): each row ends at
+    the token that completes the text, with the tokens and log-probs of a call
+    without it, and the call decodes only until every row has ended."""
+    from rljob.rollout.engine import HFEngine, SamplingParams
+
+    tok, model = tiny()
+    engine = HFEngine(model, tok)
+    prompt = [tok.encode("12+30=")]
+    for seed in range(5, 50):  # a seed whose rows spell one character in common
+        params = SamplingParams(n=3, max_new_tokens=48, seed=seed)
+        free = engine.generate(prompt, params)[0]
+        texts = [tok.decode(g.response_ids) for g in free]
+        chars = set.intersection(*(set(t) for t in texts))
+        if chars:
+            break
+    engine.take_timings()
+    # the character every row spells soonest, so that the call can end early
+    stop = min(chars, key=lambda c: max(t.index(c) for t in texts))
+    cut = engine.generate(prompt, SamplingParams(**{**params.__dict__, "stop": stop}))[0]
+    [timing] = engine.take_timings()
+    ends = []
+    for f, c in zip(free, cut):
+        end = next((k + 1 for k in range(len(f.response_ids))
+                    if stop in tok.decode(f.response_ids[:k + 1])), len(f.response_ids))
+        ends.append(end)
+        assert c.response_ids == f.response_ids[:end] and c.logprobs == f.logprobs[:end]
+    assert max(ends) < params.max_new_tokens  # every row ended early, so the call did
+    assert timing.steps == max(ends), (timing.steps, ends)
+    print("stop", repr(stop), "rows end at", ends, "of", [len(f.response_ids) for f in free])
+
+
 def test_every_prompt_is_padded_to_a_bucket_with_at_least_one_pad():
     from rljob.rollout.engine import PROMPT_BUCKET, prompt_width
 

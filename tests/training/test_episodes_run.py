@@ -40,5 +40,11 @@ def test_the_agentic_example_runs_episodes_with_the_calculator(tmp_path):
     spans = [json.loads(x) for x in (run / "spans" / "rollout-0.jsonl").read_text().splitlines()]
     episodes = [s["info"]["episodes"] for s in spans if s["kind"] == "generate"]
     assert episodes and sum(e["tool_calls"] for e in episodes) >= steps[0]["tool_calls"]
+    # each tool call a span on the timeline, inside its batch's generation
+    tools = [s for s in spans if s["kind"] == "tool"]
+    assert len(tools) == sum(e["tool_calls"] for e in episodes)
+    gens = [s for s in spans if s["kind"] == "generate"]
+    assert all(any(g["start"] <= t["start"] <= t["end"] <= g["end"] for g in gens)
+               for t in tools)
     assert [v for _, v in tensorboard_scalars(run, "episodes/tool_calls")] == [
         m["tool_calls"] for m in steps]

@@ -58,7 +58,7 @@ def test_a_calculator_episode_masks_the_observation():
     assert e.turns == ["<calc>2+3</calc>", "5"] and e.text == "5"
     assert episode_record(e) == {"turns": 2, "tool_calls": 1, "tool_errors": 0,
                                  "tool_seconds": round(e.tool_seconds, 6), "error": "",
-                                 "observation_tokens": len(obs)}
+                                 "observation_tokens": len(obs), "env_reward": 0.0}
     # the second turn continued from the prompt, the model's call and the observation
     assert engine.contexts[1] == ["2+3=<calc>2+3</calc><res>5</res>"] * 2
 
@@ -124,17 +124,110 @@ def test_single_turn_is_the_generation_itself():
     assert engine.calls == 1
 
 
-def test_the_spec_takes_an_environment_and_refuses_it_on_vllm():
-    import pytest
-    from pydantic import ValidationError
-
+def test_the_spec_takes_an_environment_on_either_engine():
     from rljob.api.spec import RLJobSpec
 
     base = {"model": {"path": "m"}, "dataset": {"path": "d.jsonl"}}
     spec = RLJobSpec.model_validate({**base, "rollout": {"environment": "calculator"}})
     assert spec.rollout.episodic and spec.rollout.max_turns == 4
     assert not RLJobSpec.model_validate(base).rollout.episodic
-    with pytest.raises(ValidationError, match="rollout.environment other than single_turn "
-                       "runs with rollout.engine hf"):
-        RLJobSpec.model_validate({**base, "rollout": {"environment": "calculator",
-                                                      "engine": "vllm"}})
+    on_vllm = RLJobSpec.model_validate({**base, "rollout": {"environment": "python",
+                                                            "engine": "vllm"}})
+    assert on_vllm.rollout.episodic
+
+
+def test_the_engine_is_told_the_environments_stop_text():
+    engine = Scripted(["<calc>1+1</calc>", "2<eos>"])
+    engine.params = []
+    generate = engine.generate
+    engine.generate = lambda prompts, params: (engine.params.append(params),
+                                               generate(prompts, params))[1]
+    run(engine, Calculator)
+    assert [p.stop for p in engine.params] == ["</calc>", "</calc>"]
+
+
+class Rewarding(Environment):
+    """Rewards each call with 0.25 and ends after two."""
+
+    stop = "!"
+
+    def step(self, turn):
+        calls = getattr(self, "calls", 0) + 1
+        self.calls = calls
+        return Reply("ok", done=calls > 2, reward=0.25)
+
+
+def test_an_environments_rewards_are_summed_over_the_episode():
+    [group] = run(Scripted(["a!"]), Rewarding, max_turns=8)
+    e = group[0]
+    assert e.env_reward == 0.75 and episode_record(e)["env_reward"] == 0.75
+
+
+# ---- the concurrent driver (vLLM): each episode a task, each turn a request ----
+
+class Slow(Calculator):
+    """The calculator, slow for the prompt's first episode's only."""
+
+    def step(self, turn):
+        import time
+
+        if self.row.get("slow") and not getattr(Slow, "taken", False):
+            Slow.taken = True
+            time.sleep(0.5)
+        return super().step(turn)
+
+
+def test_concurrent_episodes_go_on_while_one_waits_for_its_tool():
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rljob.rollout.episodes import episode_group
+
+    script = {1: "<calc>2+3</calc>tail", 2: "5<eos>"}
+    calls = []  # (episode's seed, turn number, when), in the order made
+
+    async def turn(prefix, room, seed, stop):
+        assert stop == "</calc>"
+        text = TOK.decode(prefix)
+        k = text.count("<res>") + 1
+        calls.append((seed, k, time.time()))  # the tool spans' clock
+        await asyncio.sleep(0.01)
+        ids = (enc(script[k].removesuffix("<eos>"))
+               + ([EOS] if script[k].endswith("<eos>") else []))[:room]
+        return Generation(ids, [-0.5] * len(ids))
+
+    Slow.taken = False
+    with ThreadPoolExecutor(4) as pool:
+        group = asyncio.run(episode_group(turn, TOK, enc("2+3="), {**ROW, "slow": True}, 3, 11,
+                                          Slow, 4, 64, pool))
+    assert len(group) == 3 and all(e.done and not e.error for e in group)
+    for e in group:
+        model1, obs, model2 = enc("<calc>2+3</calc>"), enc("<res>5</res>"), enc("5") + [EOS]
+        assert e.response_ids == model1 + obs + model2
+        assert e.loss_mask == [1] * len(model1) + [0] * len(obs) + [1] * len(model2)
+        assert e.text == "5" and e.tool_calls == 1 and len(e.tool_spans) == 1
+    # each episode's turns have seeds of their own; two episodes finished their second
+    # turn while the slow one's tool still ran
+    seeds = [c[0] for c in calls]
+    assert len(set(seeds)) == len(seeds) == 6
+    slow_done = max(t1 for e in group for _, t1 in e.tool_spans)
+    assert sum(1 for _, k, when in calls if k == 2 and when < slow_done) == 2
+
+
+def test_a_replicas_series_count_its_episodes():
+    from prometheus_client import generate_latest
+
+    from rljob.infra.worker_metrics import WorkerMetrics
+
+    m = WorkerMetrics("rollout-0", None)
+    engine = Scripted(["<calc>2+3</calc>", "<calc>1/0</calc>", "5<eos>"])
+    [group] = run(engine, Calculator, n=2, budget=128)
+    m.count_episodes([episode_record(e) for e in group])
+    text = generate_latest(m.registry).decode()
+    assert 'rljob_tool_calls_total{worker="rollout-0"} 4.0' in text
+    assert 'rljob_tool_errors_total{worker="rollout-0"} 2.0' in text  # 1/0 twice
+    assert 'rljob_episode_turns_count{worker="rollout-0"} 2.0' in text
+    assert 'rljob_episode_turns_sum{worker="rollout-0"} 6.0' in text
+    obs = sum(e.loss_mask.count(0) for e in group)
+    assert f'rljob_observation_tokens_total{{worker="rollout-0"}} {float(obs)}' in text

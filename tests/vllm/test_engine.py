@@ -212,3 +212,70 @@ def test_a_tensor_parallel_worker_holds_its_shard_and_one_bucket_during_an_updat
         assert len(workers) == 2, row
         for private, _ in workers.values():
             assert private < results["model_mb"] / 3, row
+
+
+def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observations(
+        engine, tok):
+    """Episodes on vLLM (`submit_episodes`): each turn is a request on the episode's
+    whole prefix; a turn ends where its tokens spell the environment's stop text (the
+    request is aborted there, its tokens and log-probs those of a request left to
+    run); the observations are masked; every model token's log-prob is what
+    transformers gives it in the whole episode's context."""
+    from collections import Counter
+
+    from rljob.environments import Environment, Reply
+
+    model = _policy(tok, seed=0, noise=0.05)
+    engine.load_weights(model.state_dict(), 6)
+    prompt = tok.encode("12+34=")
+    params = SamplingParams(n=4, max_new_tokens=40)
+    free = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=24, seed=1))[0]
+    # the character the model spells most: the stop text, so turns end at it
+    stop = Counter(c for g in free for c in tok.decode(g.response_ids)
+                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+
+    # one turn, left to run and stopped at the text, with one seed
+    whole = engine._call(engine._turn(prompt, params, 30, 3, None))
+    cut = engine._call(engine._turn(prompt, params, 30, 3, stop))
+    end = next((k + 1 for k in range(len(whole.response_ids))
+                if stop in tok.decode(whole.response_ids[:k + 1])), None)
+    assert end is not None and end < len(whole.response_ids)
+    assert cut.response_ids[:end] == whole.response_ids[:end]
+    assert cut.logprobs[:end] == pytest.approx(whole.logprobs[:end], abs=1e-6)
+    assert len(cut.response_ids) < len(whole.response_ids)  # it did not run to the end
+    print(f"stop {stop!r}: at token {end}; the aborted request returned "
+          f"{len(cut.response_ids)} tokens, the whole one {len(whole.response_ids)}")
+
+    class Echo(Environment):  # answers every call, never ends an episode itself
+        def step(self, turn):
+            return Reply("[ok]", done=False)
+
+    Echo.stop = stop
+    row = {"prompt": "12+34=", "answer": "46"}
+    group, version, epoch = engine.submit_episodes(prompt, row, params, 7, Echo, 3, 40).result()
+    assert (version, epoch) == (6, 0) and len(group) == 4
+    obs = tok.encode("[ok]", add_special_tokens=False)
+    for e in group:
+        assert len(e.response_ids) == len(e.loss_mask) == len(e.logprobs) <= 40
+        assert 1 <= len(e.turns) <= 3 and e.tool_calls == len(e.turns) - 1
+        turns, k = [], 0
+        while k < len(e.response_ids):  # the model's turns between the observations
+            j = k
+            while j < len(e.response_ids) and e.loss_mask[j]:
+                j += 1
+            turns.append(e.response_ids[k:j])
+            if j < len(e.response_ids):
+                assert e.response_ids[j:j + len(obs)] == obs
+                assert e.loss_mask[j:j + len(obs)] == [0] * len(obs)
+                assert e.logprobs[j:j + len(obs)] == [0.0] * len(obs)
+            k = j + len(obs)
+        for t in turns[:-1]:  # each turn the environment answered ended at the stop
+            assert tok.decode(t).endswith(stop)
+        b = make_batch([prompt], [e.response_ids], tok.pad_token_id)
+        with torch.no_grad():
+            ref = token_logprobs(model, b)[0][b.mask[0].bool()]
+        on = torch.tensor(e.loss_mask, dtype=torch.bool)
+        assert (torch.tensor(e.logprobs)[on] - ref[on]).abs().max().item() < TOL
+    assert sum(e.tool_calls for e in group) > 0
+    print("episodes on vLLM: turns", [len(e.turns) for e in group], "lengths",
+          [len(e.response_ids) for e in group])

@@ -1,5 +1,6 @@
 """Whole runs with the real vLLM rollout engine (CPU build): the README's vLLM
-quickstart learns, and `rljob bench engines` prints both engines side by side."""
+quickstart and the agentic example learn, and `rljob bench engines` prints both
+engines side by side."""
 
 from __future__ import annotations
 
@@ -86,3 +87,49 @@ def test_bench_engines_prints_both_engines(tmp_path):
     assert results["vllm_over_hf"]["generated_tokens_per_s"] == pytest.approx(
         results["engines"]["vllm"]["generated_tokens_per_s"]
         / results["engines"]["hf"]["generated_tokens_per_s"])
+
+
+def test_the_agentic_example_learns_on_vllm(tmp_path):
+    """examples/agentic-calculator-vllm.yaml: episodes on vLLM (a request per turn on
+    the episode's prefix, stopped at </calc>, the calculator answering in a thread
+    while the other episodes generate). Over its 60 steps the reward and the
+    calculator calls a step rise from the first 30 steps to the last 30; every step
+    has tool calls and observation tokens and no episode errors; each tool call is
+    a span on the timeline."""
+    job = REPO / "examples" / "agentic-calculator-vllm.yaml"
+    spec = yaml.safe_load(job.read_text())["spec"]
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job), "--run-dir",
+                          str(run)], capture_output=True, text=True, cwd=REPO, env=_env(),
+                         timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "WeightUpdateExtension" in (run / "logs" / "rollout-0.log").read_text()
+    ms = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    steps = spec["algorithm"]["maxSteps"]
+    assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    budget, turns = spec["rollout"]["maxNewTokens"], spec["rollout"]["maxTurns"]
+    for m in ms:
+        assert m["tool_calls"] > 0 and m["observation_tokens"] > 0 and m["episode_errors"] == 0
+        assert 1 <= m["turns_mean"] <= m["turns_max"] <= turns
+        assert m["response_length"] <= budget
+        assert m["staleness_max"] <= spec["workflow"]["maxStaleness"]
+    half = steps // 2
+
+    def mean(key, part):
+        return sum(m[key] for m in part) / len(part)
+
+    first, last = ms[:half], ms[half:]
+    well = [1 - sum(m["tool_errors"] for m in p) / sum(m["tool_calls"] for m in p)
+            for p in (first, last)]
+    print(f"agentic example on vLLM, steps 1-{half} → {half + 1}-{steps}: reward "
+          f"{mean('reward_mean', first):.3f} → {mean('reward_mean', last):.3f}, tool calls a "
+          f"step {mean('tool_calls', first):.1f} → {mean('tool_calls', last):.1f}, well-formed "
+          f"{well[0]:.0%} → {well[1]:.0%}, turns {mean('turns_mean', first):.2f} → "
+          f"{mean('turns_mean', last):.2f}")
+    assert mean("reward_mean", last) > mean("reward_mean", first)
+    assert mean("tool_calls", last) > mean("tool_calls", first)
+    spans = [json.loads(x) for x in (run / "spans" / "rollout-0.jsonl").read_text().splitlines()]
+    tools = [s for s in spans if s["kind"] == "tool"]
+    # every trained call's span (and those of groups generated past the last step)
+    assert len(tools) >= sum(m["tool_calls"] for m in ms)
+    assert all(0 <= s["end"] - s["start"] < 5 for s in tools)

@@ -2,7 +2,9 @@
 
 An environment starts from a dataset row (its prompt, answer and other keys) and
 answers each model turn with a `Reply`: an observation to append (tokenized and
-never trained on), whether the episode is done, and an error to record. A turn
+never trained on), whether the episode is done, a reward for the turn (summed
+over the episode and added to the job's reward of its scored text) and an error
+to record. A turn
 ends at the environment's `stop` text (a tool call's closing tag) or at the end
 token. `single_turn`, the default, ends every episode after the model's first
 turn: one prompt, one response, as a job without an environment runs.
@@ -28,6 +30,9 @@ class Reply:
     done: bool = True
     error: str = ""  # a tool's or the environment's error, recorded with the episode
     tool_seconds: float = 0.0
+    # the environment's reward for this turn: an episode's rewards are summed and
+    # added to what the job's reward gives its scored text
+    reward: float = 0.0
 
 
 def episode_figures(records: list[dict]) -> dict:
@@ -43,7 +48,8 @@ def episode_figures(records: list[dict]) -> dict:
             "tool_errors": sum(e["tool_errors"] for e in records),
             "tool_seconds": sum(e["tool_seconds"] for e in records),
             "episode_errors": sum(bool(e["error"]) for e in records),
-            "observation_tokens": sum(e["observation_tokens"] for e in records)}
+            "observation_tokens": sum(e["observation_tokens"] for e in records),
+            "env_reward_mean": sum(e.get("env_reward", 0.0) for e in records) / n}
 
 
 class Environment(ABC):

@@ -67,5 +67,28 @@ class WorkerMetrics:
             "rljob_weight_transfer_seconds", "A rollout's weight update: moving the version "
             "from the trainer (gRPC stream or collective broadcast)", ["worker"],
             buckets=buckets, registry=reg).labels(worker)
+        # episodes (rollout.environment): a rollout's tool calls and turns
+        self.tool_calls = one(Counter, "rljob_tool_calls", "Tool calls the environments "
+                              "answered in this worker's episodes")
+        self.tool_errors = one(Counter, "rljob_tool_errors", "Tool calls that ended in an "
+                               "error (a limit passed, a bad call)")
+        self.tool_seconds = one(Counter, "rljob_tool_seconds", "Seconds the tools ran")
+        self.episode_errors = one(Counter, "rljob_episode_errors", "Episodes an environment "
+                                  "ended with an error (it raised, failed to start)")
+        self.observation_tokens = one(Counter, "rljob_observation_tokens", "Tokens the "
+                                      "environments appended (never trained on)")
+        self.episode_turns = Histogram(
+            "rljob_episode_turns", "The model's turns per episode", ["worker"],
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64), registry=reg).labels(worker)
         if port:
             start_http_server(port, registry=reg)
+
+    def count_episodes(self, records: list[dict]) -> None:
+        """Finished episodes (their records, rollout.episodes.episode_record)."""
+        for e in records:
+            self.tool_calls.inc(e["tool_calls"])
+            self.tool_errors.inc(e["tool_errors"])
+            self.tool_seconds.inc(e["tool_seconds"])
+            self.episode_errors.inc(bool(e["error"]))
+            self.observation_tokens.inc(e["observation_tokens"])
+            self.episode_turns.observe(e["turns"])

@@ -31,6 +31,9 @@ class SamplingParams:
     # one seed per prompt: a prompt's n samples depend on its seed only, not on the
     # other prompts generated in the same batch (overrides `seed`)
     seeds: tuple[int, ...] | None = None
+    # a text that ends a row (an environment's tool-call close tag): the engine may
+    # stop a row once its tokens spell it; the caller cuts at it (episodes.cut_at_stop)
+    stop: str | None = None
 
     @property
     def distribution(self) -> TokenDistribution:
@@ -143,6 +146,29 @@ class _SeededSampler:
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
 
 
+class _StopText:
+    """A stopping criterion: a row ends once its generated tokens spell `stop` (the
+    newest `window` tokens are decoded each step); `ends[row]` is how many tokens
+    the row has then."""
+
+    def __init__(self, stop: str, decode, width: int, rows: int):
+        self.stop, self.decode, self.width = stop, decode, width
+        self.window = 4 * len(stop) + 4  # a token spells at least one character, most
+        self.ends: list[int | None] = [None] * rows
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        new = input_ids[:, self.width:]
+        t = new.shape[1]
+        tails = new[:, max(0, t - self.window):].tolist()
+        for r, tail in enumerate(tails):
+            if self.ends[r] is None and self.stop in self.decode(tail):
+                self.ends[r] = t
+        return torch.tensor([e is not None for e in self.ends], dtype=torch.bool,
+                            device=input_ids.device)
+
+
 PROMPT_BUCKET = 8  # tokens: on CPU prompts are left-padded to the next multiple of this
 # rows a `generate` computes at least: a decode step's matrix products over fewer rows
 # take another BLAS path, with other bits (a batch of 1-3 rows gets copies of its last)
@@ -236,7 +262,7 @@ class HFEngine(RolloutEngine):
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         device = self.weight_device()
         # n rows per prompt (prompt-major), as the uniforms are laid out
@@ -247,14 +273,21 @@ class HFEngine(RolloutEngine):
                 torch.cat([attn, attn[-1:].expand(extra, -1)])
             uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
         sampler = _SeededSampler(uniforms, width, dist)
+        # a row that spells the stop text ends there (the others go on; its bits and
+        # theirs are those of a run without the criterion up to its end)
+        stop = (_StopText(params.stop, self.tok.decode, width, len(ids)) if params.stop
+                else None)
         began = time.perf_counter()
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
                 logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
                 max_new_tokens=params.max_new_tokens,
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
         new = out.sequences[:, width:].cpu().tolist()
+        if stop is not None:
+            new = [toks[:end] if end is not None else toks for toks, end in zip(new, stop.ends)]
         responses = [toks[:toks.index(eos) + 1] if eos in toks else toks for toks in new]
         logps = torch.stack(sampler.logprobs, 1).tolist()  # [rows, positions]
         times = sampler.times

@@ -1,14 +1,20 @@
-"""Episodes: the model's turns and its environment's replies, for a batch of groups.
+"""Episodes: the model's turns and its environment's replies.
 
-The first turn samples a group's G responses as a single-turn rollout does (one
-seed per group). Each episode then goes on by itself: its turn is cut at the
+Two drivers share the turn rules below. `run_episodes` (a batch engine, hf): the
+first turn samples a group's G responses as a single-turn rollout does (one seed
+per group); each episode then goes on by itself: its turn is cut at the
 environment's stop text, the environment replies (in a thread of its own, so a
 slow tool holds up its episode, not the others' replies), the observation's
 tokens are appended, and the next turn is generated from the whole prefix, every
-live episode of the batch in one engine call. An episode ends when its
-environment says so, after `max_turns` model turns, or when its response (the
+live episode of the batch in one engine call. `episode_group` (a concurrent
+engine, vLLM): every episode of a group is a task of its own, each turn a new
+request on the episode's whole prefix (the prefix cache keeps its KV), so the
+other episodes keep generating while one waits for its tool. An episode ends when
+its environment says so, after `max_turns` model turns, or when its response (the
 model's tokens and the observations) reaches `budget` tokens (`rollout.
-maxNewTokens`: the context check holds for episodes too).
+maxNewTokens`: the context check holds for episodes too). With a chat template
+the model's end-of-turn token ends its turn, and the reply goes in as the template
+writes a tool message (chat.py).
 
 The response of an episode is every token after the prompt; `loss_mask` marks the
 model's (1) and the observations' (0); the observations' log-probs are 0 (never
@@ -17,12 +23,15 @@ trained on). An environment that raises ends its episode with the error recorded
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ..environments import Environment, Reply, episode_figures
+from .chat import ChatTurns, observation_ids
 from .engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger("rljob.rollout")
@@ -42,6 +51,8 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_seconds: float = 0.0
+    env_reward: float = 0.0  # the environment's rewards, summed over its replies
+    tool_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock
 
     @property
     def text(self) -> str:
@@ -72,6 +83,7 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
     dataset row, for its environments)."""
     eos = tok.eos_token_id
     decode = tok.decode
+    chat = ChatTurns.of(tok)
     groups: list[list[Episode]] = []
     for p, row, seed in zip(prompts, rows, params.prompt_seeds(len(prompts))):
         group = [_start(make_env, row, list(p)) for _ in range(params.n)]
@@ -79,29 +91,23 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
             e.seed = None if seed is None else _mix(seed, k)
         groups.append(group)
     episodes = [e for g in groups for e in g]
+    # the engine may end a row at the stop text (the environments' one, where they agree)
+    stops = {e.env.stop for e in episodes}
+    params = replace(params, stop=stops.pop() if len(stops) == 1 else None)
     first = engine.generate(prompts, replace(params, max_new_tokens=budget))
     turn_out = [x for group in first for x in group]
     live = episodes
     with ThreadPoolExecutor(min(8, max(1, len(episodes))),
                             thread_name_prefix="rljob-env") as pool:
         for turn in range(1, max_turns + 1):
-            cut = [cut_at_stop(g, e.env.stop, decode, eos, budget - len(e.response_ids))
-                   for e, g in zip(live, turn_out)]
-            for e, (ids, logps, text) in zip(live, cut):
-                e.response_ids += ids
-                e.logprobs += logps
-                e.loss_mask += [1] * len(ids)
-                e.turns.append(text)
-            # the environment answers a turn that leaves the episode room to go on
-            asked = [turn < max_turns and len(e.response_ids) < budget
-                     and not (ids and ids[-1] == eos) for e, (ids, _, _) in zip(live, cut)]
-            replies = list(pool.map(_reply, live, [c[2] for c in cut], asked))
-            going = []
+            asked = [_add_turn(e, cut_at_stop(g, e.env.stop, decode, eos,
+                                              budget - len(e.response_ids)),
+                               turn, max_turns, budget, eos, chat)
+                     for e, g in zip(live, turn_out)]
+            replies = list(pool.map(_reply, live, asked))
             for e, reply in zip(live, replies):
-                _take(e, reply, budget, tok)
-                if not e.done:
-                    going.append(e)
-            live = going
+                _take(e, reply, budget, tok, chat)
+            live = [e for e in live if not e.done]
             if not live:
                 break
             seeds = (None if any(e.seed is None for e in live)
@@ -111,6 +117,56 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
                                        budget - len(e.response_ids) for e in live)))
             turn_out = [group[0] for group in more]
     return groups
+
+
+# one turn of one episode, for `episode_group`: (prefix ids, tokens at most, seed,
+# stop text) → the model's turn, which may run past the stop (it is cut here)
+Turn = Callable[[list[int], int, "int | None", "str | None"], Awaitable[Generation]]
+
+
+async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int,
+                        seed: int | None, make_env: Callable[[Mapping], Environment],
+                        max_turns: int, budget: int, pool,
+                        chat: ChatTurns | None = None) -> list[Episode]:
+    """The `n` episodes of one prompt on a concurrent engine: each a task of its
+    own, a turn a call of `turn` on its whole prefix; the environments answer in
+    `pool` (an executor), so one slow tool never holds up the others. `chat`: the
+    tokenizer's chat template's pieces (`ChatTurns.of`), where it has one."""
+    loop = asyncio.get_running_loop()
+    eos, decode = tok.eos_token_id, tok.decode
+
+    async def one(e: Episode) -> None:
+        for t in range(1, max_turns + 1):
+            room = budget - len(e.response_ids)
+            seed_t = None if e.seed is None else (e.seed if t == 1 else _mix(e.seed, t - 1))
+            gen = await turn(e.prompt_ids + e.response_ids, room, seed_t, e.env.stop)
+            asked = _add_turn(e, cut_at_stop(gen, e.env.stop, decode, eos, room), t,
+                              max_turns, budget, eos, chat)
+            reply = await loop.run_in_executor(pool, _reply, e, asked)
+            _take(e, reply, budget, tok, chat)
+            if e.done:
+                return
+
+    group = [_start(make_env, row, list(prompt)) for _ in range(n)]
+    for k, e in enumerate(group):
+        e.seed = None if seed is None else _mix(seed, k)
+    await asyncio.gather(*(one(e) for e in group))
+    return group
+
+
+def _add_turn(e: Episode, cut: tuple[list[int], list[float], str], turn: int,
+              max_turns: int, budget: int, eos: int, chat: ChatTurns | None = None) -> bool:
+    """The model's turn (cut at its stop) into the episode; whether its environment
+    is asked to answer it (a turn that leaves the episode room to go on: with a chat
+    template the EOS ends the model's turn, not the episode; without one it ends the
+    episode)."""
+    ids, logps, text = cut
+    e.response_ids += ids
+    e.logprobs += logps
+    e.loss_mask += [1] * len(ids)
+    e.turns.append(text)
+    return (turn < max_turns and len(e.response_ids) < budget
+            and (chat is not None or not (ids and ids[-1] == eos)))
 
 
 def _start(make_env, row: Mapping, prompt: list[int]) -> Episode:
@@ -125,32 +181,40 @@ def _start(make_env, row: Mapping, prompt: list[int]) -> Episode:
     return Episode(env, prompt)
 
 
-def _reply(e: Episode, text: str, asked: bool = True) -> Reply:
+def _reply(e: Episode, asked: bool = True) -> Reply:
+    """The environment's reply to the episode's last turn (a tool call's wall-clock
+    span recorded with the episode, for the timeline)."""
     if e.error or not asked:  # it never started, or it ends with this turn
         return Reply(done=True)
+    t0 = time.time()
     try:
-        reply = e.env.step(text)
+        reply = e.env.step(e.turns[-1])
         if not isinstance(reply, Reply):
             raise TypeError(f"step returned {type(reply).__name__}, not a Reply")
-        return reply
     except Exception as exc:  # noqa: BLE001 - a user's environment: this episode only
         return Reply(done=True, error=f"{type(e.env).__name__}.step: {type(exc).__name__}: "
                                       f"{exc}")
+    if not reply.done:  # a call answered
+        e.tool_spans.append((t0, time.time()))
+    return reply
 
 
-def _take(e: Episode, reply: Reply, budget: int, tok) -> None:
-    """The environment's reply into the episode: its observation, its end (a turn
-    that left no room to go on was not asked: its reply is done)."""
+def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = None) -> None:
+    """The environment's reply into the episode: its observation (as the chat
+    template writes a tool message, where there is one), its end (a turn that left
+    no room to go on was not asked: its reply is done)."""
     if not reply.done:  # the environment answered a call
         e.tool_calls += 1
         e.tool_errors += bool(reply.error)
     elif reply.error:
         e.error = e.error or reply.error
     e.tool_seconds += reply.tool_seconds
+    e.env_reward += reply.reward
     if reply.done:
         e.done = True
         return
-    obs = tok.encode(reply.observation, add_special_tokens=False)
+    obs = observation_ids(tok, chat, reply.observation,
+                          bool(e.response_ids) and e.response_ids[-1] == tok.eos_token_id)
     room = budget - len(e.response_ids)
     if len(obs) >= room:  # no room left for the model to answer
         e.done = True
@@ -164,12 +228,14 @@ def episode_record(e: Episode) -> dict:
     """What the row carries of its episode (the trainer's step figures sum them)."""
     return {"turns": len(e.turns), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
             "tool_seconds": round(e.tool_seconds, 6), "error": e.error,
-            "observation_tokens": e.loss_mask.count(0)}
+            "observation_tokens": e.loss_mask.count(0),
+            "env_reward": e.env_reward}
 
 
 def summary(episodes: list[Episode]) -> dict:
     """A batch's episode figures (for its span), as the trainer's step figures."""
     return {"episodes": len(episodes), **episode_figures([episode_record(e) for e in episodes])}
+
 
 def _mix(seed: int, k: int) -> int:
     """A seed of its own for the k-th of `seed`'s (deterministic: no hash salt)."""

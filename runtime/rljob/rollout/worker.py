@@ -170,6 +170,9 @@ class RolloutWorker:
         scored = score_all(self.reward_fn, [batch.data["prompt"][i] for i in rows], texts,
                            [batch.data["answer"][i] for i in rows],
                            [batch.data["extra"][i] for i in rows])
+        # an episode's own rewards (its environment's, per turn) add to the job's
+        scored = [replace(s, score=s.score + x.env_reward) if isinstance(x, Episode) else s
+                  for s, x in zip(scored, samples)]
         errors = [x.error for x in scored if x.error]
         if errors:
             log.warning("reward failed for %d of %d samples: %s", len(errors), len(samples),
@@ -223,9 +226,15 @@ class RolloutWorker:
         self.metrics.version.set(self.receiver.version)
         self.metrics.inflight.set(inflight_rows)
 
-    def _count(self, samples: list) -> None:
+    def _count(self, samples: list, step: int) -> None:
         self.metrics.samples.inc(len(samples))
         self.metrics.tokens.inc(sum(len(x.response_ids) for x in samples))
+        episodes = [x for x in samples if isinstance(x, Episode)]
+        for e in episodes:  # each tool call on the timeline, the episodes' series
+            for t0, t1 in e.tool_spans:
+                self.spans.add("tool", t0, t1, step)
+        if episodes:
+            self.metrics.count_episodes([episode_record(e) for e in episodes])
 
     def _give_back(self, batches) -> None:
         """Rows claimed but not generated go back to the queue at once (shutting down)."""
@@ -277,7 +286,7 @@ class RolloutWorker:
                 # scored and written while the next batch generates
                 written = io.submit(self.score_and_write, batch, 0, flat, version, epoch,
                                     (t0, done), None, True, calls)
-                self._count(flat)
+                self._count(flat, step)
         finally:
             try:
                 if written is not None:
@@ -294,11 +303,9 @@ class RolloutWorker:
     def _episodes(self, batch: Batch, firsts: list[int], prompts: list[list[int]],
                   params: SamplingParams) -> list[list[Episode]]:
         """Each group's episodes: the model's turns and its environment's replies."""
-        d = batch.data
-        rows = [{"prompt": d["prompt"][i], "answer": d["answer"][i], **(d["extra"][i] or {})}
-                for i in firsts]
-        return run_episodes(self.engine, self.tok, prompts, rows, params, self.make_env,
-                            self.spec.rollout.max_turns, self.spec.rollout.max_new_tokens)
+        return run_episodes(self.engine, self.tok, prompts, [_row(batch, i) for i in firsts],
+                            params, self.make_env, self.spec.rollout.max_turns,
+                            self.spec.rollout.max_new_tokens)
 
     def _await_claim(self, ahead: Future):
         """The claim in flight; while it waits (parked by the staleness bound), the
@@ -340,8 +347,12 @@ class RolloutWorker:
                         t0 = time.time()
                         for first in range(0, len(batch.rows), g):
                             seed = _seed(spec, step, batch.data["slot"][first] // g)
-                            fut = self.engine.submit(
-                                batch.data["prompt_ids"][first].tolist(), self.params, seed)
+                            prompt = batch.data["prompt_ids"][first].tolist()
+                            fut = (self.engine.submit_episodes(
+                                prompt, _row(batch, first), self.params, seed, self.make_env,
+                                spec.rollout.max_turns, spec.rollout.max_new_tokens)
+                                if spec.rollout.episodic
+                                else self.engine.submit(prompt, self.params, seed))
                             inflight[fut] = (batch, first, t0)
                         # sequences in flight beside each of these groups
                         sharing = len(inflight) * g
@@ -358,8 +369,10 @@ class RolloutWorker:
                               "output_tokens": sum(lengths), "steps": max(lengths, default=0),
                               "prefill_seconds": 0.0, "decode_seconds": finished - t0,
                               "concurrent": True}]
-                    self.spans.add("generate", t0, finished, batch.rows[0].partition,
-                                   {"calls": calls})
+                    step = batch.rows[0].partition
+                    self.spans.add("generate", t0, finished, step, {
+                        "calls": calls, **({"episodes": summary(group)}
+                                           if spec.rollout.episodic else {})})
                     left[batch.lease] -= 1
                     last = left[batch.lease] == 0
                     if last:
@@ -370,7 +383,7 @@ class RolloutWorker:
                     written.append(writer.submit(  # scored and written off this loop
                         self.score_and_write, batch, first, group, version, epoch,
                         (t0, finished), batch.indices[first:first + g], last, calls))
-                    self._count(group)
+                    self._count(group, step)
         finally:
             writer.shutdown(wait=True)  # what was generated is written
             # groups in flight and a claim in flight: their rows go back to the queue
@@ -406,6 +419,12 @@ def _log_swaps(receiver, spans, metrics, logged: int) -> int:
         metrics.weight_drain.observe(drain)
         metrics.weight_transfer.observe(transfer)
     return len(receiver.swap_seconds)
+
+
+def _row(batch: Batch, i: int) -> dict:
+    """Row `i`'s dataset row, as an environment starts from it."""
+    d = batch.data
+    return {"prompt": d["prompt"][i], "answer": d["answer"][i], **(d["extra"][i] or {})}
 
 
 def _seed(spec: RLJobSpec, step: int, group: int) -> int:

@@ -56,6 +56,7 @@ SCALARS = {
     "tool_seconds": "episodes/tool_seconds",
     "episode_errors": "episodes/errors",
     "observation_tokens": "episodes/observation_tokens",
+    "env_reward_mean": "episodes/env_reward_mean",
 }
 
 

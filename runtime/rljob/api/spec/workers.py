@@ -98,7 +98,8 @@ class RolloutSpec(ApiModel):
         "single_turn", min_length=1, max_length=253,
         description="What answers the model's turns of an episode. single_turn: one "
         "prompt, one response. calculator: the model may call <calc>EXPRESSION</calc> and "
-        "reads <res>VALUE</res> before it goes on. Else an installed package's (entry "
+        "reads <res>VALUE</res> before it goes on; python: it may run <py>CODE</py> in the "
+        "tool sandbox and reads <out>OUTPUT</out>. Else an installed package's (entry "
         "point group rljob.environments) or an importable module:Class (a "
         "rljob.environments.Environment). An episode's observation tokens are never "
         "trained on; maxNewTokens caps its whole response.")
@@ -137,14 +138,6 @@ class RolloutSpec(ApiModel):
             message="rollout.npusPerReplica must be a multiple of rollout.tensorParallel",
             check=lambda r: r.npus_per_replica % r.tensor_parallel == 0,
             field_path=".npusPerReplica",
-        ),
-        Rule(
-            cel="!has(self.environment) || self.environment == 'single_turn' || "
-            "!has(self.engine) || self.engine == 'hf'",
-            message="rollout.environment other than single_turn runs with rollout.engine "
-            "hf (episodes on vLLM are not built yet)",
-            check=lambda r: r.environment == "single_turn" or r.engine == "hf",
-            field_path=".environment",
         ),
     )
 
