@@ -223,11 +223,13 @@ def test_a_replicas_series_count_its_episodes():
     m = WorkerMetrics("rollout-0", None)
     engine = Scripted(["<calc>2+3</calc>", "<calc>1/0</calc>", "5<eos>"])
     [group] = run(engine, Calculator, n=2, budget=128)
-    m.count_episodes([episode_record(e) for e in group])
+    m.count_episodes([episode_record(e) for e in group], [len(e.response_ids) for e in group])
     text = generate_latest(m.registry).decode()
     assert 'rljob_tool_calls_total{worker="rollout-0"} 4.0' in text
     assert 'rljob_tool_errors_total{worker="rollout-0"} 2.0' in text  # 1/0 twice
     assert 'rljob_episode_turns_count{worker="rollout-0"} 2.0' in text
     assert 'rljob_episode_turns_sum{worker="rollout-0"} 6.0' in text
+    tokens = sum(len(e.response_ids) for e in group)
+    assert f'rljob_episode_tokens_sum{{worker="rollout-0"}} {float(tokens)}' in text
     obs = sum(e.loss_mask.count(0) for e in group)
     assert f'rljob_observation_tokens_total{{worker="rollout-0"}} {float(obs)}' in text

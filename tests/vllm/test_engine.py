@@ -31,7 +31,10 @@ def engine(tok):
     from rljob.rollout.vllm_engine import VLLMEngine
 
     t0 = time.monotonic()
-    e = VLLMEngine(MODEL, RolloutSpec(engine="vllm", max_num_seqs=64), tok, "cpu", seed=0)
+    # an episodic job's engine (the prefix cache in 32-token blocks on CPU); single
+    # prompts run on it as on any other
+    e = VLLMEngine(MODEL, RolloutSpec(engine="vllm", max_num_seqs=64,
+                                      environment="calculator"), tok, "cpu", seed=0)
     print(f"vLLM engine started in {time.monotonic() - t0:.1f} s")
     yield e
     e.close()
@@ -277,5 +280,16 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
         on = torch.tensor(e.loss_mask, dtype=torch.bool)
         assert (torch.tensor(e.logprobs)[on] - ref[on]).abs().max().item() < TOL
     assert sum(e.tool_calls for e in group) > 0
+    # each later turn's prefix is the turn before's whole context: the prefix cache
+    # held some of it (vLLM caches whole blocks)
+    from rljob.environments import episode_figures
+    from rljob.rollout.episodes import episode_record
+
+    figures = episode_figures([episode_record(e) for e in group])
+    later = [e for e in group if len(e.turns) > 1]
+    assert all(e.cached_tokens is not None and e.later_prefix_tokens > 0 for e in later)
     print("episodes on vLLM: turns", [len(e.turns) for e in group], "lengths",
-          [len(e.response_ids) for e in group])
+          [len(e.response_ids) for e in group], "later turns' prefix tokens",
+          [e.later_prefix_tokens for e in later], "cached", [e.cached_tokens for e in later],
+          f"hit {figures.get('prefix_cache_hit', 0):.0%}")
+    assert figures["prefix_cache_hit"] > 0

@@ -38,7 +38,9 @@ class Reply:
 def episode_figures(records: list[dict]) -> dict:
     """Figures of episodes from their records (`rollout.episodes.episode_record`):
     turns, tool calls and their errors, tool seconds, episodes ended by an
-    environment error, observation tokens; none without records."""
+    environment error, observation tokens, the environments' rewards and (an engine
+    with a prefix cache) the share of later turns' prefixes it held; none without
+    records."""
     if not records:
         return {}
     n = len(records)
@@ -49,7 +51,16 @@ def episode_figures(records: list[dict]) -> dict:
             "tool_seconds": sum(e["tool_seconds"] for e in records),
             "episode_errors": sum(bool(e["error"]) for e in records),
             "observation_tokens": sum(e["observation_tokens"] for e in records),
-            "env_reward_mean": sum(e.get("env_reward", 0.0) for e in records) / n}
+            "env_reward_mean": sum(e.get("env_reward", 0.0) for e in records) / n,
+            **_prefix_cache(records)}
+
+
+def _prefix_cache(records: list[dict]) -> dict:
+    """The share of later turns' prefixes the engine's prefix cache held (engines
+    that report it)."""
+    later = [e for e in records if e.get("cached_tokens") is not None]
+    prefix = sum(e["later_prefix_tokens"] for e in later)
+    return {"prefix_cache_hit": sum(e["cached_tokens"] for e in later) / prefix} if prefix else {}
 
 
 class Environment(ABC):

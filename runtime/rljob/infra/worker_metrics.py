@@ -80,12 +80,19 @@ class WorkerMetrics:
         self.episode_turns = Histogram(
             "rljob_episode_turns", "The model's turns per episode", ["worker"],
             buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64), registry=reg).labels(worker)
+        self.episode_tokens = Histogram(
+            "rljob_episode_tokens", "An episode's response tokens (the model's and the "
+            "observations')", ["worker"],
+            buckets=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+            registry=reg).labels(worker)
         if port:
             start_http_server(port, registry=reg)
 
-    def count_episodes(self, records: list[dict]) -> None:
-        """Finished episodes (their records, rollout.episodes.episode_record)."""
-        for e in records:
+    def count_episodes(self, records: list[dict], lengths: list[int]) -> None:
+        """Finished episodes (their records, rollout.episodes.episode_record, and
+        their response lengths in tokens)."""
+        for e, length in zip(records, lengths):
+            self.episode_tokens.observe(length)
             self.tool_calls.inc(e["tool_calls"])
             self.tool_errors.inc(e["tool_errors"])
             self.tool_seconds.inc(e["tool_seconds"])

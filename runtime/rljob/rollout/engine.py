@@ -51,6 +51,9 @@ class SamplingParams:
 class Generation:
     response_ids: list[int]
     logprobs: list[float]  # per response token, under the sampling distribution (sampling.py)
+    # of the prompt, the tokens whose KV the engine's prefix cache held (None: the
+    # engine has no such cache)
+    cached_tokens: int | None = None
 
 
 @dataclass

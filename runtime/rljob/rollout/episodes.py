@@ -52,6 +52,10 @@ class Episode:
     tool_errors: int = 0
     tool_seconds: float = 0.0
     env_reward: float = 0.0  # the environment's rewards, summed over its replies
+    # the prefixes of its turns after the first, and of them the tokens the engine's
+    # prefix cache held (a concurrent engine that reports it: vLLM)
+    later_prefix_tokens: int = 0
+    cached_tokens: int | None = None
     tool_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock
 
     @property
@@ -139,7 +143,11 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
         for t in range(1, max_turns + 1):
             room = budget - len(e.response_ids)
             seed_t = None if e.seed is None else (e.seed if t == 1 else _mix(e.seed, t - 1))
-            gen = await turn(e.prompt_ids + e.response_ids, room, seed_t, e.env.stop)
+            prefix = e.prompt_ids + e.response_ids
+            gen = await turn(prefix, room, seed_t, e.env.stop)
+            if t > 1 and gen.cached_tokens is not None:
+                e.later_prefix_tokens += len(prefix)
+                e.cached_tokens = (e.cached_tokens or 0) + gen.cached_tokens
             asked = _add_turn(e, cut_at_stop(gen, e.env.stop, decode, eos, room), t,
                               max_turns, budget, eos, chat)
             reply = await loop.run_in_executor(pool, _reply, e, asked)
@@ -229,7 +237,9 @@ def episode_record(e: Episode) -> dict:
     return {"turns": len(e.turns), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
             "tool_seconds": round(e.tool_seconds, 6), "error": e.error,
             "observation_tokens": e.loss_mask.count(0),
-            "env_reward": e.env_reward}
+            "env_reward": e.env_reward,
+            **({"later_prefix_tokens": e.later_prefix_tokens, "cached_tokens": e.cached_tokens}
+               if e.cached_tokens is not None else {})}
 
 
 def summary(episodes: list[Episode]) -> dict:

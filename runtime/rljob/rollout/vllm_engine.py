@@ -89,6 +89,11 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         args["hf_overrides"] = {"vocab_size": vocab_size}
     if cpu:
         args["enforce_eager"] = True  # no graph capture to amortise on CPU
+        if rollout_spec.episodic:
+            # an episode's next turn reuses its prefix's KV in whole blocks: the CPU
+            # backend's default (128 tokens) is longer than a small model's whole
+            # context; 32 is the smallest it prefers (vllm/platforms/cpu.py)
+            args["block_size"] = 32
     else:  # the rest: a weight update's buffers and the runtime's (rollout/memory.py)
         plan = plan or memory_plan(model_spec, rollout_spec, accelerator, device_bytes)
         args["gpu_memory_utilization"] = (plan.fraction if plan is not None
@@ -289,11 +294,13 @@ class VLLMEngine(RolloutEngine):
         window = 4 * len(stop) + 4 if stop else 0  # a token spells one character at least
         ids: list[int] = []
         lps: list[float] = []
+        cached = None
         stream = self.llm.generate({"prompt_token_ids": prefix},
                                    self._sampling(params, 1, room, seed, kind),
                                    request_id=f"e{next(self._ids)}")
         try:
             async for out in stream:
+                cached = out.num_cached_tokens if out.num_cached_tokens is not None else cached
                 c = out.outputs[0]
                 new = list(c.token_ids)
                 ids = ids + new if stop else new
@@ -303,7 +310,7 @@ class VLLMEngine(RolloutEngine):
                     break  # the request is aborted as the stream closes
         finally:
             await stream.aclose()
-        return Generation(ids, lps)
+        return Generation(ids, lps, cached)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         futures = [self.submit(p, params, s)

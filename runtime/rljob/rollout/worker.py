@@ -234,7 +234,8 @@ class RolloutWorker:
             for t0, t1 in e.tool_spans:
                 self.spans.add("tool", t0, t1, step)
         if episodes:
-            self.metrics.count_episodes([episode_record(e) for e in episodes])
+            self.metrics.count_episodes([episode_record(e) for e in episodes],
+                                        [len(e.response_ids) for e in episodes])
 
     def _give_back(self, batches) -> None:
         """Rows claimed but not generated go back to the queue at once (shutting down)."""

@@ -57,6 +57,7 @@ SCALARS = {
     "episode_errors": "episodes/errors",
     "observation_tokens": "episodes/observation_tokens",
     "env_reward_mean": "episodes/env_reward_mean",
+    "prefix_cache_hit": "episodes/prefix_cache_hit",
 }
 
 
