@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from .api.resource import RLJob
-from .reward import reward_file
+from .infra.registry import file_part
 
 # `rljob worker preflight` (the trainer pod's init container): exit status and
 # container name the operator reads back, and where Kubernetes takes the
@@ -64,6 +64,15 @@ def _model_like(value: str, base: Path) -> str:
     return _local(value, base)
 
 
+def _file_ref(name: str, base: Path) -> str:
+    """`path/to/file.py:attribute` (a user's reward, environment, ...) with a relative
+    file read from `base`; any other name as it is."""
+    file = file_part(name)
+    if file is None or Path(file).is_absolute():
+        return name
+    return f"{(base / file).resolve()}:{name.rsplit(':', 1)[1]}"
+
+
 def resolve_paths(job: RLJob, base: Path) -> RLJob:
     """The job with its relative local paths read from `base` (the job file's
     directory); paths on PVCs are the pods' and stay as they are."""
@@ -75,13 +84,13 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
         if model.tokenizer:
             changes["tokenizer"] = _model_like(model.tokenizer, base)
     dataset = spec.dataset
-    reward = spec.reward
-    file = reward_file(reward.name)
-    if file is not None and not Path(file).is_absolute():  # a user's reward file
-        function = reward.name.rsplit(":", 1)[1]
-        reward = reward.model_copy(update={"name": f"{(base / file).resolve()}:{function}"})
+    reward = spec.reward.model_copy(update={"name": _file_ref(spec.reward.name, base)})
+    rollout = spec.rollout.model_copy(update={
+        "environment": _file_ref(spec.rollout.environment, base),
+        "length_predictor": _file_ref(spec.rollout.length_predictor, base)})
     new_spec = spec.model_copy(update={
         "reward": reward,
+        "rollout": rollout,
         "model": model.model_copy(update=changes),
         "dataset": dataset if dataset.pvc else dataset.model_copy(
             update={"path": _local(dataset.path, base)}),

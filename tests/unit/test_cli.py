@@ -289,3 +289,44 @@ def test_validate_starts_the_environment_on_the_first_row(tmp_path):
     missing = _job(tmp_path, spec % (model, data, "nowhere"), name="missing")
     assert "rollout.environment 'nowhere' is not available here" in rljob(
         "validate", str(missing)).stderr
+
+
+def test_an_environment_in_a_file_beside_the_job_is_found_from_anywhere(tmp_path):
+    """rollout.environment: path/to/file.py:Class, relative to the job file (as a
+    reward file is): `rljob validate` run from another directory starts it on the
+    first row, the file importing a helper beside it; a file that is not there is
+    one line."""
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "helper.py").write_text("TAG = '</go>'\n")
+    (envs / "guess.py").write_text(
+        "from helper import TAG\n"
+        "from rljob.environments import Environment, Reply\n"
+        "class Guess(Environment):\n"
+        "    stop = TAG\n"
+        "    def __init__(self, row):\n"
+        "        super().__init__(row)\n"
+        "        self.target = row['answer']\n"
+        "    def step(self, turn):\n"
+        "        return Reply(done=True)\n")
+    spec = ("  model: {path: 'random:%s', tokenizer: 'builtin:char'}\n"
+            "  dataset: {path: %s}\n"
+            "  rollout: {maxNewTokens: 8, environment: '%s'}\n")
+    model, data = REPO / "examples/models/tiny-qwen2", REPO / "examples/data/arith.jsonl"
+    good = _job(tmp_path, spec % (model, data, "envs/guess.py:Guess"), name="good")
+    out = rljob("validate", str(good), cwd="/")
+    assert out.returncode == 0, out.stderr
+    from rljob.api.validation import load_rljob
+    from rljob.environments import ENVIRONMENTS
+    from rljob.preflight import resolve_paths
+
+    job = resolve_paths(load_rljob(good), good.parent)
+    assert job.spec.rollout.environment == f"{envs / 'guess.py'}:Guess"
+    env = ENVIRONMENTS.get(job.spec.rollout.environment)({"prompt": "1+1=", "answer": "2"})
+    assert env.stop == "</go>" and env.target == "2"
+    gone = _job(tmp_path, spec % (model, data, "envs/gone.py:Guess"), name="gone")
+    out = rljob("validate", str(gone))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"{gone}: rollout.environment: rollout.environment '{envs / 'gone.py'}:Guess': "
+        f"cannot import it: FileNotFoundError: {envs / 'gone.py'} is not a file"]

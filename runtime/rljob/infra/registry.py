@@ -3,17 +3,22 @@ trainer engines, storage backends, advantage estimators, policy losses, claim
 policies, step sinks, rewards, length predictors). The project's own join by
 decorator; an installed package joins by an entry point in the registry's group
 (`[project.entry-points."rljob.rollout_engines"] mine = "my_pkg.engine:MyEngine"`),
-loaded the first time its name is asked for; and `module:attribute` names an
-importable one directly. A registry checks what it is given (a subclass of its base,
+loaded the first time its name is asked for; `module:attribute` names an
+importable one directly, and `path/to/file.py:attribute` one in a file (a relative
+path is read from the job file's directory: preflight.resolve_paths). A registry checks what it is given (a subclass of its base,
 or a callable), refuses a second thing under a taken name, and names the choices
 when asked for one it does not have."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -71,16 +76,20 @@ class Registry(Generic[T]):
         if ":" in name:
             return self._import(name)
         raise ValueError(f"{self.field} {name!r} is not available here: use one of "
-                         f"{', '.join(self.names())} or module:attribute")
+                         f"{', '.join(self.names())}, module:attribute or "
+                         "path/to/file.py:attribute")
 
     def _import(self, name: str) -> T:
-        """`module:attribute`, imported (not registered: the name is its address)."""
-        module, _, attribute = name.partition(":")
+        """`module:attribute` or `path/to/file.py:attribute`, imported (not
+        registered: the name is its address)."""
+        module, _, attribute = name.rpartition(":")
         try:
-            thing = getattr(importlib.import_module(module), attribute)
+            loaded = (import_file(Path(module)) if module.endswith(".py")
+                      else importlib.import_module(module))
+            thing = getattr(loaded, attribute)
         except Exception as exc:  # noqa: BLE001 - a user's module: missing, or broken
             raise ValueError(f"{self.field} {name!r}: cannot import it: "
-                             f"{type(exc).__name__}: {exc}") from None
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         try:
             self._check(name, thing)
         except TypeError as exc:
@@ -111,6 +120,38 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def file_part(name: str) -> str | None:
+    """The file of `path/to/file.py:attribute` (None for a name or a module)."""
+    module, sep, _ = name.rpartition(":")
+    return module if sep and module.endswith(".py") else None
+
+
+def import_file(path: Path):
+    """The module a Python file defines, loaded once per file (its own directory on
+    the path while it loads, so it imports the helpers beside it; those helpers are
+    then forgotten by name, so another directory's `helper` is its own)."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a file")
+    module_name = f"rljob_file_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    before = set(sys.modules)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if Path(file).parent == path.parent:
+                del sys.modules[name]
+    sys.modules[module_name] = module
+    return module
 
 
 def _where(thing) -> str:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import importlib.util
 import inspect
 import numbers
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..infra.registry import file_part, import_file
 from . import builtin  # noqa: F401 - registers the built-in verifiers
 from .registry import REWARDS, RewardFn
 
@@ -49,28 +48,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-def reward_file(name: str) -> str | None:
-    """The file part of `path/to/reward.py:function` (None for a module or built-in)."""
-    module, sep, _ = name.rpartition(":")
-    return module if sep and module.endswith(".py") else None
-
-
 def _load_file(path: Path, name: str):
     if not path.is_file():
         raise ValueError(f"reward {name!r}: {path} is not a file")
-    module_name = f"rljob_reward_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    # the file's own directory first, so it imports its helpers beside it
-    sys.path.insert(0, str(path.resolve().parent))
     try:
-        spec.loader.exec_module(module)
+        return import_file(path)
     except Exception as exc:  # noqa: BLE001 - a user's file, broken on import
         raise ValueError(f"reward {name!r}: {path} fails on import ({_one_line(exc)})") from None
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    sys.modules[module_name] = module
-    return module
 
 
 def get_reward(name: str, base: Path | None = None) -> RewardFn:
@@ -81,7 +65,7 @@ def get_reward(name: str, base: Path | None = None) -> RewardFn:
                              "'module:function' or 'path/to/reward.py:function'")
         return REWARDS.get(name)
     module_name, func_name = name.rsplit(":", 1)
-    file = reward_file(name)
+    file = file_part(name)
     if file is not None:
         path = Path(file)
         module = _load_file(path if path.is_absolute() or base is None else base / path, name)
