@@ -206,7 +206,7 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
     if not spec.rollout.episodic:
         return
     from .environments import ENVIRONMENTS
-    from .rollout.chat import ChatTemplateError, ChatTurns
+    from .environments.chat import ChatTemplateError, ChatTurns
 
     if tok is not None:
         try:

@@ -203,3 +203,38 @@ def test_the_flagship_example_runs_its_shape_scaled_down(models, tmp_path):
                                                "spec.rollout.autoscaling",
                                                "spec.transferQueue.redis"))
     _final_reloads_and_generates(tmp_path / "run", models / "qwen2.5")
+
+
+def test_a_chat_model_learns_the_calculator_from_demonstrated_messages(models, tmp_path):
+    """The agentic example on the Qwen2.5-shaped checkpoint (byte-level BPE, ChatML):
+    the warm-up teaches demonstrated episodes given as messages (the tool's reply as
+    the template writes a tool message, masked), and the RL steps' episodes call the
+    calculator, end the model's turns at </calc> or at <|im_end|>, and read the
+    replies as tool messages."""
+    rows = [json.loads(x) for x in (REPO / "examples/data/calc.jsonl").read_text()
+            .splitlines() if x.strip()]
+    with (tmp_path / "calc.jsonl").open("w") as f:
+        for r in rows:
+            call = r["prompt"].rstrip("=")
+            f.write(json.dumps({"prompt": r["prompt"], "answer": r["answer"], "demonstration": [
+                {"role": "assistant", "content": f"<calc>{call}</calc>"},
+                {"role": "tool", "content": f"<res>{r['answer']}</res>"},
+                {"role": "assistant", "content": r["answer"]}]}) + "\n")
+    doc = yaml.safe_load((REPO / "examples/agentic-calculator.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"] = {"path": str(models / "qwen2.5"), "dtype": "bfloat16", "warmupSteps": 100}
+    spec["dataset"] = {"path": str(tmp_path / "calc.jsonl")}
+    spec["algorithm"].update(maxSteps=2, promptsPerStep=4)
+    spec["rollout"]["maxNewTokens"] = 64
+    job = tmp_path / "agentic-chat.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    rljob_run(job, tmp_path / "run", timeout=400)
+    ms = metrics(tmp_path / "run")
+    print("chat model's episodes:", [{k: m[k] for k in ("reward_mean", "tool_calls",
+                                                       "tool_errors", "turns_mean")}
+                                     for m in ms])
+    assert [m["step"] for m in ms] == [1, 2]
+    for m in ms:
+        assert m["episode_errors"] == 0 and m["response_length"] <= 64
+        assert m["tool_calls"] >= 8 and m["observation_tokens"] > 0  # of 32 episodes
+        assert m["turns_mean"] > 1.2

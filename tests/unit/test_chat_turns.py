@@ -1,4 +1,4 @@
-"""An environment's reply in a chat model's episode (rollout/chat.py): it goes in as
+"""An environment's reply in a chat model's episode (environments/chat.py): it goes in as
 the model's chat template writes a tool message after the assistant's turn, the
 model's end-of-turn token ends its turn and not the episode, and a template that
 cannot write a reply is refused in one line."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from rljob.environments import Calculator, Environment, Reply
-from rljob.rollout.chat import ChatTemplateError, ChatTurns
+from rljob.environments.chat import ChatTemplateError, ChatTurns
 from rljob.rollout.engine import Generation, RolloutEngine, SamplingParams
 from rljob.rollout.episodes import run_episodes
-from tests.zoo import CHATML, LLAMA3, _tokenizer
+from tests.zoo import CHATML, _tokenizer
 
 # Qwen2.5's way: a tool message is a user turn holding <tool_response> tags
 QWEN25 = ("{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n"
@@ -137,3 +137,35 @@ def test_a_chat_models_end_of_turn_token_ends_its_turn_not_the_episode(chatml):
     [group] = run_episodes(engine, char, [char.encode("2+3=")], [{"prompt": "2+3="}],
                            SamplingParams(n=1, seeds=(3,)), Answers, 3, 64)
     assert len(group[0].turns) == 1 and engine.calls == 1
+
+
+def test_a_demonstrated_episode_teaches_the_assistants_tokens_only(chatml):
+    """The warm-up's `demonstration` as messages: joined as an episode joins its turns
+    (the tool message as the template writes it), the tool's tokens masked out; a
+    text demonstration teaches every token, as before."""
+    from types import SimpleNamespace
+
+    from rljob.inputs.models import CharTokenizer
+    from rljob.trainer.warmup import target_ids
+
+    shown = [{"role": "assistant", "content": "<calc>2+3</calc>"},
+             {"role": "tool", "content": "<res>5</res>"},
+             {"role": "assistant", "content": "5"}]
+    row = SimpleNamespace(answer="5", extra={"demonstration": shown})
+    tok = chatml
+    ids, mask = target_ids(tok, ChatTurns.of(tok), row)
+
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+
+    call, answer = enc("<calc>2+3</calc>"), enc("5") + [tok.eos_token_id]
+    obs = enc("<|im_end|>\n<|im_start|>tool\n<res>5</res><|im_end|>\n<|im_start|>assistant\n")
+    assert ids == call + obs + answer
+    assert mask == [1] * len(call) + [0] * len(obs) + [1] * len(answer)
+    char = CharTokenizer()  # no template: the reply's text as it is
+    ids, mask = target_ids(char, None, row)
+    assert char.decode(ids) == "<calc>2+3</calc><res>5</res>5"
+    assert mask.count(0) == len("<res>5</res>")
+    text = SimpleNamespace(answer="5", extra={"demonstration": "<calc>2+3</calc><res>5</res>5"})
+    ids, mask = target_ids(char, None, text)
+    assert mask is None and ids[-1] == char.eos_token_id

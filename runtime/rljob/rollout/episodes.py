@@ -14,7 +14,7 @@ its environment says so, after `max_turns` model turns, or when its response (th
 model's tokens and the observations) reaches `budget` tokens (`rollout.
 maxNewTokens`: the context check holds for episodes too). With a chat template
 the model's end-of-turn token ends its turn, and the reply goes in as the template
-writes a tool message (chat.py).
+writes a tool message (environments/chat.py).
 
 The response of an episode is every token after the prompt; `loss_mask` marks the
 model's (1) and the observations' (0); the observations' log-probs are 0 (never
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ..environments import Environment, Reply, episode_figures
-from .chat import ChatTurns, observation_ids
+from ..environments.chat import ChatTurns, observation_ids
 from .engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger("rljob.rollout")

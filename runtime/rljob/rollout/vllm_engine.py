@@ -162,7 +162,7 @@ class VLLMEngine(RolloutEngine):
         self._SP, self._final = VSamplingParams, RequestOutputKind.FINAL_ONLY
         self._delta = RequestOutputKind.DELTA
         self._env_pool: ThreadPoolExecutor | None = None  # environments' replies (episodes)
-        self._chat = None  # the chat template's pieces (rollout/chat.py), with the pool
+        self._chat = None  # the chat template's pieces (environments/chat.py), with the pool
         self.tok = tokenizer
         self.stop_ids = [tokenizer.eos_token_id]
         # rows past the tokenizer are never sampled: -inf before temperature and
@@ -270,7 +270,7 @@ class VLLMEngine(RolloutEngine):
         from .episodes import episode_group
 
         if self._env_pool is None:
-            from .chat import ChatTurns
+            from ..environments.chat import ChatTurns
 
             self._env_pool = ThreadPoolExecutor(16, thread_name_prefix="rljob-env")
             self._chat = ChatTurns.of(self.tok)
