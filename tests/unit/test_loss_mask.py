@@ -81,3 +81,31 @@ def test_the_value_loss_leaves_observation_tokens_out():
     assert float(loss.detach()) == pytest.approx(0.5)  # ½·1² per counted token, both responses
     loss.backward()
     assert torch.all(values.grad[observed] == 0)
+
+
+@pytest.mark.parametrize("packing", ["packed", "shared_prompt"])
+def test_a_packed_micro_batch_keeps_the_mask_and_the_log_probs(packing):
+    """trainer.packing: an episode's micro-batch packed into one sequence (or with
+    its group's prompt shared) gives each response token the log-prob the padded
+    batch does, in the same layout as its loss mask, so the observation tokens stay
+    out of the loss there too."""
+    from pathlib import Path
+
+    from rljob.api.spec import ModelSpec
+    from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.trainer.batch import token_logprobs
+
+    spec = ModelSpec(path="random:" + str(Path(__file__).resolve().parents[2]
+                                          / "examples/models/tiny-qwen2"),
+                     tokenizer="builtin:char", dtype="float32")
+    tok = load_tokenizer(spec)
+    model = build_model(spec, tok, seed=0, dtype=torch.float32).eval()
+    prompts = [[5, 6, 7], [5, 6, 7]]  # one group: the prompt shared
+    padded = make_batch(prompts, RESPONSES, tok.pad_token_id, loss_masks=MASKS)
+    packed = make_batch(prompts, RESPONSES, tok.pad_token_id, packing=packing,
+                        loss_masks=MASKS)
+    assert packed.packed is not None and torch.equal(packed.loss_mask, padded.loss_mask)
+    with torch.no_grad():
+        a, b = token_logprobs(model, padded), token_logprobs(model, packed)
+    on = padded.mask > 0
+    torch.testing.assert_close(a[on], b[on], rtol=1e-5, atol=1e-5)

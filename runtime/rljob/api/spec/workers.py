@@ -92,16 +92,18 @@ class RolloutSpec(ApiModel):
         "online", min_length=1,
         description="dispatch skew_aware: what predicts each prompt's output length. "
         "online: a ranker that learns from the finished samples; else a predictor an "
-        "installed package adds (entry point group rljob.length_predictors) or an "
-        "importable module:Class (a rljob.workflow.lengths.LengthPredictor).")
+        "installed package adds (entry point group rljob.length_predictors), an "
+        "importable module:Class or a path/to/file.py:Class (a "
+        "rljob.workflow.lengths.LengthPredictor).")
     environment: str = Field(
         "single_turn", min_length=1, max_length=253,
         description="What answers the model's turns of an episode. single_turn: one "
         "prompt, one response. calculator: the model may call <calc>EXPRESSION</calc> and "
         "reads <res>VALUE</res> before it goes on; python: it may run <py>CODE</py> in the "
         "tool sandbox and reads <out>OUTPUT</out>. Else an installed package's (entry "
-        "point group rljob.environments) or an importable module:Class (a "
-        "rljob.environments.Environment). An episode's observation tokens are never "
+        "point group rljob.environments), an importable module:Class or a "
+        "path/to/file.py:Class (a rljob.environments.Environment; a relative file is read "
+        "from the job file's directory). An episode's observation tokens are never "
         "trained on; maxNewTokens caps its whole response.")
     max_turns: int = Field(
         4, ge=1, le=64,
