@@ -5,9 +5,9 @@ decorator; an installed package joins by an entry point in the registry's group
 (`[project.entry-points."rljob.rollout_engines"] mine = "my_pkg.engine:MyEngine"`),
 loaded the first time its name is asked for; `module:attribute` names an
 importable one directly, and `path/to/file.py:attribute` one in a file (a relative
-path is read from the job file's directory: preflight.resolve_paths). A registry checks what it is given (a subclass of its base,
-or a callable), refuses a second thing under a taken name, and names the choices
-when asked for one it does not have."""
+path is read from the job file's directory: preflight.resolve_paths). A registry
+checks what it is given (a subclass of its base, or a callable), refuses a second
+thing under a taken name, and names the choices when asked for one it does not have."""
 
 from __future__ import annotations
 
