@@ -6,9 +6,11 @@ operator adds one replica when δ ≥ δ′ held for `consecutiveSteps` observed
 steps in a row, outside `cooldownSeconds` of the last scale, within
 `maxReplicas`; scale-in is the mirror image and only with `allowScaleIn`.
 
-δ′ comes from a profile of the job where it has one that holds
-(`rollout.autoscaling.profileConfigMap`), else from the analytic model of its
-config.json, else Tgen ∝ 1/replicas; the source is recorded with the scale. Each
+δ′ comes from the job's live profile (its trainer's own timings) or a profile of the
+job that holds (`rollout.autoscaling.profileConfigMap`); until the trainer's first
+live record is due (`awaiting_live_profile`) a job with neither holds, and only
+after that falls back to the analytic model of its config.json, else Tgen ∝
+1/replicas; the source is recorded with the scale. Each
 scale's predicted Tgen is checked against the Tgen of the steps after it
 (`check_prediction`), and the relative error raises the bar of the next decision:
 the gap must exceed δ′ · (1 + |error|).
@@ -20,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from rljob.api.spec import RLJobSpec
+from rljob.contract import LIVE_PROFILE_SKIP
 from rljob.planner.profile import Profile
 from rljob.planner.scaling import ScaleDecision, verdict
 
@@ -56,6 +59,24 @@ def prediction(spec: RLJobSpec, replicas: int, gen_seconds: float,
         loss_ratio = 1.0 / (replicas - 1) if replicas > 1 else math.inf
     return Prediction(gen_seconds * max(gain_ratio, 0.0), gen_seconds * max(loss_ratio, 0.0),
                       source)
+
+
+# steps past the trainer's first live record (its life's step LIVE_PROFILE_SKIP + 1,
+# rljob/contract.py) that the autoscaler waits for it before it acts on the analytic
+# model or the linear fallback (a record that does not come: a trainer image that
+# reports none, a controller that lost it)
+LIVE_PROFILE_GRACE = 3
+
+
+def awaiting_live_profile(first_step: int | None, step: int) -> bool:
+    """Whether a job whose trainer has reported no live profile yet, and which has no
+    profile of its own, holds rather than scale on the weaker estimates (pure):
+    `first_step` is the first step the operator saw of this trainer life (None:
+    none yet), `step` the latest. The record is due LIVE_PROFILE_SKIP + 1 steps in;
+    the wait ends LIVE_PROFILE_GRACE steps after that."""
+    if first_step is None:
+        return True
+    return step - first_step < LIVE_PROFILE_SKIP + 1 + LIVE_PROFILE_GRACE
 
 
 def profile_source(profile: Profile) -> str:

@@ -21,9 +21,10 @@ import kopf
 from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
+from rljob.contract import LIVE_PROFILE_SKIP
 
 from . import metrics
-from .autoscaler import Memory, check_prediction, observe
+from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
 from .kube import Kube
 from .reconcile import iso, new_scale, now_utc, parse_time, plan
 from .stats import ADDRESS_ANNOTATION, StatsClient
@@ -58,6 +59,9 @@ class JobState:
     # record it was built from (a poll that brings the same record builds nothing)
     live: tuple | None = None
     live_record: str = ""
+    # (first, latest) step its controller reported, None before the first report; a
+    # step below the first starts over (a trainer life restored from a checkpoint)
+    steps: tuple[int, int] | None = None
 
 
 class Operator:
@@ -126,6 +130,9 @@ class Operator:
                             k: v for k, v in fresh.items() if k != "lastUpdatedTime"}:
                         progress = fresh
                     if auto.enabled:
+                        first = state.steps[0] if state.steps else None
+                        state.steps = (stats.step if first is None or stats.step < first
+                                       else first, stats.step)
                         self._live(job, state, stats.profile)
                         self._autoscale(body, job, state, raw_status, stats,
                                         self._trusted(job, state))
@@ -229,14 +236,22 @@ class Operator:
     def _trusted(self, job: RLJob, state: JobState) -> tuple | None:
         """The profile δ′ comes from, with the ProfileTrusted condition's reason and
         message: the job's live profile once its trainer reports one, else
-        rollout.autoscaling.profileConfigMap's (`_profile`), else None (the analytic
-        model, no condition). A live profile that does not hold falls back to the
-        ConfigMap's, and without one the autoscaler holds."""
+        rollout.autoscaling.profileConfigMap's (`_profile`); without either, while
+        the trainer's first live record is due (`awaiting_live_profile`), none it
+        trusts (LiveProfilePending: the autoscaler holds), and after that None (the
+        analytic model, no condition). A live profile that does not hold falls back
+        to the ConfigMap's, and without one the autoscaler holds."""
         live = state.live
         if live is not None and live[0] is not None:
             return live
         if job.spec.rollout.autoscaling.profile_config_map:
             return self._profile(job, state)
+        if live is None:
+            first, step = state.steps or (None, 0)
+            if awaiting_live_profile(first, step):
+                return (None, "LiveProfilePending",
+                        f"waiting for the trainer's live profile (it reports one from its "
+                        f"step {LIVE_PROFILE_SKIP + 1} on): autoscaling holds")
         return live
 
     def _autoscale(self, body, job: RLJob, state: JobState, raw_status: dict, stats,

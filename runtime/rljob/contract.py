@@ -26,6 +26,12 @@ REDIS_PORT = 6379
 # environment
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a URL)
 
+# the live profile the trainer reports to the controller for the operator's autoscaler:
+# the record of a trainer life's last LIVE_PROFILE_STEPS steps, its first
+# LIVE_PROFILE_SKIP (start-up: compilation, the first weights) aside, so the first
+# record comes with the life's step LIVE_PROFILE_SKIP + 1
+LIVE_PROFILE_STEPS, LIVE_PROFILE_SKIP = 20, 3
+
 # the trainer's init container (`rljob worker preflight`): it exits EXIT_PROBLEMS
 # with the job's problems in its termination message, which the operator reports
 PREFLIGHT_CONTAINER = "preflight"

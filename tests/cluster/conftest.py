@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tests.cluster.controlplane import ControlPlane, gotools_bin
+from tests.tiers import unavailable
 
 
 @pytest.fixture(scope="session")
@@ -40,12 +41,13 @@ def crd_installed(cluster):
 @pytest.fixture(scope="session")
 def node_cluster(bin_dir):
     """A control plane with one real node that runs pods (tests/cluster/node.py).
-    Skipped where a node cannot run (not root, or the Debian packages missing)."""
+    Skipped where a node cannot run (not root, or the Debian packages missing), and a
+    failure there where the test command set the node tier up (tests/tiers.py)."""
     from tests.cluster.node import Node, missing_requirements, node_executables, processes_of
 
     missing = missing_requirements()
     if missing:
-        pytest.skip("a node cannot run here: " + "; ".join(missing))
+        unavailable("node", "a node cannot run here: " + "; ".join(missing))
     started = time.monotonic()
     preexisting = processes_of(node_executables(bin_dir))
     plane = ControlPlane(bin_dir, for_node=True).start()

@@ -159,16 +159,24 @@ def test_staleness_filter_discards_or_regenerates_and_counts(tq):
 
 
 def test_unacked_rows_return_after_the_lease_and_acked_never_do(redis_units):
-    server = TQServer(redis_units, lease_seconds=1.0)
+    """The lease is 3 s: the claim right after the ack must come well inside it on a
+    loaded machine; the unacked rows are then polled for until they come back, no
+    sooner than the lease and only those."""
+    lease = 3.0
+    server = TQServer(redis_units, lease_seconds=lease)
     try:
         with TransferQueueClient(server.address) as c:
             c.register(DRIVER, TaskSpec("t", ["prompt"]))
             c.put(0, prompts(4))
+            claimed_at = time.monotonic()
             first = c.claim("t", 4)
             c.ack(first, first.indices[:2])
             assert c.claim("t", 4, min_count=1).rows == []
-            time.sleep(1.6)
-            again = c.claim("t", 4, min_count=1)
+            deadline = claimed_at + lease + 30
+            while not (again := c.claim("t", 4, min_count=1)).rows:
+                assert time.monotonic() < deadline, "the unacked rows never came back"
+                time.sleep(0.1)
+            assert time.monotonic() - claimed_at >= lease
             assert again.indices == first.indices[2:]
             with pytest.raises(TransferQueueError) as err:
                 c.ack(first)  # the old lease is gone

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import import_or_skip
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bench_trainer_times_both_engines_and_prints_their_figures(capsys):
-    pytest.importorskip("megatron.core", reason="megatron-core is the dev extra")
+    import_or_skip("megatron", "megatron.core", "megatron-core is the dev extra")
     out = subprocess.run([sys.executable, "-m", "rljob", "bench", "trainer", "--accelerator",
                           "cpu", "--model", "tiny", "--engines", "torch,megatron", "--steps",
                           "2", "--warmup", "1", "--prompt-len", "8", "--response-len", "16",

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-mcore = pytest.importorskip("megatron.core", reason="megatron-core is the npu extra")
+from tests.tiers import import_or_skip  # noqa: E402
+
+mcore = import_or_skip("megatron", "megatron.core", "megatron-core is the dev extra")
 
 from rljob.api.spec import ModelSpec  # noqa: E402
 from rljob.inputs.models import build_model, load_tokenizer  # noqa: E402

@@ -132,12 +132,32 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     # reference task), so where the policy still equals the reference the KL term's
     # gradient is rounding noise (1e-10 here, at step 1, where every reward is 0), which
     # AdamW scales up to ~1e-2 of a step; packing rounds differently: measured 7.0e-5
-    # after 3 steps, below one step's update (lr 2e-4), and each step's gradient
-    # norm within 2e-5 of sync's
+    # after 3 steps, below one step's update (lr 2e-4): enforced below 1e-4 (7.3e-5
+    # measured 2026-11-27), and each step's gradient norm within 2e-5 of sync's
+    # (4e-6 measured)
     b = final_weights(runs["periodic-arrival"])
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1.5e-4
-    for x, y in zip(ms["sync"], ms["periodic-arrival"]):
-        assert abs(x["grad_norm"] - y["grad_norm"]) <= 1e-3 * max(x["grad_norm"], 1e-6)
+    weights_apart = max(float((a[k] - b[k]).abs().max()) for k in a)
+    norms_apart = max(abs(x["grad_norm"] - y["grad_norm"])
+                      for x, y in zip(ms["sync"], ms["periodic-arrival"]))
+    # and the updates changed the policy: the last checkpoint holds the trained weights
+    # beside the reference (the policy the RL steps started from, after the warm-up);
+    # every step had a gradient and reward signal (groups whose rewards differ)
+    import torch
+
+    ck = torch.load(runs["sync"] / "checkpoints" / "step-3" / "trainer.pt", weights_only=True)
+    moved = max(float((ck["model"][k] - ck["ref"][k]).abs().max()) for k in ck["model"])
+    for k in a:  # the checkpoint's policy is the final one
+        assert torch.equal(ck["model"][k].to(a[k].dtype), a[k]), k
+    print(f"\nperiodic-arrival vs sync: weights {weights_apart:.2e} apart, gradient norms "
+          f"{norms_apart:.2e}; the policy moved {moved:.2e} from the reference; gradient "
+          f"norms {[round(x['grad_norm'], 6) for x in ms['sync']]}")
+    assert moved > 1e-4  # 3 AdamW steps of lr 2e-4: each about lr per weight
+    assert weights_apart < 1e-4 < moved  # README: 7e-5 after 3 steps, under one update
+    # step 1 scores no group above 0 after this short warm-up (its gradient is the KL
+    # term's rounding noise); the steps after it train on rewarded samples
+    signal = [x for x in ms["sync"] if x["reward_mean"] > 0]
+    assert len(signal) >= 2 and all(x["grad_norm"] > 1e-3 for x in signal), ms["sync"]
+    assert norms_apart <= 2e-5  # README: within 2e-5 of sync's
     # the reference task: the trainer (waiting for samples) and the replicas (parked)
     # computed the rows' reference log-probs between them, each side some
     from rljob.infra.timeline import load_spans
@@ -159,7 +179,7 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
         assert x["groups_filtered"] > 0 and 0 < x["extra_prompts"] <= 8
         assert x["groups_filled"] >= 8  # lanes 8-15 cannot draw
         assert x["rows_claimed"] == 8 * (16 + x["extra_prompts"])  # each drawn group once
-    # and the first update changed something
+    # the run directory keeps the job as it ran
     init = RLJob.model_validate(yaml.safe_load((runs["sync"] / "job.yaml").read_text()))
     assert init.spec.workflow.mode == "sync"
 

@@ -20,6 +20,7 @@ from rljob.rollout.engine import SamplingParams, make_engine
 from rljob.sampling import TokenDistribution
 from rljob.trainer.batch import make_batch, token_logprobs
 from tests import zoo
+from tests.tiers import import_or_skip
 from tests.training.test_runtime import metrics, rljob_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,7 +134,7 @@ def test_megatron_weights_of_a_zoo_checkpoint_convert_both_ways(models, name, gl
     config takes every tensor (QKV bias where the family has it, Qwen3's q/k norms,
     tied or untied output, the padded embedding). mcore's attention forward needs a
     CUDA/NPU device, so the forward is compared on the GPU check only."""
-    pytest.importorskip("megatron.core", reason="megatron-core is the npu extra")
+    import_or_skip("megatron", "megatron.core", "megatron-core is the dev extra")
     from rljob.trainer.mcore import MegatronEngine, architecture_problem, hf_to_mcore, mcore_to_hf
 
     warnings.filterwarnings("ignore", message="Apex is not installed")

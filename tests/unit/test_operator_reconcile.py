@@ -407,6 +407,52 @@ def test_the_live_profile_comes_first_and_names_its_steps():
     assert "no engine timings" in op._trusted(j, state)[2]
 
 
+def test_without_a_profile_the_autoscaler_waits_for_the_live_one_before_the_fallbacks():
+    """No ConfigMap and no live record yet: the autoscaler holds while the trainer's
+    first record is due (it acts on no analytic or linear estimate with a measured
+    one a few steps away), then takes the live profile; a record that never comes
+    lets the analytic model act LIVE_PROFILE_GRACE steps after it was due."""
+    from rljob.contract import LIVE_PROFILE_SKIP
+    from rljob_operator.autoscaler import LIVE_PROFILE_GRACE, awaiting_live_profile
+    from rljob_operator.handlers import JobState, Operator
+
+    due = LIVE_PROFILE_SKIP + 1 + LIVE_PROFILE_GRACE
+    assert awaiting_live_profile(None, 50)
+    assert [awaiting_live_profile(1, s) for s in range(1, due + 2)] == [True] * due + [False]
+    assert awaiting_live_profile(40, 40 + due - 1) and not awaiting_live_profile(40, 40 + due)
+
+    j = job(replicas=2)
+    j.spec.rollout.autoscaling.enabled = True
+    op = Operator(kube=_ConfigMaps())
+    state = JobState()
+    assert op._trusted(j, state)[:2] == (None, "LiveProfilePending")  # no step seen yet
+    state.steps = (1, 3)
+    profile, reason, message = op._trusted(j, state)
+    assert (profile, reason) == (None, "LiveProfilePending")
+    assert f"from its step {LIVE_PROFILE_SKIP + 1} on" in message
+    op._live(j, state, _record())
+    assert op._trusted(j, state)[1] == "LiveProfile"
+    state = JobState(steps=(1, 1 + due))  # due and past the grace, no record: analytic
+    assert op._trusted(j, state) is None
+
+    # the operator's reconcile: with no record, a generation-bound gap does not scale
+    # while the record is due, however long the gap holds
+    class Stats:
+        busy, profile, gen_seconds, train_seconds = {}, "", 10.0, 1.0
+
+    scaled = []
+    op.kube.patch_status = lambda *a: scaled.append(a)
+    op.kube.scale = lambda *a: scaled.append(a)
+    j.spec.rollout.max_replicas, j.spec.rollout.autoscaling.interval_seconds = 4, 0
+    j.spec.rollout.autoscaling.consecutive_steps = 1
+    state = JobState(steps=(1, 1))
+    for step in range(1, due):
+        Stats.step = step
+        state.steps = (1, step)
+        op._autoscale({}, j, state, {}, Stats, op._trusted(j, state))
+    assert scaled == []
+
+
 def test_a_prediction_is_checked_on_steps_with_every_replica_ready():
     """A replica still starting up generates nothing: the steps before the scale's
     count is Ready (and the one in progress then, and the next) are not its check."""

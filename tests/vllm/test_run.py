@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's environment")
+from tests.tiers import import_or_skip  # noqa: E402
+import_or_skip("vllm", "vllm", "the vLLM tier runs in tests/vllm/setup.sh's environment")
 
 REPO = Path(__file__).resolve().parents[2]
 

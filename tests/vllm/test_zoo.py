@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="the vLLM tier runs in tests/vllm/setup.sh's environment")
+from tests.tiers import import_or_skip  # noqa: E402
+import_or_skip("vllm", "vllm", "the vLLM tier runs in tests/vllm/setup.sh's environment")
 
 from rljob.api.spec import ModelSpec, RolloutSpec  # noqa: E402
 from rljob.inputs.data import prompt_ids  # noqa: E402

@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 
+from ..contract import LIVE_PROFILE_SKIP, LIVE_PROFILE_STEPS
 from ..environments import episode_figures
 from ..workflow.timing import (generation_queue_seconds, generation_seconds, profile_record,
                                spread, training_seconds)
@@ -23,8 +24,9 @@ log = logging.getLogger("rljob.trainer")
 
 
 # the live profile the controller keeps for the operator: the record of this trainer
-# life's last PROFILE_STEPS steps, its first PROFILE_SKIP aside
-PROFILE_STEPS, PROFILE_SKIP = 20, 3
+# life's last PROFILE_STEPS steps, its first PROFILE_SKIP aside (the operator's
+# autoscaler waits for the first record: rljob/contract.py)
+PROFILE_STEPS, PROFILE_SKIP = LIVE_PROFILE_STEPS, LIVE_PROFILE_SKIP
 # the step's figures the controller keeps for the operator's status
 CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "staleness_max",
                       "tokens_per_second", "samples_per_second", "reward_mean")
