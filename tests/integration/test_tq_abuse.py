@@ -1,6 +1,8 @@
 """One client's oversized or malformed requests, sent as raw gRPC to a real controller
-process, are refused at once with a clear code, change nothing, and do not slow down
-another client's claims; bad --lease-seconds never starts a controller."""
+process, are refused at once with a clear code, change nothing, and do not stall
+another client's claims (their median stays in milliseconds, far from the seconds one
+oversized request would hold the controller for if it were served); bad
+--lease-seconds never starts a controller."""
 
 from __future__ import annotations
 
@@ -100,6 +102,9 @@ def test_abusive_requests_are_refused_fast_and_do_not_stall_others(backend, redi
               f"{statistics.median(quiet) * 1e3:.2f} ms alone, "
               f"{statistics.median(busy) * 1e3:.2f} ms under abuse")
         assert max(refusals) < 5.0  # refused at once, not after allocating millions of rows
+        # the well-behaved consumer's claims go on between them: measured on 2 cores under
+        # a full test run, p50 0.74 → 1.33 ms (memory) and 0.82 → 8.80 ms (redis)
+        assert len(busy) == 100 and statistics.median(busy) < 0.1, statistics.median(busy)
         with TransferQueueClient(server.address) as c:
             after = c.stats()
         # nothing the abuse sent was created or reserved; the good consumer made progress

@@ -482,3 +482,25 @@ def test_a_new_scale_record_removes_the_last_one_s_check():
         "time": "T0", "from": 1, "to": 2, "reason": "r", "predictionError": 0.5}},
         everything_ready(j), T0, 3)
     assert p.status["lastScale"]["to"] == 3 and p.status["lastScale"]["predictionError"] is None
+
+
+def test_a_spec_an_older_crd_let_through_is_refused_with_the_upgrade_in_one_line():
+    """The README's promise: the operator refuses specs the installed CRD cannot carry
+    (a CRD older than the operator admits what the operator cannot read), saying so
+    and naming the field, as a permanent error (no retry loop)."""
+    import kopf
+
+    from rljob_operator.handlers import to_job
+
+    body = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
+            "metadata": {"name": "old", "namespace": "ns", "uid": "u"},
+            "spec": {"model": {"path": "m"}, "dataset": {"path": "d.jsonl"},
+                     "algorithm": {"groupSize": "eight"}}}
+    with pytest.raises(kopf.PermanentError) as err:
+        to_job(body)
+    message = str(err.value)
+    assert message.startswith("spec does not validate (is the installed CRD older than the "
+                              "operator? upgrade crds/rljob.yaml)"), message
+    assert "groupSize" in message and "Traceback" not in message
+    body["spec"]["algorithm"]["groupSize"] = 8
+    assert to_job(body).spec.algorithm.group_size == 8
