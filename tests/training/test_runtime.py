@@ -208,6 +208,13 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
     assert [s for s, _ in points] == list(range(1, 9))
     assert [v for _, v in points] == pytest.approx([m["reward_mean"] for m in ms])
     assert len(tensorboard_scalars(tmp_path / "run", "staleness/max")) == 8
+    # the plots summarise the run: titled with the job's name, the whole run, then (8
+    # steps: more than two 3-step windows) its first steps and its steady state
+    summary = write_plots(tmp_path / "run")
+    assert summary["steps"] == 8 and 0 <= summary["bubble_ratio"] < 1
+    titles = [t.split(",")[0] for t in summary["timeline_panels"]]
+    assert titles[0] == f"async{k}: all 8 steps" and len(titles) == 3, titles
+    assert "first steps" in titles[1] and "steady state" in titles[2], titles
     if k == 1:  # the run's live profile, and the planner fed with it
         _check_live_profile(path, tmp_path, ms)
 
@@ -273,12 +280,3 @@ def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):
     assert sorted(history) == [1, 2, 3, 4, 5, 6]
     assert [history[m["step"]]["reward/mean"] for m in metrics(run_dir)] == pytest.approx(
         [m["reward_mean"] for m in metrics(run_dir)])
-
-
-def test_plots_summarise_a_run(tmp_path):
-    path = job(tmp_path, "plots")
-    rljob_run(path, tmp_path / "run", "--max-steps", "3")
-    summary = write_plots(tmp_path / "run")
-    assert summary["steps"] == 3 and 0 <= summary["bubble_ratio"] < 1
-    # titled with the job's name; 3 steps: the whole run, no windows
-    assert [t.split(",")[0] for t in summary["timeline_panels"]] == ["plots: all 3 steps"]
