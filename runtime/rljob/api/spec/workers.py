@@ -38,7 +38,10 @@ class AutoscalingSpec(ApiModel):
         "--from-file=profile.json): δ′ comes from its latency model and workload. One "
         "measured on another model, dtype, engine, accelerator or tensor parallelism is "
         "refused, and the autoscaler then holds (condition ProfileTrusted False). Unset: "
-        "the analytic model of the model's config.json, or Tgen ∝ 1/replicas.",
+        "the job's live profile, which its trainer reports from its 4th step on; the "
+        "autoscaler holds until then (ProfileTrusted False, LiveProfilePending) and "
+        "acts on the analytic model of the model's config.json, or Tgen ∝ 1/replicas, "
+        "only when none came 3 steps after it was due.",
     )
 
 
