@@ -23,10 +23,6 @@ from .source import Sample, prompts_digest
 log = logging.getLogger("rljob.trainer")
 
 
-# the live profile the controller keeps for the operator: the record of this trainer
-# life's last PROFILE_STEPS steps, its first PROFILE_SKIP aside (the operator's
-# autoscaler waits for the first record: rljob/contract.py)
-PROFILE_STEPS, PROFILE_SKIP = LIVE_PROFILE_STEPS, LIVE_PROFILE_SKIP
 # the step's figures the controller keeps for the operator's status
 CONTROLLER_FIGURES = ("gen_seconds", "train_seconds", "staleness_mean", "staleness_max",
                       "tokens_per_second", "samples_per_second", "reward_mean")
@@ -118,13 +114,14 @@ class Reporter:
 
     def __init__(self, tq, name: str, sinks):
         self.tq, self.name, self.sinks = tq, name, sinks
-        # this life's steps after its first PROFILE_SKIP: the live profile's window
-        self.recent: deque[dict] = deque(maxlen=PROFILE_STEPS)
+        # the live profile's window (rljob/contract.py; the operator's autoscaler waits
+        # for its first record): this life's steps after its first LIVE_PROFILE_SKIP
+        self.recent: deque[dict] = deque(maxlen=LIVE_PROFILE_STEPS)
         self.reported = 0
 
     def report(self, m: dict, version: int) -> None:
         self.reported += 1
-        if self.reported > PROFILE_SKIP:  # start-up (compilation, first weights) aside
+        if self.reported > LIVE_PROFILE_SKIP:  # start-up (compilation, first weights) aside
             self.recent.append(m)
         profile = json.dumps(profile_record(list(self.recent))) if self.recent else ""
         self.tq.report_metrics(step=version, source=self.name, profile=profile,
