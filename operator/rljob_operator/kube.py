@@ -18,7 +18,10 @@ FIELD_MANAGER = "rljob-operator"
 log = logging.getLogger("rljob_operator.kube")
 
 # Kinds of the job's children, for deleting them by label (ttlSecondsAfterFinished).
-CHILD_KINDS = (("v1", "Pod"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+# Owners before pods: a pod of a Deployment or StatefulSet deleted while its owner
+# stands is recreated at once, and the new pod, still starting, is then killed only
+# after its grace period.
+CHILD_KINDS = (("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Pod"),
                ("v1", "Service"), ("v1", "ConfigMap"), ("v1", "Secret"),
                ("scheduling.volcano.sh/v1beta1", "PodGroup"))
 

@@ -20,8 +20,20 @@ engine ranks in a process group of their own (`collective.py`: gloo, NCCL, HCCL)
 gRPC staying the control plane.
 """
 
+from .client import WeightClient
 from .codec import CHUNK, new_epoch
-from .receiver import WeightClient, WeightReceiver
-from .sender import WeightSender
+
+# the replica's and the trainer's sides import torch: loaded when first named, so
+# a process that only asks for versions (the driver) starts without it
+_LAZY = {"WeightReceiver": "receiver", "WeightSender": "sender"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CHUNK", "WeightClient", "WeightReceiver", "WeightSender", "new_epoch"]

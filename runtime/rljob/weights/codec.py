@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 CHUNK = 4 << 20
 OPTIONS = [("grpc.max_send_message_length", 64 << 20),
@@ -16,6 +19,8 @@ OPTIONS = [("grpc.max_send_message_length", 64 << 20),
 
 
 def to_bytes(t: torch.Tensor) -> tuple[str, bytes]:
+    import torch
+
     t = t.detach().cpu().contiguous()
     dtype = str(t.dtype).removeprefix("torch.")
     if t.dtype == torch.bfloat16:
@@ -24,6 +29,8 @@ def to_bytes(t: torch.Tensor) -> tuple[str, bytes]:
 
 
 def from_bytes(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
+    import torch
+
     if dtype == "bfloat16":
         return torch.from_numpy(np.frombuffer(data, np.int16).copy()).view(torch.bfloat16).reshape(shape)
     return torch.from_numpy(np.frombuffer(data, np.dtype(dtype)).copy()).reshape(shape)
