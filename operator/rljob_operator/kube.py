@@ -18,12 +18,21 @@ FIELD_MANAGER = "rljob-operator"
 log = logging.getLogger("rljob_operator.kube")
 
 # Kinds of the job's children, for deleting them by label (ttlSecondsAfterFinished).
-# Owners before pods: a pod of a Deployment or StatefulSet deleted while its owner
-# stands is recreated at once, and the new pod, still starting, is then killed only
-# after its grace period.
+# Owners before pods, and only the pods no workload controller owns: a pod of a
+# Deployment or StatefulSet deleted by hand while its ReplicaSet or StatefulSet still
+# stands is recreated at once (the garbage collector removes those pods with their
+# owner), and the new pod, still starting, is killed only after its grace period.
 CHILD_KINDS = (("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Pod"),
                ("v1", "Service"), ("v1", "ConfigMap"), ("v1", "Secret"),
                ("scheduling.volcano.sh/v1beta1", "PodGroup"))
+WORKLOAD_OWNERS = {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
+
+
+def owned_by_a_workload(obj: dict) -> bool:
+    """Whether an object's controller is a workload controller (its pods go with it)
+    (pure)."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("kind") in WORKLOAD_OWNERS for r in refs)
 
 
 class NoCluster(Exception):
@@ -185,6 +194,8 @@ class Kube:
             items = res.get(namespace=namespace,
                             label_selector=f"{builders.LABEL_NAME}={job}").items
             for item in items:
+                if kind == "Pod" and owned_by_a_workload(item.to_dict()):
+                    continue  # deleted with its ReplicaSet or StatefulSet
                 try:
                     res.delete(name=item.metadata.name, namespace=namespace)
                     n += 1

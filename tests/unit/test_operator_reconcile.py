@@ -504,3 +504,24 @@ def test_a_spec_an_older_crd_let_through_is_refused_with_the_upgrade_in_one_line
     assert "groupSize" in message and "Traceback" not in message
     body["spec"]["algorithm"]["groupSize"] = 8
     assert to_job(body).spec.algorithm.group_size == 8
+
+
+def test_the_clean_up_leaves_a_workloads_pods_to_go_with_it():
+    """ttlSecondsAfterFinished deletes owners first and never a pod a ReplicaSet or
+    StatefulSet controls: deleted by hand, it would be recreated while its owner
+    stands (the garbage collector removes it with the owner)."""
+    from rljob_operator.kube import CHILD_KINDS, owned_by_a_workload
+
+    kinds = [k for _, k in CHILD_KINDS]
+    assert kinds.index("Deployment") < kinds.index("Pod")
+    assert kinds.index("StatefulSet") < kinds.index("Pod")
+
+    def pod(*refs):
+        return {"metadata": {"name": "p", "ownerReferences": list(refs)}}
+
+    assert owned_by_a_workload(pod({"kind": "ReplicaSet", "name": "x-tq-1", "controller": True}))
+    assert owned_by_a_workload(pod({"kind": "StatefulSet", "name": "x-redis", "controller": True}))
+    # the operator's own pods (rollouts, trainer ranks): owned by the RLJob, deleted
+    assert not owned_by_a_workload(pod({"kind": "RLJob", "name": "x", "controller": True}))
+    assert not owned_by_a_workload(pod())
+    assert not owned_by_a_workload(pod({"kind": "ReplicaSet", "name": "y"}))  # not its controller
