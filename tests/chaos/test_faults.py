@@ -129,14 +129,13 @@ def expected_digests(job_file: Path, steps: int = STEPS, base: Path | None = Non
         for s in range(steps)]
 
 
-def check(run: Run, code: int = 0, k: int = 1) -> list[dict]:
-    """The promises: finished, each step trained its own samples exactly once, staleness
-    within k, no worker left."""
+def check(run: Run, code: int = 0, k: int = 1, n: int = 16 * 8) -> list[dict]:
+    """The promises: finished, each step trained its own `n` samples exactly once,
+    staleness within k, no worker left."""
     assert run.wait() == code, run.output()
     from rljob.local import read_metrics
 
     ms = read_metrics(run.run_dir)
-    n = 16 * 8
     assert [m["step"] for m in ms] == list(range(1, STEPS + 1)), run.output()
     assert all(m["samples"] == n and m["rows_claimed"] == n for m in ms), \
         [(m["samples"], m["rows_claimed"]) for m in ms]
@@ -172,6 +171,31 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(tmp_path, victim):
     print(f"\n{victim} SIGKILLed at step 3: next step after {recovery(run, 3, t):.1f}s")
     check(run)
     assert f"{victim} exited with -9" in run.events()
+
+
+def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_path):
+    """workflow.weightUpdate interrupt on a generation-bound job (no warm-up: the
+    random policy writes the 64 tokens it may; 4 prompts a step, so training is
+    short), so updates arrive mid-generation: samples go on under newer weights
+    midway, and with rollout-0 SIGKILLed at step 3 every step still trains its own
+    samples once, and every token's weights are within the staleness bound."""
+    run = Run(make_job(tmp_path, "interrupt-kill", model={"warmupSteps": 0},
+                       algorithm={"promptsPerStep": 4},
+                       rollout={"maxNewTokens": 56}, workflow={"weightUpdate": "interrupt"}),
+              tmp_path / "run")
+    run.wait_step(3)
+    os.kill(run.worker("rollout-0"), signal.SIGKILL)
+    t = time.monotonic()
+    print(f"\nrollout-0 SIGKILLed at step 3 (interrupting updates): next step after "
+          f"{recovery(run, 3, t):.1f}s")
+    ms = check(run, n=4 * 8)
+    interrupted = [m["interrupted"] for m in ms]
+    tokens = {int(k) for m in ms for k in m["staleness_tokens"]}
+    print(f"samples an update interrupted, per step: {interrupted}; token staleness "
+          f"seen: {sorted(tokens)}")
+    assert sum(interrupted) > 0
+    assert tokens <= {0, 1}
+    assert all(sum(m["staleness_tokens"].values()) == m["tokens"] for m in ms)
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])

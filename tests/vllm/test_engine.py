@@ -299,3 +299,47 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
           [e.later_prefix_tokens for e in later], "cached", [e.cached_tokens for e in later],
           f"hit {figures.get('prefix_cache_hit', 0):.0%}")
     assert figures["prefix_cache_hit"] > 0
+
+
+def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engine, tok):
+    """weightUpdate interrupt: an update aborts the groups in flight, loads the new
+    weights and each unfinished sample goes on from its tokens so far. Each sample's
+    tokens before its change point have the old weights' log-probs, after it the new
+    weights' (transformers on the whole sequence, within the tier's tolerance), and
+    some samples were interrupted midway."""
+    old, new = _policy(tok, seed=0), _policy(tok, seed=0, noise=0.05)
+    engine.load_weights(old.state_dict(), 10)
+    engine.interrupting = True
+    try:
+        prompts = [tok.encode(f"{i}+{2 * i}=") for i in range(16)]
+        params = SamplingParams(n=4, max_new_tokens=120)
+        engine.generate(prompts[:1], params)  # warm: the first forward is slow
+        futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
+        time.sleep(0.1)  # some tokens first; how many does not matter to the checks
+        engine.load_weights(new.state_dict(), 11)
+        results = [f.result(timeout=300) for f in futures]
+    finally:
+        engine.interrupting = False
+    midway = 0
+    for prompt, (group, version, epoch) in zip(prompts, results):
+        assert len(group) == 4 and (version, epoch) == group[0].versions[0][1:]
+        for gen in group:
+            b = make_batch([prompt], [gen.response_ids], tok.pad_token_id)
+            with torch.no_grad():
+                lo = token_logprobs(old, b)[0][b.mask[0].bool()]
+                ln = token_logprobs(new, b)[0][b.mask[0].bool()]
+            got = torch.tensor(gen.logprobs)
+            assert len(got) == len(gen.response_ids) <= 120
+            bounds = [p for p, _, _ in gen.versions] + [len(gen.response_ids)]
+            for (p, v, _), end in zip(gen.versions, bounds[1:]):
+                assert v in (10, 11)
+                ref = lo if v == 10 else ln
+                if end > p:
+                    assert (got[p:end] - ref[p:end]).abs().max().item() < TOL, gen.versions
+            midway += len(gen.versions) == 2 and 0 < gen.versions[1][0] < len(gen.response_ids)
+    print("lengths and change points:", [(len(g.response_ids), g.versions) for g in
+                                         results[0][0]])
+    print(f"interrupting update: {midway} of {4 * len(prompts)} samples went on under the "
+          f"new weights midway; abort and load {engine.drain_seconds * 1e3:.0f} + "
+          f"{engine.reload_seconds * 1e3:.0f} ms")
+    assert midway > 0

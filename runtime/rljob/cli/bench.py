@@ -90,6 +90,36 @@ def bench_workflow(
                              lend_cores), json_out)
 
 
+@bench_app.command("updates")
+def bench_updates(
+    jobs: str = typer.Option(",".join(("longtail", "agentic-slow-tool", "quickstart")),
+                             help="Comma-separated: longtail, agentic-slow-tool, quickstart."),
+    steps: int = typer.Option(30, min=8, help="Steps per run."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of drain and interrupt; medians are "
+                               "printed."),
+    warmup: int = typer.Option(5, min=1, help="Steps not measured at the start of a run."),
+    tool_seconds: float = typer.Option(2.0, min=0.0, help="Seconds each call of the slow "
+                                       "tool takes (agentic-slow-tool)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """Drain against interrupt (workflow.weightUpdate) on the long-tail, slow-tool agentic
+    and quickstart jobs in async(1): tokens/s, update latency, rollout idle share,
+    per-token staleness, reward."""
+    from rljob_bench import updates as bench
+
+    names = [j.strip() for j in jobs.split(",") if j.strip()]
+    unknown = [j for j in names if j not in bench.JOBS]
+    if unknown or not names:
+        raise typer.BadParameter(f"{', '.join(unknown) or 'none given'}: use "
+                                 + ", ".join(bench.JOBS), param_hint="--jobs")
+    if warmup >= steps:
+        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
+                                 param_hint="--warmup")
+    _report(bench, bench.run(names, steps, rounds, warmup, tool_seconds, keep,
+                             progress=lambda line: typer.echo(line, err=True)), json_out)
+
+
 @bench_app.command("offpolicy")
 def bench_offpolicy(
     file: Path = JOB_FILE,

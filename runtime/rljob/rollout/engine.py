@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 from ..infra.registry import Registry
 from ..sampling import TokenDistribution, sampled_logprobs, seeded_sample
+from ..workflow.versions import VersionChanges, changed
+from .updates import UpdateGate
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class Generation:
     # of the prompt, the tokens whose KV the engine's prefix cache held (None: the
     # engine has no such cache)
     cached_tokens: int | None = None
+    # the weight version of its tokens (updates.py): [(0, version, epoch)], and a
+    # change point more for each update that interrupted it (None: not recorded)
+    versions: VersionChanges | None = None
 
 
 @dataclass
@@ -84,6 +89,17 @@ class RolloutEngine(ABC):
     # (weight_ranks 0) are received by this process, into `weight_device()`
     weight_ranks: int = 0
     transfer_seconds: float = 0.0  # of the last broadcast loaded by the engine itself
+    # workflow.weightUpdate interrupt: engines that stop generation at a token
+    # boundary for an update (`gate`, set by `interruptible`) and go on after it
+    can_interrupt: bool = False
+    gate: UpdateGate | None = None
+
+    def interruptible(self) -> RolloutEngine:
+        """From now on an update interrupts generation instead of draining it."""
+        if not self.can_interrupt:
+            raise ValueError(f"{type(self).__name__} cannot interrupt generation for an update")
+        self.gate = UpdateGate()
+        return self
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -201,7 +217,14 @@ class HFEngine(RolloutEngine):
     fused attention splits a one-token query's keys over threads by the batch's
     size); the rows beside a row, their number and their lengths change none of
     its logits. So a streamed step samples and reports what a whole-step batch
-    does, bit for bit, with no second forward."""
+    does, bit for bit, with no second forward.
+
+    With weightUpdate interrupt (`interruptible`), an update stops a `generate` at
+    a decode-step boundary and the rows go on under the new weights (`_generate`):
+    their tokens so far are computed again as prompt, so the KV of the old weights
+    is not reused."""
+
+    can_interrupt = True
 
     def __init__(self, model, tokenizer):
         import torch
@@ -257,21 +280,65 @@ class HFEngine(RolloutEngine):
 
     def _generate(self, prompts: list[list[int]], uniforms, width: int,
                   params: SamplingParams, dist: TokenDistribution) -> list[list[Generation]]:
-        """One `generate` of `prompts` left-padded to `width`, n rows each."""
+        """One `generate` of `prompts` left-padded to `width`, n rows each. With a
+        gate (weightUpdate interrupt) it runs in stretches: an update stops every
+        row at a token boundary, the new weights load, and the rows not finished go
+        on from their tokens so far (re-read as a longer prompt) under them; their
+        later draws come from the same uniforms (position by position), their
+        log-probs from the new weights' logits."""
+        import contextlib
+
         torch = self.torch
-        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        pad = self.tok.pad_token_id
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
-        from transformers import LogitsProcessorList, StoppingCriteriaList
-
-        device = self.weight_device()
         # n rows per prompt (prompt-major), as the uniforms are laid out
         ids, attn = ids.repeat_interleave(params.n, 0), attn.repeat_interleave(params.n, 0)
-        if len(ids) < MIN_ROWS:  # copies of the last row, dropped below
-            extra = MIN_ROWS - len(ids)
+        rows = len(ids)
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logps: list[list[float]] = [[] for _ in range(rows)]
+        versions: list[list] = [[] for _ in range(rows)]
+        live = list(range(rows))
+        while live:
+            done = len(tokens[live[0]])  # every row still going has as many tokens
+            with self.gate.generating() if self.gate else contextlib.nullcontext():
+                for r in live:
+                    versions[r] = changed(versions[r], done, self.version, self.epoch)
+                at = torch.tensor(live)
+                seg_ids, seg_attn = ids[at], attn[at]
+                if done:  # the tokens so far, after the prompt
+                    seg_ids = torch.cat([seg_ids, torch.tensor([tokens[r] for r in live])], 1)
+                    seg_attn = torch.cat([seg_attn, torch.ones(len(live), done,
+                                                               dtype=seg_attn.dtype)], 1)
+                new, new_logps, ended = self._stretch(seg_ids, seg_attn, uniforms[at], width,
+                                                      params, dist, done)
+            for k, r in enumerate(live):
+                tokens[r] += new[k]
+                logps[r] += new_logps[k]
+            live = [r for k, r in enumerate(live)
+                    if not ended[k] and len(tokens[r]) < params.max_new_tokens]
+        return [[Generation(tokens[k], logps[k], versions=versions[k])
+                 for k in range(i * params.n, (i + 1) * params.n)]
+                for i in range(len(prompts))]
+
+    def _stretch(self, ids, attn, uniforms, width: int, params: SamplingParams,
+                 dist: TokenDistribution, done: int):
+        """One transformers `generate` of rows left-padded to `width` that have
+        `done` tokens after it already; it stops at the end of every row or, with a
+        gate, at the first token boundary after an update is asked for. Returns each
+        row's new tokens, their log-probs and whether the row ended (its end token,
+        the stop text)."""
+        torch = self.torch
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+
+        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        device = self.weight_device()
+        real = len(ids)
+        if real < MIN_ROWS:  # copies of the last row, dropped below
+            extra = MIN_ROWS - real
             ids, attn = torch.cat([ids, ids[-1:].expand(extra, -1)]), \
                 torch.cat([attn, attn[-1:].expand(extra, -1)])
             uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
@@ -280,27 +347,43 @@ class HFEngine(RolloutEngine):
         # theirs are those of a run without the criterion up to its end)
         stop = (_StopText(params.stop, self.tok.decode, width, len(ids)) if params.stop
                 else None)
+        criteria = [c for c in (stop, _Interrupt(self.gate) if self.gate else None) if c]
         began = time.perf_counter()
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=False,
                 logits_processor=LogitsProcessorList([sampler]),
-                stopping_criteria=StoppingCriteriaList([stop] if stop else []),
-                max_new_tokens=params.max_new_tokens,
+                stopping_criteria=StoppingCriteriaList(criteria),
+                max_new_tokens=params.max_new_tokens - done,
                 pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
-        new = out.sequences[:, width:].cpu().tolist()
-        if stop is not None:
-            new = [toks[:end] if end is not None else toks for toks, end in zip(new, stop.ends)]
-        responses = [toks[:toks.index(eos) + 1] if eos in toks else toks for toks in new]
-        logps = torch.stack(sampler.logprobs, 1).tolist()  # [rows, positions]
+        new = out.sequences[:real, width + done:].cpu().tolist()
+        ended = [False] * real
+        for k in range(real):
+            if stop is not None and stop.ends[k] is not None:
+                new[k], ended[k] = new[k][:stop.ends[k] - done], True
+            if eos in new[k]:
+                new[k], ended[k] = new[k][:new[k].index(eos) + 1], True
+        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else []
         times = sampler.times
         self._timings = getattr(self, "_timings", [])
         self._timings.append(GenTiming(
-            len(ids), len(ids) * width, sum(map(len, responses)), len(times),
+            len(ids), len(ids) * (width + done), sum(map(len, new)), len(times),
             times[0] - began if times else 0.0, times[-1] - times[0] if times else 0.0))
-        return [[Generation(responses[k], logps[k][:len(responses[k])])
-                 for k in range(i * params.n, (i + 1) * params.n)]
-                for i in range(len(prompts))]
+        return new, [logps[k][:len(new[k])] for k in range(real)], ended
+
+
+class _Interrupt:
+    """A stopping criterion: every row stops at the token boundary after an update
+    is asked for (weightUpdate interrupt)."""
+
+    def __init__(self, gate: UpdateGate):
+        self.gate = gate
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.gate.requested(), dtype=torch.bool,
+                          device=input_ids.device)
 
 
 def make_engine(kind: str, model_spec, rollout_spec, tokenizer, model=None,

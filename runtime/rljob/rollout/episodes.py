@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from ..environments import Environment, Reply, episode_figures
 from ..environments.chat import ChatTurns, observation_ids
+from ..workflow.versions import VersionChanges, changed
 from .engine import Generation, RolloutEngine, SamplingParams
 
 log = logging.getLogger("rljob.rollout")
@@ -57,6 +58,9 @@ class Episode:
     later_prefix_tokens: int = 0
     cached_tokens: int | None = None
     tool_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock
+    # the weight version of its tokens (rollout/updates.py), from its turns' (an
+    # engine that records them); observations belong to the turn before them
+    versions: VersionChanges = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -106,7 +110,7 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
         for turn in range(1, max_turns + 1):
             asked = [_add_turn(e, cut_at_stop(g, e.env.stop, decode, eos,
                                               budget - len(e.response_ids)),
-                               turn, max_turns, budget, eos, chat)
+                               turn, max_turns, budget, eos, chat, g.versions)
                      for e, g in zip(live, turn_out)]
             replies = list(pool.map(_reply, live, asked))
             for e, reply in zip(live, replies):
@@ -149,7 +153,7 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
                 e.later_prefix_tokens += len(prefix)
                 e.cached_tokens = (e.cached_tokens or 0) + gen.cached_tokens
             asked = _add_turn(e, cut_at_stop(gen, e.env.stop, decode, eos, room), t,
-                              max_turns, budget, eos, chat)
+                              max_turns, budget, eos, chat, gen.versions)
             reply = await loop.run_in_executor(pool, _reply, e, asked)
             _take(e, reply, budget, tok, chat)
             if e.done:
@@ -163,12 +167,18 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
 
 
 def _add_turn(e: Episode, cut: tuple[list[int], list[float], str], turn: int,
-              max_turns: int, budget: int, eos: int, chat: ChatTurns | None = None) -> bool:
-    """The model's turn (cut at its stop) into the episode; whether its environment
-    is asked to answer it (a turn that leaves the episode room to go on: with a chat
-    template the EOS ends the model's turn, not the episode; without one it ends the
-    episode)."""
+              max_turns: int, budget: int, eos: int, chat: ChatTurns | None = None,
+              versions: VersionChanges | None = None) -> bool:
+    """The model's turn (cut at its stop) into the episode, with the versions of its
+    tokens (`versions`: the turn's change points, where the engine records them);
+    whether its environment is asked to answer it (a turn that leaves the episode
+    room to go on: with a chat template the EOS ends the model's turn, not the
+    episode; without one it ends the episode)."""
     ids, logps, text = cut
+    at = len(e.response_ids)
+    for p, v, ep in versions or ():
+        if p < len(ids) or p == 0:  # a change after the cut made none of its tokens
+            e.versions = changed(e.versions, at + p, v, ep)
     e.response_ids += ids
     e.logprobs += logps
     e.loss_mask += [1] * len(ids)

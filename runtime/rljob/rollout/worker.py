@@ -9,6 +9,7 @@ the latest version before its first generation."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -37,7 +38,7 @@ from ..transferqueue.dataplane import TransferQueueError
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS
 from ..workflow.dispatch import rollout_claim_policy
-from ..workflow.tasks import ROLLOUT_READS, rollout_batch_rows, tasks_for
+from ..workflow.tasks import ROLLOUT_READS, interrupting, rollout_batch_rows, tasks_for
 from . import vllm_engine  # noqa: F401 - registers rollout.engine vllm
 from .engine import SamplingParams, make_engine
 from .episodes import Episode, episode_record, run_episodes, summary
@@ -67,6 +68,7 @@ class RolloutWorker:
                                      temperature=spec.rollout.temperature,
                                      top_p=spec.rollout.top_p)
         self.wait_weights = spec.workflow.weight_sync == "sync"
+        self.interrupting = interrupting(spec)
         self.claim_policy = rollout_claim_policy(spec.rollout.dispatch, replica,
                                                  spec.rollout.replicas)
         self.engine = self.receiver = self.consumer = self.cores = None
@@ -97,6 +99,8 @@ class RolloutWorker:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, self.tok,
                                   model, accelerator, spec.algorithm.seed)
+        if self.interrupting:  # an update stops generation at a token boundary
+            self.engine.interruptible()
         if spec.rollout.episodic:  # episodes: the environment's class, one per episode
             self.make_env = ENVIRONMENTS.get(spec.rollout.environment)
         # a local run: the cores of a trainer that waits are lent to generation
@@ -202,6 +206,11 @@ class RolloutWorker:
         if self.spec.rollout.episodic:  # the model's tokens 1, the observations' 0
             episodes = {"loss_mask": [np.asarray(x.loss_mask, np.uint8) for x in flat],
                         "episode": [episode_record(x) for x in flat]}
+        # each sample's versions: its tokens' where the engine recorded them (an
+        # interrupted one has several); the row's version is its first token's
+        changes = [list(x.versions) if x.versions else [(0, version, epoch)] for x in flat]
+        if self.interrupting:
+            episodes["weight_versions"] = [[list(c) for c in cs] for cs in changes]
         try:
             self.consumer.tq.write(indices, {**episodes,
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
@@ -210,9 +219,10 @@ class RolloutWorker:
                 "reward_error": [s.error for s in scored],
                 "started_at": [span[0]] * len(flat),
                 "finished_at": [span[1]] * len(flat),
-                "weights_epoch": [epoch] * len(flat),
+                "weights_epoch": [cs[0][2] for cs in changes],
                 "gen_calls": [list(calls)] + [[] for _ in flat[1:]],
-            }, versions=[version] * len(flat), length_column="response_ids", lease=batch)
+            }, versions=[cs[0][1] for cs in changes], length_column="response_ids",
+                lease=batch)
             self.consumer.tq.ack(batch, indices)
         except TransferQueueError as exc:
             log.warning("dropped %d generated samples of step %d: %s", len(flat),
@@ -270,8 +280,10 @@ class RolloutWorker:
                 # replica draws them or what else is in its batch
                 seeds = tuple(_seed(spec, step, batch.data["slot"][i] // g) for i in firsts)
                 prompts = [batch.data["prompt_ids"][i].tolist() for i in firsts]
-                # weights swap between generations, not in one
-                with self.receiver.lock, computing(self.cores):
+                # drain: weights swap between generations, not in one; interrupt: the
+                # engine lets an update in at its next token boundary
+                hold = contextlib.nullcontext() if self.interrupting else self.receiver.lock
+                with hold, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
                     params = replace(self.params, seeds=seeds)
                     groups = (self._episodes(batch, firsts, prompts, params)

@@ -6,7 +6,9 @@ version c starts a new epoch; the versions ≤ c of the life that wrote the
 checkpoint are its own history, the versions above c are not (that life died
 after publishing them, and its later updates are lost). So a sample is trained
 at step t only if its weights are in this trainer's history and
-t − bound ≤ version ≤ t; anything else is made again.
+t − bound ≤ version ≤ t; anything else is made again. A sample an update
+interrupted (workflow.weightUpdate interrupt) came from several versions: each
+of them must pass.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ class Lineage:
     def accepts(self, epoch: int, version: int, step: int, bound: int) -> bool:
         """Whether a sample of weights (epoch, version) may be trained at `step`."""
         return step - bound <= version <= step and self.descends(epoch, version)
+
+    def accepts_tokens(self, changes, step: int, bound: int) -> bool:
+        """Whether a sample whose tokens came from the weights of `changes` (its
+        change points: (position, version, epoch), rollout/updates.py) may be
+        trained at `step`: every token's weights, not only its first's."""
+        return all(self.accepts(epoch, version, step, bound) for _, version, epoch in changes)
 
     def at(self, version: int) -> list[list[int]]:
         """What a checkpoint of `version` records, for the life restored from it."""

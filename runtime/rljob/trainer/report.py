@@ -68,6 +68,18 @@ def mismatch_alert(mean: float | None) -> str | None:
             f"tokenizer, the weight sync and the rollout engine's sampling settings")
 
 
+def token_staleness(t, samples) -> dict[int, int]:
+    """Step t's generated tokens by staleness, each token counted with the version
+    that generated it (pure)."""
+    from ..workflow.versions import token_versions
+
+    out: dict[int, int] = {}
+    for s in samples:
+        for v in token_versions(s.changes, len(s.response_ids)):
+            out[t - v] = out.get(t - v, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def step_metrics(t, samples, train_spans, wall, sums) -> dict:
     """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py)."""
     versions = [t - s.version for s in samples]
@@ -81,7 +93,13 @@ def step_metrics(t, samples, train_spans, wall, sums) -> dict:
         "versions": sorted({s.version for s in samples}),
         "reward_mean": float(np.mean([s.reward for s in samples])),
         "staleness_mean": float(np.mean(versions)),
-        "staleness_max": int(max(versions)),
+        "staleness_max": int(max(versions)),  # the oldest token's (an interrupted sample's first)
+        # per generated token (weightUpdate interrupt: a token of a sample an update
+        # interrupted counts the staleness of the weights that made it)
+        "staleness_tokens": (by_token := token_staleness(t, samples)),
+        "staleness_token_mean": (sum(k * n for k, n in by_token.items())
+                                 / max(1, sum(by_token.values()))),
+        "interrupted": sum(1 for s in samples if s.versions and len(s.versions) > 1),
         "gen_seconds": gen_seconds,
         "gen_queue_seconds": generation_queue_seconds([s.released_at for s in samples],
                                                       generating),

@@ -47,6 +47,13 @@ class Sample:
     # episode's observations); None: every token is the model's
     loss_mask: list[int] | None = None
     episode: dict | None = None  # its turns, tool calls, errors and seconds (episodes)
+    # the weights its tokens came from: (position, version, epoch) change points
+    # (workflow.weightUpdate interrupt; rollout/updates.py); None: all `version`'s
+    versions: list[tuple[int, int, int]] | None = None
+
+    @property
+    def changes(self) -> list[tuple[int, int, int]]:
+        return self.versions or [(0, self.version, self.epoch)]
 
 
 class Stopped(Exception):
@@ -141,6 +148,9 @@ class StepSource:
             for i, s in enumerate(samples):
                 s.token_advantages = d["advantages"][i].tolist()
                 s.critic_version = int(d["critic_version"][i])
+        if "weight_versions" in d:  # weightUpdate interrupt: each token's weights
+            for i, s in enumerate(samples):
+                s.versions = [tuple(int(x) for x in c) for c in d["weight_versions"][i] or []]
         if "loss_mask" in d:  # episodes: the model's tokens 1, the observations' 0
             for i, s in enumerate(samples):
                 s.loss_mask = d["loss_mask"][i].tolist()
@@ -190,11 +200,11 @@ class StepSource:
             return batch, samples
         bound = self.spec.workflow.staleness_bound
         bad = {s.group for s in samples
-               if not self.lineage.accepts(s.epoch, s.version, self.step, bound)}
+               if not self.lineage.accepts_tokens(s.changes, self.step, bound)}
         if not bad:
             return batch, samples
         refused = [row.index for row in batch.rows if row.group in bad]
-        versions = sorted({(s.epoch, s.version) for s in samples if s.group in bad})
+        versions = sorted({(e, v) for s in samples if s.group in bad for _, v, e in s.changes})
         log.warning("step %d: %d samples were made by weights %s that this trainer does not "
                     "descend from or that are too stale: the rollouts make them again",
                     self.step + 1, len(refused), [v for _, v in versions])

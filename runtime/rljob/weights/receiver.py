@@ -22,9 +22,10 @@ class WeightReceiver:
     """A rollout replica's side. A background thread long-polls the sender for the
     next version, receives it (gRPC into host memory, or a broadcast into device
     buffers) and swaps it into the engine under the engine lock, i.e. between two
-    generations (AsyncFlow's delayed parameter update). An engine with processes
-    of its own (vLLM) receives a broadcast in those processes, while its requests
-    in flight drain. With `weightSync: sync` the rollout loop also refuses to
+    generations (AsyncFlow's delayed parameter update), or with weightUpdate
+    interrupt through the engine's gate, at its next token boundary. An engine with
+    processes of its own (vLLM) receives a broadcast in those processes, while its
+    requests in flight drain. With `weightSync: sync` the rollout loop also refuses to
     generate with an older version than the newest published (`latest` +
     `wait_version`)."""
 
@@ -61,11 +62,21 @@ class WeightReceiver:
         if epoch != self.epoch and self.epoch:
             log.info("the trainer restarted: taking version %d of its new epoch "
                      "(held %d)", version, self.version)
-        with self.lock:  # waits for the generation in progress to finish
+        waited = [0.0]  # until the generation in progress let go of the weights
+
+        def swap_in() -> None:
+            waited[0] = time.time() - t0
             load()
             self.version, self.epoch = version, epoch
+
+        gate = getattr(engine, "gate", None)
+        if gate is not None:  # weightUpdate interrupt: at the next token boundary
+            gate.update(swap_in)
+        else:
+            with self.lock:  # drain: waits for the generation in progress to finish
+                swap_in()
         self.swap_seconds.append((t0, time.time(), version))
-        self.drain_seconds.append(engine.drain_seconds)
+        self.drain_seconds.append(engine.drain_seconds + waited[0])
         self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
         with self.swapped:
             self.swapped.notify_all()

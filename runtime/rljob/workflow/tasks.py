@@ -10,7 +10,10 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           together, on the first of them, [] on the others: a live profile's input,
           planner/live.py); with an environment (rollout.environment) also
           loss_mask (uint8, one per response token: 1 the model's, 0 an
-          observation's) and episode (json: turns, tool calls and errors, seconds)
+          observation's) and episode (json: turns, tool calls and errors, seconds);
+          with workflow.weightUpdate interrupt also weight_versions (json: the change
+          points [position, version, epoch] of the weights its tokens came from,
+          rollout/updates.py; the row's version is the first's)
 reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
           frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
           torch, computed by whichever side waits (trainer/reference.py)
@@ -40,6 +43,8 @@ ROLLOUT = TaskSpec("rollout", ["prompt_ids"], [tensor("response_ids", "int32"),
                                            json_column("gen_calls")])
 # rollout.environment: an episode's tokens, the model's and its environment's
 EPISODE_COLUMNS = [tensor("loss_mask", "uint8"), json_column("episode")]
+# workflow.weightUpdate interrupt: the versions of a sample's tokens
+VERSION_COLUMNS = [json_column("weight_versions")]
 TRAIN = TaskSpec("train", ["response_ids", "reward"])
 REFERENCE = TaskSpec("reference", ["response_ids"], [tensor("ref_logp", "float32")])
 # rollout.dispatch skew_aware: the driver's length ranker learns from each finished
@@ -62,13 +67,20 @@ def reference_task(spec) -> bool:
     return spec.algorithm.kl_coef > 0 and spec.trainer.engine == "torch"
 
 
+def interrupting(spec) -> bool:
+    """Whether a weight update interrupts generation (its samples record the
+    versions of their tokens)."""
+    return spec.workflow.update_policy == "interrupt"
+
+
 def tasks_for(spec) -> tuple:
     """The job's tasks: every worker registers the same ones."""
     train = TRAIN_PPO if spec.algorithm.critic else TRAIN
     if reference_task(spec):
         train = TaskSpec("train", [*train.consumes, "ref_logp"])
-    rollout = (TaskSpec("rollout", ROLLOUT.consumes, [*ROLLOUT.produces, *EPISODE_COLUMNS])
-               if spec.rollout.episodic else ROLLOUT)
+    rollout = TaskSpec("rollout", ROLLOUT.consumes, [
+        *ROLLOUT.produces, *(EPISODE_COLUMNS if spec.rollout.episodic else ()),
+        *(VERSION_COLUMNS if interrupting(spec) else ())])
     tasks = (DRIVER, rollout, train) + ((CRITIC,) if spec.algorithm.critic else ())
     tasks += (REFERENCE,) if reference_task(spec) else ()
     return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
@@ -79,7 +91,8 @@ def train_reads(spec) -> list[str]:
     reference's log-probs when they are a task)."""
     return (TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
             + (["ref_logp"] if reference_task(spec) else [])
-            + (["loss_mask", "episode"] if spec.rollout.episodic else []))
+            + (["loss_mask", "episode"] if spec.rollout.episodic else [])
+            + (["weight_versions"] if interrupting(spec) else []))
 
 
 def critic_reads(spec) -> list[str]:

@@ -247,6 +247,15 @@ class WorkflowSpec(ApiModel):
         description="async: rollouts receive new weights into host memory while generating "
         "and swap at an iteration boundary; sync: generation waits for the new weights.",
     )
+    weight_update: Literal["drain", "interrupt"] | None = Field(
+        None,
+        description="async only: what a weight update does to generation in flight. "
+        "drain: it waits until the generation in progress (and its episodes' tool calls) "
+        "has finished; interrupt: it stops generation at the next token boundary, loads "
+        "the new weights and generation goes on from each sample's tokens so far, which "
+        "then record the version of each token (staleness is the oldest token's). "
+        "Default: drain.",
+    )
     weight_transport: Literal["auto", "grpc", "collective"] = Field(
         "auto",
         description="How weights travel from trainer rank 0 to the rollouts. collective: "
@@ -266,6 +275,11 @@ class WorkflowSpec(ApiModel):
         return "grpc" if trainer == "cpu" or rollout != trainer else "collective"
 
     @property
+    def update_policy(self) -> str:
+        """What a weight update does to generation in flight (drain | interrupt)."""
+        return self.weight_update or "drain"
+
+    @property
     def staleness_bound(self) -> int:
         """The bound in force: k in async (default 1), 0 for the on-policy modes."""
         if self.mode != "async":
@@ -279,5 +293,13 @@ class WorkflowSpec(ApiModel):
             "(sync and periodic are on-policy: staleness is always 0)",
             check=lambda w: w.max_staleness is None or w.mode == "async",
             field_path=".maxStaleness",
+        ),
+        Rule(
+            cel="!has(self.weightUpdate) || self.weightUpdate == 'drain' || "
+            "self.mode == 'async'",
+            message="workflow.weightUpdate interrupt is only allowed when workflow.mode is "
+            "async (in sync and periodic no update arrives while a step generates)",
+            check=lambda w: w.weight_update != "interrupt" or w.mode == "async",
+            field_path=".weightUpdate",
         ),
     )
