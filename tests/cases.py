@@ -84,6 +84,10 @@ INVALID = [
     Invalid("staleness-in-sync-mode", {"spec": {"workflow": {"mode": "sync", "maxStaleness": 2}}},
             'spec.workflow.maxStaleness: Invalid value: "object": workflow.maxStaleness is only '
             "allowed when workflow.mode is async"),
+    Invalid("interrupt-in-periodic-mode",
+            {"spec": {"workflow": {"mode": "periodic", "weightUpdate": "interrupt"}}},
+            'spec.workflow.weightUpdate: Invalid value: "object": workflow.weightUpdate '
+            "interrupt is only allowed when workflow.mode is async"),
     Invalid("replicas-below-min", {"spec": {"rollout": {"replicas": 2, "minReplicas": 3}}},
             'spec.rollout.replicas: Invalid value: "object": rollout.replicas must be at least '
             "rollout.minReplicas"),

@@ -135,3 +135,42 @@ def test_change_points_and_token_versions():
     assert changed(c, 5, 6, 1) == [(0, 3, 1), (5, 6, 1)]
     assert changed([(0, 3, 1), (5, 4, 1)], 5, 3, 1) == [(0, 3, 1)]
     assert changed([(0, 3, 1)], 0, 4, 1) == [(0, 4, 1)]
+
+
+def test_weights_of_a_new_trainer_life_start_the_batch_again():
+    """An update from a restarted trainer (another epoch) mid-generation: the dead
+    life's tokens would be refused, so every row starts again under the new weights
+    and draws what a fresh call under them draws, bit for bit."""
+    tok, model = tiny()
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    new = _perturbed(model)
+    prompt = tok.encode("12+30=")
+    params = SamplingParams(n=4, max_new_tokens=40, seed=3)
+    fresh = HFEngine(model, tok)
+    fresh.load_weights(new, 2, epoch=9)
+    [expected] = fresh.generate([prompt], params)
+    model.load_state_dict(old)
+
+    engine = HFEngine(model, tok).interruptible()
+    engine.load_weights(old, 4, epoch=5)
+    forwards, third = [0], threading.Event()
+
+    def count(module, args):
+        forwards[0] += 1
+        if forwards[0] == 3:
+            third.set()
+
+    hook = model.register_forward_pre_hook(count)
+    got: list = []
+    worker = threading.Thread(target=lambda: got.extend(engine.generate([prompt], params)))
+    worker.start()
+    try:
+        assert third.wait(60), "generation never started"
+        engine.gate.update(lambda: engine.load_weights(new, 2, epoch=9))
+    finally:
+        worker.join(120)
+        hook.remove()
+    [group] = got
+    assert [g.versions for g in group] == [[(0, 2, 9)]] * 4
+    assert [(g.response_ids, g.logprobs) for g in group] == \
+        [(g.response_ids, g.logprobs) for g in expected]

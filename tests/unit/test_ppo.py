@@ -184,6 +184,7 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
             self.algorithm = algorithm
             self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False})()
             self.trainer = type("T", (), {"engine": engine})()
+            self.workflow = type("W", (), {"update_policy": "drain"})()
 
     names = {t.name: t for t in tasks_for(Spec(ppo))}
     assert "critic" in names and "advantages" in names["train"].consumes

@@ -44,6 +44,9 @@ class WorkerMetrics:
                           f"Response tokens {verb} by this worker")
         self.dropped = one(Counter, "rljob_dropped_samples",
                            "Generated samples refused because their lease had expired")
+        self.given_back = one(Counter, "rljob_rows_given_back",
+                              "Claimed rows given back unstarted: their step was beyond what "
+                              "the weights held may train within maxStaleness")
         self.version = one(Gauge, "rljob_weights_version", "Weights version held")
         self.step = one(Gauge, "rljob_released_step" if role == "driver" else "rljob_job_step",
                         "Last step released (driver) or trained (trainer)")

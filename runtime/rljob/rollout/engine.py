@@ -285,7 +285,8 @@ class HFEngine(RolloutEngine):
         row at a token boundary, the new weights load, and the rows not finished go
         on from their tokens so far (re-read as a longer prompt) under them; their
         later draws come from the same uniforms (position by position), their
-        log-probs from the new weights' logits."""
+        log-probs from the new weights' logits. Weights of a new trainer life
+        (epoch) start the batch again."""
         import contextlib
 
         torch = self.torch
@@ -303,8 +304,14 @@ class HFEngine(RolloutEngine):
         versions: list[list] = [[] for _ in range(rows)]
         live = list(range(rows))
         while live:
-            done = len(tokens[live[0]])  # every row still going has as many tokens
             with self.gate.generating() if self.gate else contextlib.nullcontext():
+                if versions[0] and versions[0][0][2] != self.epoch:
+                    # the trainer restarted (a new epoch): what the dead life's weights
+                    # wrote is not in the new one's history, and would be refused; the
+                    # whole batch starts again under the new weights
+                    tokens, logps = [[] for _ in range(rows)], [[] for _ in range(rows)]
+                    versions, live = [[] for _ in range(rows)], list(range(rows))
+                done = len(tokens[live[0]])  # every row still going has as many tokens
                 for r in live:
                     versions[r] = changed(versions[r], done, self.version, self.epoch)
                 at = torch.tensor(live)

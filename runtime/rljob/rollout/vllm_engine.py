@@ -319,8 +319,9 @@ class VLLMEngine(RolloutEngine):
         """`n` samples of `prompt`, at most `room` tokens each, that an update may
         interrupt: the first part is one request of n samples; after an update
         aborted it, each unfinished sample goes on as a request of its own on the
-        prompt and its tokens so far (a seed of its own), under the new weights. Each
-        sample's `versions` says which version generated which of its tokens."""
+        prompt and its tokens so far (a seed of its own), under the new weights; the
+        weights of a new trainer life (epoch) start them all again. Each sample's
+        `versions` says which version generated which of its tokens."""
         ids: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         versions: list[list] = [[] for _ in range(n)]
@@ -330,6 +331,12 @@ class VLLMEngine(RolloutEngine):
         while not all(done):
             live = [k for k in range(n) if not done[k]]
             async with self._generating() as (version, epoch):
+                if versions[0] and versions[0][0][2] != epoch:
+                    # the trainer restarted (a new epoch): the dead life's tokens would
+                    # be refused; the samples start again under the new weights
+                    ids, lps = [[] for _ in range(n)], [[] for _ in range(n)]
+                    versions, done, part = [[] for _ in range(n)], [False] * n, 0
+                    live = list(range(n))
                 for k in live:
                     versions[k] = changed(versions[k], len(ids[k]), version, epoch)
                 if part == 0:

@@ -247,6 +247,25 @@ class RolloutWorker:
             self.metrics.count_episodes([episode_record(e) for e in episodes],
                                         [len(e.response_ids) for e in episodes])
 
+    def beyond_bound(self, batch: Batch) -> bool:
+        """Whether the batch's step is beyond what the weights this replica holds may
+        train (step − maxStaleness > version: after a trainer restart from an older
+        checkpoint, rows released by its dead life). Such rows go back to the queue at
+        once, and the replica waits a moment for newer weights; generated now, the
+        trainer would refuse them and have them made again."""
+        k = self.spec.workflow.staleness_bound
+        if self.spec.workflow.mode != "async" or not batch.rows:
+            return False
+        step = batch.rows[0].partition
+        if step - k <= self.engine.version:
+            return False
+        log.info("step %d's rows go back: weights %d cannot train them within "
+                 "maxStaleness %d", step, self.engine.version, k)
+        self._give_back([batch])
+        self.metrics.given_back.inc(len(batch.rows))
+        self.receiver.wait_version(self.engine.version + 1, timeout=1.0)
+        return True
+
     def _give_back(self, batches) -> None:
         """Rows claimed but not generated go back to the queue at once (shutting down)."""
         for batch in batches:
@@ -269,7 +288,7 @@ class RolloutWorker:
                 self._tick()
                 batch, latest = self._await_claim(ahead)
                 ahead = io.submit(self.claim)
-                if not batch.rows:
+                if not batch.rows or self.beyond_bound(batch):
                     continue
                 if self.wait_weights:  # generation waits for the newest weights
                     self.receiver.wait_version(latest[0], epoch=latest[1])
@@ -353,7 +372,7 @@ class RolloutWorker:
                 if ahead is not None and ahead.done():
                     batch, latest = ahead.result()
                     ahead = None
-                    if batch.rows:
+                    if batch.rows and not self.beyond_bound(batch):
                         if self.wait_weights:  # generation waits for the newest weights
                             self.receiver.wait_version(latest[0], epoch=latest[1])
                         step = batch.rows[0].partition
