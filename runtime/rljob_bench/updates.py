@@ -56,9 +56,9 @@ class SlowCalculator(Calculator):
 
 
 def job_for(name: str, policy: str, steps: int, root: Path, tool_seconds: float,
-            mode: str = "async") -> RLJob:
+            mode: str = "async", engine: str = "hf") -> RLJob:
     """The benchmark's `name` job with `workflow.weightUpdate: policy` in `mode`
-    (async: maxStaleness 1, weightSync async)."""
+    (async: maxStaleness 1, weightSync async) on rollout engine `engine`."""
     file = {"longtail": "longtail.yaml", "agentic-slow-tool": "agentic-calculator.yaml",
             "quickstart": "quickstart.yaml"}[name]
     path = example(file)
@@ -70,6 +70,7 @@ def job_for(name: str, policy: str, steps: int, root: Path, tool_seconds: float,
         spec["workflow"] |= {"maxStaleness": 1, "weightUpdate": policy}
     spec["algorithm"]["maxSteps"] = steps
     spec["trainer"] = {**spec.get("trainer", {}), "checkpointEvery": 10_000}
+    spec["rollout"]["engine"] = engine
     if name == "agentic-slow-tool":
         tool = root / "slow_tool.py"
         tool.write_text(SLOW_TOOL.format(seconds=tool_seconds))
@@ -141,7 +142,8 @@ def _run(job: RLJob, directory: Path, warmup: int) -> dict:
 
 
 def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
-        tool_seconds: float = 2.0, keep: Path | None = None, progress=None) -> dict:
+        tool_seconds: float = 2.0, keep: Path | None = None, progress=None,
+        engine: str = "hf") -> dict:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="rljob-bench-updates-") as tmp:
         root = keep or Path(tmp)
@@ -151,7 +153,8 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
             if name == "longtail":  # sync's Tgen and Ttrain: the most overlap can give
                 d = root / name / "sync"
                 d.mkdir(parents=True, exist_ok=True)
-                sync = _run(job_for(name, "drain", steps, d, tool_seconds, "sync"), d, warmup)
+                sync = _run(job_for(name, "drain", steps, d, tool_seconds, "sync", engine), d,
+                            warmup)
                 bound = {"sync_tokens_per_s": sync["tokens_per_s"],
                          "bound": overlap_bound("async", sync["gen_seconds"],
                                                 sync["train_seconds"])}
@@ -160,8 +163,8 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                 for policy in POLICIES:
                     d = root / name / f"{policy}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
-                    res[policy] = _run(job_for(name, policy, steps, d, tool_seconds), d,
-                                       warmup)
+                    res[policy] = _run(job_for(name, policy, steps, d, tool_seconds,
+                                               engine=engine), d, warmup)
                     if progress:
                         f = res[policy]
                         progress(f"{name} {policy} round {r + 1}: {f['tokens_per_s']:.0f} "
@@ -182,7 +185,7 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                         bound["bound"]
             results[name] = out
     return {"steps": steps, "warmup": warmup, "rounds": rounds, "tool_seconds": tool_seconds,
-            "jobs": results}
+            "engine": engine, "jobs": results}
 
 
 def _median(runs: list[dict]) -> dict:
@@ -207,7 +210,8 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 150))
-    t = Table(title=f"weight updates: drain vs interrupt, async(1), hf engine; steady state "
+    t = Table(title=f"weight updates: drain vs interrupt, async(1), {results['engine']} engine; "
+              f"steady state "
               f"after {results['warmup']} of {results['steps']} steps; medians of "
               f"{results['rounds']} rounds; the slow tool takes {results['tool_seconds']} s")
     for c in ("job", "update", "tokens/s", "vs drain", "of bound", "step s", "update s "

@@ -100,6 +100,8 @@ def bench_updates(
     warmup: int = typer.Option(5, min=1, help="Steps not measured at the start of a run."),
     tool_seconds: float = typer.Option(2.0, min=0.0, help="Seconds each call of the slow "
                                        "tool takes (agentic-slow-tool)."),
+    engine: str = typer.Option("hf", help="rollout.engine of every run: hf, or vllm (in an "
+                               "environment with vLLM)."),
     keep: Path = typer.Option(None, help="Keep the run directories here."),
     json_out: bool = JSON_OUT,
 ) -> None:
@@ -116,8 +118,11 @@ def bench_updates(
     if warmup >= steps:
         raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
                                  param_hint="--warmup")
+    if engine not in ("hf", "vllm"):
+        raise typer.BadParameter("use hf or vllm", param_hint="--engine")
     _report(bench, bench.run(names, steps, rounds, warmup, tool_seconds, keep,
-                             progress=lambda line: typer.echo(line, err=True)), json_out)
+                             progress=lambda line: typer.echo(line, err=True), engine=engine),
+            json_out)
 
 
 @bench_app.command("offpolicy")

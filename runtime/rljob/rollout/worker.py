@@ -350,9 +350,10 @@ class RolloutWorker:
     def _run_streaming(self) -> None:
         """Keep up to `claim_rows` rows' groups in flight, claim more as groups
         finish, and write each group the moment it is generated. Weight updates
-        happen inside the engine between generations (it drains the groups in
-        flight first), so every group comes back with the one version that
-        generated it."""
+        happen inside the engine: with weightUpdate drain between generations (it
+        drains the groups in flight first), so every group comes back with the one
+        version that generated it; with interrupt midway, each sample with the
+        versions of its tokens."""
         g, spec = self.g, self.spec
         io = ThreadPoolExecutor(1, thread_name_prefix="rljob-rollout-claim")
         writer = ThreadPoolExecutor(1, thread_name_prefix="rljob-rollout-write")
