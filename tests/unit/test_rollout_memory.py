@@ -93,3 +93,17 @@ spec:
     assert out.returncode == 1 and "Traceback" not in out.stderr
     lines = [ln for ln in out.stderr.splitlines() if "memoryUtilization" in ln]
     assert len(lines) == 1 and lines[0].endswith("set it to at most 0.94"), out.stderr
+
+
+def test_on_cpu_vllm_never_prefills_a_seeded_prompt_in_chunks():
+    """vLLM 0.32 rewinds a seeded request's generator when it discards the token of a
+    partly prefilled prompt, which torch's CPU generator cannot do: on CPU chunked
+    prefill is off, with room for a whole context a step."""
+    from rljob.api.spec import ModelSpec, RolloutSpec
+    from rljob.rollout.vllm_engine import engine_args
+
+    model = ModelSpec(path=f"random:{REPO / 'examples/models/tiny-qwen2'}",
+                      tokenizer="builtin:char")
+    args = engine_args(model, RolloutSpec(engine="vllm", max_num_seqs=64), "cpu", 100, 0)
+    assert args["enable_chunked_prefill"] is False
+    assert args["max_num_batched_tokens"] >= 4096

@@ -96,6 +96,15 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         args["hf_overrides"] = {"vocab_size": vocab_size}
     if cpu:
         args["enforce_eager"] = True  # no graph capture to amortise on CPU
+        # every request is seeded, and torch's CPU generator cannot step back: vLLM
+        # 0.32 rewinds a request's generator when it discards the token of a prompt
+        # prefilled only in part (gpu_model_runner.py:3502, "CPU Generator does not
+        # use offset", which kills the engine), so on CPU a prompt is never prefilled
+        # in chunks; a step may then take a whole context of prompt tokens
+        cfg = model_config(model_spec) or {}
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(4096, cfg.get("max_position_embeddings") or 0,
+                                             rollout_spec.max_num_seqs)
         if rollout_spec.episodic:
             # an episode's next turn reuses its prefix's KV in whole blocks: the CPU
             # backend's default (128 tokens) is longer than a small model's whole
