@@ -130,9 +130,16 @@ def worker_driver(
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """Release each step's prompts as the workflow mode allows."""
+    import signal
+    import sys
+
     from ..inputs.models import load_tokenizer
     from ..workflow.driver import run_driver
 
+    # in a pod the driver is its container's PID 1, which ignores SIGTERM unless it
+    # handles it (the pod would wait out its grace period): it ends at once, losing
+    # nothing (a step is released once, and a restarted driver skips what the table holds)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     _worker_logging()
     spec = _job_spec(job)
     run_driver(spec, tq, weights, load_tokenizer(spec.model), start_step, max_steps,
