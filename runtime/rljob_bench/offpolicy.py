@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from rljob.api import RLJob
@@ -82,12 +81,7 @@ def run(job: RLJob, label: str, steps: int | None = None, last: int = 30, seeds:
                                    + seed, temperature, top_p)
                 directory = root / f"{name.replace(' ', '-')}-{seed}"
                 local = LocalRun(spec_job, directory)
-                local.start()
-                try:
-                    while not local.supervise():
-                        time.sleep(0.5)
-                finally:
-                    local.stop()
+                local.run_to_end(poll=0.5)
                 runs.append(summarise(local.metrics(), last))
                 if progress:
                     progress(f"{name} seed {seed}: reward of the last {last} steps "

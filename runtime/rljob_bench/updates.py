@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -132,12 +131,7 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 def _run(job: RLJob, directory: Path, warmup: int) -> dict:
     local = LocalRun(job, directory)
-    local.start()
-    try:
-        while not local.supervise():
-            time.sleep(0.5)
-    finally:
-        local.stop()
+    local.run_to_end(poll=0.5)
     return figures(local.metrics(), load_spans(directory), warmup)
 
 

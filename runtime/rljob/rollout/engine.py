@@ -56,7 +56,7 @@ class Generation:
     # of the prompt, the tokens whose KV the engine's prefix cache held (None: the
     # engine has no such cache)
     cached_tokens: int | None = None
-    # the weight version of its tokens (updates.py): [(0, version, epoch)], and a
+    # the weight version of its tokens (workflow/versions.py): [(0, version, epoch)], and a
     # change point more for each update that interrupted it (None: not recorded)
     versions: VersionChanges | None = None
 

@@ -58,7 +58,7 @@ class Episode:
     later_prefix_tokens: int = 0
     cached_tokens: int | None = None
     tool_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock
-    # the weight version of its tokens (rollout/updates.py), from its turns' (an
+    # the weight version of its tokens (workflow/versions.py), from its turns' (an
     # engine that records them); observations belong to the turn before them
     versions: VersionChanges = field(default_factory=list)
 

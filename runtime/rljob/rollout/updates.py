@@ -8,7 +8,7 @@ episodes), so each sample comes from one weight version.
 new weights and generation goes on from each row's tokens so far, under the new
 weights; an episode waiting on its tool holds nothing, its next turn runs under
 whatever weights are loaded then. A sample then carries the version of each of
-its tokens as change points (`VersionChanges`): the first (position 0) is the
+its tokens as change points (workflow/versions.py): the first (position 0) is the
 version it started with, the row's version in the TransferQueue; staleness is
 its oldest token's, and every token's version must be within the bound when it
 is trained (trainer/lineage.py).

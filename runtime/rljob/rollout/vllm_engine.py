@@ -18,8 +18,9 @@ and the prefix cache is reset. With `workflow.weightUpdate: interrupt`
 generated so far (streamed back token by token) stays, and once the new version
 is loaded each unfinished sample goes on as a new request on its prompt and its
 tokens so far, under the new weights (their KV computed again by them); an
-episode's tool call holds nothing, only its turns' requests are aborted. The version comes either as a safetensors file in
-shared memory that every worker reads a tensor at a time
+episode's tool call holds nothing, only its turns' requests are aborted. The
+version comes either as a safetensors file in shared memory that every worker
+reads a tensor at a time
 (`workflow.weightTransport: grpc`) or, with `collective`, as a broadcast that
 every worker receives bucket by bucket into its own device from the trainer
 (`join_weight_group` / `load_broadcast`, the worker ranks being ranks 1.. of

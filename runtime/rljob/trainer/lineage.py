@@ -34,7 +34,7 @@ class Lineage:
 
     def accepts_tokens(self, changes, step: int, bound: int) -> bool:
         """Whether a sample whose tokens came from the weights of `changes` (its
-        change points: (position, version, epoch), rollout/updates.py) may be
+        change points: (position, version, epoch), workflow/versions.py) may be
         trained at `step`: every token's weights, not only its first's."""
         return all(self.accepts(epoch, version, step, bound) for _, version, epoch in changes)
 

@@ -93,13 +93,14 @@ def step_metrics(t, samples, train_spans, wall, sums) -> dict:
         "versions": sorted({s.version for s in samples}),
         "reward_mean": float(np.mean([s.reward for s in samples])),
         "staleness_mean": float(np.mean(versions)),
-        "staleness_max": int(max(versions)),  # the oldest token's (an interrupted sample's first)
+        # the oldest token's (an interrupted sample's first)
+        "staleness_max": int(max(versions)),
         # per generated token (weightUpdate interrupt: a token of a sample an update
         # interrupted counts the staleness of the weights that made it)
         "staleness_tokens": (by_token := token_staleness(t, samples)),
         "staleness_token_mean": (sum(k * n for k, n in by_token.items())
                                  / max(1, sum(by_token.values()))),
-        "interrupted": sum(1 for s in samples if s.versions and len(s.versions) > 1),
+        "interrupted": sum(1 for s in samples if len(s.changes) > 1),
         "gen_seconds": gen_seconds,
         "gen_queue_seconds": generation_queue_seconds([s.released_at for s in samples],
                                                       generating),

@@ -48,7 +48,7 @@ class Sample:
     loss_mask: list[int] | None = None
     episode: dict | None = None  # its turns, tool calls, errors and seconds (episodes)
     # the weights its tokens came from: (position, version, epoch) change points
-    # (workflow.weightUpdate interrupt; rollout/updates.py); None: all `version`'s
+    # (workflow.weightUpdate interrupt; workflow/versions.py); None: all `version`'s
     versions: list[tuple[int, int, int]] | None = None
 
     @property

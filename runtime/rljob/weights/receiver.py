@@ -25,9 +25,9 @@ class WeightReceiver:
     generations (AsyncFlow's delayed parameter update), or with weightUpdate
     interrupt through the engine's gate, at its next token boundary. An engine with
     processes of its own (vLLM) receives a broadcast in those processes, while its
-    requests in flight drain. With `weightSync: sync` the rollout loop also refuses to
-    generate with an older version than the newest published (`latest` +
-    `wait_version`)."""
+    requests in flight drain. With `weightSync: sync` the rollout loop also
+    refuses to generate with an older version than the newest published
+    (`latest` + `wait_version`)."""
 
     def __init__(self, address: str, replica: str, mode: str = "async",
                  transport: str = "grpc", backend: str = "gloo"):

@@ -13,7 +13,7 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           observation's) and episode (json: turns, tool calls and errors, seconds);
           with workflow.weightUpdate interrupt also weight_versions (json: the change
           points [position, version, epoch] of the weights its tokens came from,
-          rollout/updates.py; the row's version is the first's)
+          workflow/versions.py; the row's version is the first's)
 reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
           frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
           torch, computed by whichever side waits (trainer/reference.py)

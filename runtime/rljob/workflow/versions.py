@@ -3,7 +3,7 @@
 With workflow.weightUpdate interrupt a sample's tokens may come from several
 weight versions: [(0, v0, e0), (p1, v1, e1), ...] says tokens [0, p1) came from
 version v0 of trainer life e0, tokens from p1 on from v1 of e1, and so on
-(rollout/updates.py records them, the trainer checks and counts them)."""
+(the rollout engines record them, the trainer checks and counts them)."""
 
 from __future__ import annotations
 
