@@ -618,7 +618,8 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
           f"s to a Ready replacement, s to a new step after it): "
           + ", ".join(f"{w} ({s}, {r:.1f}, {t:.1f})" for w, s, r, t in recoveries))
     assert [r[0] for r in recoveries] == [f[0] for f in faults], \
-        f"not every fault was injected and recovered from: {recoveries}"
+        f"not every fault was injected and recovered from: {recoveries}; steps seen (s, step): " \
+        f"{[(round(t), s) for t, s, _ in watch.steps]}"
     assert not duplicates, duplicates[:3]
 
     # every row the driver released was trained exactly once: the train task acked
