@@ -1,7 +1,7 @@
 """Tiers whose prerequisites may be missing: the vLLM tier (its own environment), the
-node tier (root, containerd and the rest) and megatron-core. On a developer's machine
-a tier without them skips; where the test command set them up it names them in
-RLJOB_REQUIRE_TIERS (``.ci/test``: ``node,megatron`` for the main tiers, ``vllm`` for
+node tier (root, containerd and the rest), megatron-core and the mcp SDK. On a
+developer's machine a tier without them skips; where the test command set them up it names them in
+RLJOB_REQUIRE_TIERS (``.ci/test``: ``node,megatron,mcp`` for the main tiers, ``vllm`` for
 the vLLM tier), and then a missing prerequisite fails the run with one line instead
 of turning the tier's tests into skips."""
 
@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-TIERS = ("vllm", "node", "megatron")
+TIERS = ("vllm", "node", "megatron", "mcp")
 
 
 def required(tier: str) -> bool:

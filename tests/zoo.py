@@ -5,11 +5,16 @@ with `tokenizers` and a chat template in its family's style:
 
 - `qwen2.5`: Qwen2, QKV bias, untied embeddings (as the 7B), the embedding
   padded past the tokenizer (Qwen2.5 has 152,064 rows for 151,665 tokens),
-  byte-level BPE, ChatML template, EOS `<|im_end|>` and pad `<|endoftext|>`.
+  byte-level BPE, ChatML template with Hermes-style tool calls (`<tool_call>`
+  blocks, `<tool_response>` answers in a user turn), EOS `<|im_end|>` and pad
+  `<|endoftext|>`.
 - `llama3`: Llama, untied, `rope_scaling` of type llama3, BPE with byte fallback,
   `<|begin_of_text|>` as BOS in the template, EOS `<|eot_id|>`, no pad token of
-  its own, padded embedding.
-- `qwen3`: Qwen3 (q/k RMS norm), tied embeddings, explicit head_dim, ChatML.
+  its own, padded embedding; Llama 3.1's tool format (schemas in the first user
+  message, a JSON call, `ipython` answers).
+- `qwen3`: Qwen3 (q/k RMS norm), tied embeddings, explicit head_dim, ChatML with
+  Qwen2.5's tool format, and `<think>` blocks dropped from the assistant turns
+  before the last user message.
 
 `build(name, root)` writes one (cached: an existing directory is reused);
 `python -m tests.zoo DIR` writes them all."""
@@ -29,6 +34,82 @@ LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role
           "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
           "{% endif %}")
 
+# The families' tool formats, as their templates write them (the wording is ours):
+# Qwen2.5 announces the function schemas in a system block between <tools> tags, the
+# model calls in <tool_call> JSON blocks (hermes), and the answers go back as a user
+# turn of <tool_response> blocks (consecutive tool messages share one turn).
+_QWEN_TOOLS = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nFunctions you may call, as JSON schemas:\n<tools>"
+    "{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n\n"
+    "Call one by writing <tool_call>\n{\"name\": NAME, \"arguments\": {...}}\n"
+    "</tool_call><|im_end|>\n"
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}<|im_end|>\n{% endif %}")
+_QWEN_CALLS = ("{% for c in m.get('tool_calls') or [] %}"
+               "{% if m['content'] or not loop.first %}\n{% endif %}"
+               "<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": "
+               "{{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}")
+_QWEN_TOOL_MESSAGE = (
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "<|im_start|>user{% endif %}\n<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n"
+    "{% endif %}")
+QWEN25 = (_QWEN_TOOLS + "{% for m in messages %}"
+          "{% if m['role'] == 'system' and loop.first %}"
+          "{% elif m['role'] == 'tool' %}" + _QWEN_TOOL_MESSAGE +
+          "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}" + _QWEN_CALLS +
+          "<|im_end|>\n{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Qwen3: the same, and an assistant turn's <think> block is kept only after the last
+# user message (the turns of the episode in flight), the earlier ones' dropped
+QWEN3 = (_QWEN_TOOLS + "{% set ns = namespace(last=-1) %}"
+         "{% for m in messages %}{% if m['role'] == 'user' %}"
+         "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+         "{% for m in messages %}"
+         "{% if m['role'] == 'system' and loop.first %}"
+         "{% elif m['role'] == 'tool' %}" + _QWEN_TOOL_MESSAGE +
+         "{% elif m['role'] == 'assistant' %}"
+         "{% set content = m['content'] %}"
+         "{% if loop.index0 < ns.last and '</think>' in content %}"
+         "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+         "<|im_start|>assistant\n{{ content }}" + _QWEN_CALLS + "<|im_end|>\n"
+         "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+         "{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Llama 3.1: the schemas go in the first user message, the model calls with a bare
+# JSON object {"name", "parameters"}, and the answers come back as `ipython` turns
+LLAMA31 = (
+    "<|begin_of_text|>{% for m in messages %}"
+    "{% if tools and loop.first and m['role'] == 'user' %}"
+    "<|start_header_id|>user<|end_header_id|>\n\n"
+    "Answer with a function call as JSON {\"name\": NAME, \"parameters\": {...}} when a "
+    "function helps. The functions:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+    "\n\n{{ m['content'] }}<|eot_id|>"
+    "{% elif m['role'] == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n"
+    "{{ m['content'] }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{% if not loop.first %}; {% endif %}"
+    "{\"name\": \"{{ c['function']['name'] }}\", \"parameters\": "
+    "{{ c['function']['arguments'] | tojson }}}{% endfor %}<|eot_id|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% endif %}")
+
+
+def _kept(template: str) -> str:
+    """`template` with the newlines after its tags kept (transformers renders with
+    trim_blocks, which drops a newline that follows a tag)."""
+    return template.replace("%}\n", "%}{{ '\\n' }}")
+
+
+TEMPLATES = {"qwen2.5": _kept(QWEN25), "llama3": _kept(LLAMA31), "qwen3": _kept(QWEN3)}
+# the families' tool tokens (added tokens, as their tokenizers have them)
+QWEN_ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+              "<think>", "</think>"]
+LLAMA_ADDED = ["<|python_tag|>", "<|eom_id|>"]
+
 
 def _corpus() -> list[str]:
     """What the tokenizers learn from: the arithmetic prompts and answers, and words."""
@@ -39,7 +120,11 @@ def _corpus() -> list[str]:
     return text + ["the answer is a number between zero and one hundred"] * 4
 
 
-def _tokenizer(style: str, vocab: int):
+def _tokenizer(style: str, vocab: int, template: str | None = None, added: tuple = (),
+               texts: list[str] = ()):
+    """A tokenizer of `style` (its chat template `template`, by default the plain
+    ChatML or Llama-3 one; `added`: tokens added as the families' tool tags are;
+    `texts`: more to learn from)."""
     from tokenizers import (Tokenizer, decoders, models, normalizers, pre_tokenizers,
                             processors, trainers)
     from transformers import PreTrainedTokenizerFast
@@ -51,9 +136,11 @@ def _tokenizer(style: str, vocab: int):
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(_corpus(), trainer)
+        tok.train_from_iterator(_corpus() + list(texts), trainer)
+        tok.add_tokens(list(added))
         return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                       pad_token="<|endoftext|>", chat_template=CHATML)
+                                       pad_token="<|endoftext|>",
+                                       chat_template=template or CHATML)
     # sentencepiece's kind with byte fallback: unknown characters as <0xNN> pieces
     specials = ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
                 "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -63,14 +150,15 @@ def _tokenizer(style: str, vocab: int):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
                                      decoders.Fuse()])
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials)
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() + list(texts), trainer)
     bos = tok.token_to_id("<|begin_of_text|>")  # Llama-3 adds BOS to every encode
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
         special_tokens=[("<|begin_of_text|>", bos)])
+    tok.add_special_tokens(list(added))
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
                                    eos_token="<|eot_id|>", unk_token="<unk>",
-                                   chat_template=LLAMA3)
+                                   chat_template=template or LLAMA3)
 
 
 def _padded(n: int, multiple: int = 64) -> int:
@@ -108,7 +196,9 @@ def build(name: str, root: Path) -> Path:
     out = Path(root) / name
     if (out / "config.json").exists():
         return out
-    tok = _tokenizer("bytefallback" if name == "llama3" else "bytelevel", 400)
+    llama = name == "llama3"
+    tok = _tokenizer("bytefallback" if llama else "bytelevel", 400, TEMPLATES[name],
+                     tuple(LLAMA_ADDED if llama else QWEN_ADDED))
     config = _config(name, tok)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -121,6 +211,32 @@ def build(name: str, root: Path) -> Path:
     return out
 
 
+def chat_tokenizer(out: Path, vocab: int = 1000) -> Path:
+    """The tokenizer of `examples/models/tiny-chat` (shipped; this makes it again):
+    Qwen2.5's format (QWEN25: ChatML, hermes tool calls), its BPE learnt on the
+    arithmetic data and on the tool format's text, so that the tools' announcement
+    and a call are a few tokens each."""
+    import shutil
+
+    from rljob.tools.functions import resolve
+
+    draft = _tokenizer("bytelevel", 400, TEMPLATES["qwen2.5"], tuple(QWEN_ADDED))
+    tools = [t.schema for t in resolve(["calculator"])]
+    rows = [json.loads(x) for x in (Path(__file__).resolve().parents[1]
+                                    / "examples/data/calc-tools.jsonl").read_text().splitlines()]
+    talks = [draft.apply_chat_template([{"role": "user", "content": r["prompt"]},
+                                        *r["demonstration"]], tools=tools, tokenize=False)
+             for r in rows]
+    tok = _tokenizer("bytelevel", vocab, TEMPLATES["qwen2.5"], tuple(QWEN_ADDED), talks)
+    out = Path(out)
+    shutil.rmtree(out / "tokenizer", ignore_errors=True)
+    tok.save_pretrained(out)
+    return out
+
+
 if __name__ == "__main__":
-    for m in MODELS:
-        print(build(m, Path(sys.argv[1])))
+    if sys.argv[1] == "--chat-tokenizer":
+        print(chat_tokenizer(Path(sys.argv[2])))
+    else:
+        for m in MODELS:
+            print(build(m, Path(sys.argv[1])))

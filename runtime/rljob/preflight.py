@@ -87,6 +87,8 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
     reward = spec.reward.model_copy(update={"name": _file_ref(spec.reward.name, base)})
     rollout = spec.rollout.model_copy(update={
         "environment": _file_ref(spec.rollout.environment, base),
+        "tools": [_file_ref(t, base) for t in spec.rollout.tools],
+        "tool_parser": _file_ref(spec.rollout.tool_parser, base),
         "length_predictor": _file_ref(spec.rollout.length_predictor, base)})
     new_spec = spec.model_copy(update={
         "reward": reward,
@@ -204,21 +206,38 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
     """An environment resolves and starts on the dataset's first row; the model's
     chat template, where it has one, can write the environment's replies."""
     if not spec.rollout.episodic:
+        if spec.rollout.tools or spec.rollout.mcp_servers:
+            field = "rollout.tools" if spec.rollout.tools else "rollout.mcpServers"
+            problems.append(f"{field}: a single_turn job calls no tool: set "
+                            "rollout.environment to tools (or your environment)")
         return
-    from .environments import ENVIRONMENTS
+    if spec.rollout.environment == "tools" and not (spec.rollout.tools
+                                                    or spec.rollout.mcp_servers):
+        return  # the spec's rule says so (rollout.tools)
+    from .environments import environment_factory
     from .environments.chat import ChatTemplateError, ChatTurns
+    from .tools.functions import job_tools
+    from .tools.mcp import ToolServerError
 
+    try:
+        tools = job_tools(spec.rollout)
+    except (ValueError, ToolServerError) as exc:
+        problems.append(str(exc))
+        return
+    schemas = [t.schema for t in tools] or None
     if tok is not None:
         try:
-            ChatTurns.of(tok)
+            ChatTurns.of(tok, schemas)
         except ChatTemplateError as exc:
             problems.append(f"rollout.environment: {exc}")
+        _check_announced(tok, tools, problems)
 
     name = spec.rollout.environment
     try:
-        env = ENVIRONMENTS.get(name)
+        env = environment_factory(name, tools, spec.rollout.tool_parser)
     except ValueError as exc:
-        problems.append(f"rollout.environment: {exc}")
+        problems.append(str(exc) if str(exc).startswith("rollout.toolParser")
+                        else f"rollout.environment: {exc}")
         return
     if examples:
         e = examples[0]
@@ -227,6 +246,31 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - a user's environment, one line
             problems.append(f"rollout.environment: {name} fails to start on the dataset's "
                             f"first row: {type(exc).__name__}: {' '.join(str(exc).split())}")
+
+
+def _check_announced(tok, tools, problems: list[str]) -> None:
+    """The model's chat template announces every tool of the job: its prompt,
+    rendered with `tools=`, names each (a template that ignores `tools` would
+    leave the model calling tools it was never shown)."""
+    if not tools:
+        return
+    from .inputs.data import render_prompt
+
+    if not getattr(tok, "chat_template", None):
+        problems.append("rollout.tools: the tokenizer has no chat template to announce "
+                        "the tools with: use a chat model's tokenizer (model.tokenizer)")
+        return
+    try:
+        shown = render_prompt(tok, "", [t.schema for t in tools])
+    except Exception as exc:  # noqa: BLE001 - a template that fails on tools=
+        problems.append(f"rollout.tools: the chat template fails to announce them: "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+        return
+    missing = [t.name for t in tools if t.name not in shown]
+    if missing:
+        problems.append(f"rollout.tools: the model's chat template does not announce "
+                        f"{', '.join(missing)} (it ignores tools=): use a template "
+                        "with tool support")
 
 
 def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
@@ -247,8 +291,13 @@ def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
 def _check_context(spec, context: int, tok, examples, problems: list[str]) -> None:
     """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
     from .inputs.data import prompt_ids
+    from .tools.functions import announced
 
-    longest = max(len(prompt_ids(tok, e.prompt))
+    try:  # the tools the prompts announce count too (their errors are said above)
+        tools = announced(spec.rollout) if spec.rollout.episodic else None
+    except Exception:  # noqa: BLE001
+        tools = None
+    longest = max(len(prompt_ids(tok, e.prompt, tools))
                   for e in examples[:PROMPTS_CHECKED])
     need = longest + spec.rollout.max_new_tokens
     if longest >= context:

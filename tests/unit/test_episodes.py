@@ -57,7 +57,7 @@ def test_a_calculator_episode_masks_the_observation():
     assert e.logprobs == [-0.5] * len(model1) + [0.0] * len(obs) + [-0.5] * len(model2)
     assert e.turns == ["<calc>2+3</calc>", "5"] and e.text == "5"
     assert episode_record(e) == {"turns": 2, "tool_calls": 1, "tool_errors": 0,
-                                 "tool_seconds": round(e.tool_seconds, 6), "error": "",
+                                 "malformed_calls": 0, "tool_seconds": round(e.tool_seconds, 6), "error": "",
                                  "observation_tokens": len(obs), "env_reward": 0.0}
     # the second turn continued from the prompt, the model's call and the observation
     assert engine.contexts[1] == ["2+3=<calc>2+3</calc><res>5</res>"] * 2

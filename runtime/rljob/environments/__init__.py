@@ -9,7 +9,12 @@ ends at the environment's `stop` text (a tool call's closing tag) or at the end
 token. `single_turn`, the default, ends every episode after the model's first
 turn: one prompt, one response, as a job without an environment runs.
 `calculator` lets the model call the calculator tool, `python` run code in the
-tool sandbox (tools/sandbox.py). A user's environment is a
+tool sandbox (tools/sandbox.py), both with tags of their own. `tools` speaks the
+model's own tool calls: the job's `rollout.tools` (function schemas, announced by
+the chat template's `tools=`) are called as the `rollout.toolParser` reads the
+model's turn, each call answered by a tool message in order. Every environment
+class a job runs sees the job's tools and parser as `self.tools` and
+`self.parser` (`environment_factory`). A user's environment is a
 `module:Class` (an `Environment` subclass) or one an installed package adds under
 the entry point group `rljob.environments`.
 """
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 
 from ..infra.registry import Registry
 from ..tools import TOOLS, Limits
+from ..tools.functions import FunctionTool
+from ..tools.parsers import CallError, ToolParser
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,11 @@ class Reply:
     # the environment's reward for this turn: an episode's rewards are summed and
     # added to what the job's reward gives its scored text
     reward: float = 0.0
+    # tool messages, one per call of the turn in order (in place of `observation`)
+    messages: tuple[str, ...] = ()
+    calls: int = 1  # the calls this reply answers (done: none)
+    call_errors: int | None = None  # of them, those that failed (None: 1 with an error)
+    malformed: int = 0  # of them, those the parser could not read
 
 
 def episode_figures(records: list[dict]) -> dict:
@@ -48,6 +60,7 @@ def episode_figures(records: list[dict]) -> dict:
             "turns_max": max(e["turns"] for e in records),
             "tool_calls": sum(e["tool_calls"] for e in records),
             "tool_errors": sum(e["tool_errors"] for e in records),
+            "malformed_calls": sum(e.get("malformed_calls", 0) for e in records),
             "tool_seconds": sum(e["tool_seconds"] for e in records),
             "episode_errors": sum(bool(e["error"]) for e in records),
             "observation_tokens": sum(e["observation_tokens"] for e in records),
@@ -65,6 +78,8 @@ def _prefix_cache(records: list[dict]) -> dict:
 
 class Environment(ABC):
     stop: str | None = None  # a model turn ends at this text (else at the end token)
+    tools: tuple[FunctionTool, ...] = ()  # the job's rollout.tools
+    parser: ToolParser | None = None  # the job's rollout.toolParser
 
     def __init__(self, row: Mapping):
         self.row = row  # the dataset row: prompt, answer and its other keys
@@ -133,3 +148,61 @@ class Python(ToolEnvironment):
 
     tool, call, stop = "python", "<py>", "</py>"
     reply_open, reply_close = "<out>", "</out>"
+
+
+@ENVIRONMENTS.register("tools")
+class ToolCalling(Environment):
+    """The model's own tool calls: a turn the parser finds calls in gets one tool
+    message per call, in order (the tool's result, its end when longer than
+    `shown` characters; `error: ...` for a call the parser could not read, a tool
+    the job does not have, or a tool that failed); a turn without a call ends the
+    episode, and the reward scores that last turn."""
+
+    limits = Limits()
+    shown = 512
+
+    def step(self, turn: str) -> Reply:
+        calls = self.parser.parse(turn) if self.parser is not None else []
+        if not calls:
+            return Reply(done=True)
+        by_name = {t.name: t for t in self.tools}
+        messages, errors, malformed, seconds = [], [], 0, 0.0
+        for call in calls:
+            if isinstance(call, CallError):
+                malformed += 1
+                error = call.message
+            elif call.name not in by_name:
+                error = (f"no tool is named {call.name!r}: call one of "
+                         f"{', '.join(sorted(by_name))}")
+            else:
+                result = by_name[call.name](call.arguments, self.limits)
+                seconds += result.seconds
+                error = result.error
+                if result.ok:
+                    messages.append(result.output[-self.shown:])
+                    continue
+            errors.append(error)
+            messages.append(f"error: {error}")
+        return Reply(messages=tuple(messages), done=False, error="; ".join(errors),
+                     tool_seconds=seconds, calls=len(calls), call_errors=len(errors),
+                     malformed=malformed)
+
+    def scored_text(self, turns: list[str]) -> str:
+        return turns[-1] if turns else ""
+
+
+def environment_factory(name: str, tools: list[FunctionTool] | tuple = (),
+                        parser: str = "hermes") -> type[Environment]:
+    """The environment class `name` (rollout.environment) with the job's tools and
+    tool-call parser as its `tools` and `parser`; a ValueError naming the field for
+    what is not available."""
+    from ..tools.parsers import TOOL_PARSERS
+
+    cls = ENVIRONMENTS.get(name)
+    if not tools:
+        if cls is ToolCalling:
+            raise ValueError("rollout.environment 'tools' answers the calls of "
+                             "rollout.tools: list the tools the model may call")
+        return cls
+    return type(cls.__name__, (cls,), {"tools": tuple(tools), "__module__": cls.__module__,
+                                       "parser": TOOL_PARSERS.get(parser)()})

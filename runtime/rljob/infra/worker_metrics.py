@@ -75,6 +75,8 @@ class WorkerMetrics:
                               "answered in this worker's episodes")
         self.tool_errors = one(Counter, "rljob_tool_errors", "Tool calls that ended in an "
                                "error (a limit passed, a bad call)")
+        self.malformed_calls = one(Counter, "rljob_malformed_tool_calls", "Tool calls the "
+                                   "tool-call parser could not read (answered with an error)")
         self.tool_seconds = one(Counter, "rljob_tool_seconds", "Seconds the tools ran")
         self.episode_errors = one(Counter, "rljob_episode_errors", "Episodes an environment "
                                   "ended with an error (it raised, failed to start)")
@@ -98,6 +100,7 @@ class WorkerMetrics:
             self.episode_tokens.observe(length)
             self.tool_calls.inc(e["tool_calls"])
             self.tool_errors.inc(e["tool_errors"])
+            self.malformed_calls.inc(e.get("malformed_calls", 0))
             self.tool_seconds.inc(e["tool_seconds"])
             self.episode_errors.inc(bool(e["error"]))
             self.observation_tokens.inc(e["observation_tokens"])

@@ -80,15 +80,17 @@ def _check_rows(spec: DatasetSpec, rows: list, where: list[str]) -> None:
 
 
 def prompt_columns(tokenizer, examples: list[Example], group_size: int,
-                   groups: list[int] | None = None) -> dict[str, list]:
+                   groups: list[int] | None = None, tools: list[dict] | None = None
+                   ) -> dict[str, list]:
     """TransferQueue rows of prompts, rendered and tokenized, `group_size` rows per
     example; example k is group `groups[k]` of its step (default k), whose rows
-    hold slots groups[k]·G ... groups[k]·G + G − 1."""
+    hold slots groups[k]·G ... groups[k]·G + G − 1. `tools`: the function schemas
+    the chat template announces."""
     import numpy as np
 
     g = group_size
     groups = list(range(len(examples))) if groups is None else groups
-    prompts = [render_prompt(tokenizer, e.prompt) for e in examples]
+    prompts = [render_prompt(tokenizer, e.prompt, tools) for e in examples]
     ids = [np.asarray(encode_rendered(tokenizer, p), dtype=np.int32) for p in prompts]
     return {"prompt": [p for p in prompts for _ in range(g)],
             "answer": [e.answer for e in examples for _ in range(g)],
@@ -104,11 +106,13 @@ def _plain(row: dict) -> dict:
                                  else str(v)))
 
 
-def render_prompt(tokenizer, prompt: str) -> str:
-    """Apply the tokenizer's chat template when it has one."""
+def render_prompt(tokenizer, prompt: str, tools: list[dict] | None = None) -> str:
+    """Apply the tokenizer's chat template when it has one (`tools`: the function
+    schemas it announces, rollout.tools)."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                             tokenize=False, add_generation_prompt=True)
+                                             tokenize=False, add_generation_prompt=True,
+                                             **({"tools": tools} if tools else {}))
     return prompt
 
 
@@ -121,9 +125,9 @@ def encode_rendered(tokenizer, rendered: str) -> list[int]:
     return tokenizer.encode(rendered)
 
 
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
+def prompt_ids(tokenizer, prompt: str, tools: list[dict] | None = None) -> list[int]:
     """A dataset prompt as the model sees it: rendered, then encoded."""
-    return encode_rendered(tokenizer, render_prompt(tokenizer, prompt))
+    return encode_rendered(tokenizer, render_prompt(tokenizer, prompt, tools))
 
 
 class PromptCursor:

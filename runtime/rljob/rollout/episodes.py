@@ -51,6 +51,7 @@ class Episode:
     error: str = ""
     tool_calls: int = 0
     tool_errors: int = 0
+    malformed_calls: int = 0  # calls the tool-call parser could not read
     tool_seconds: float = 0.0
     env_reward: float = 0.0  # the environment's rewards, summed over its replies
     # the prefixes of its turns after the first, and of them the tokens the engine's
@@ -91,7 +92,7 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
     dataset row, for its environments)."""
     eos = tok.eos_token_id
     decode = tok.decode
-    chat = ChatTurns.of(tok)
+    chat = ChatTurns.of(tok, announced_by(make_env))
     groups: list[list[Episode]] = []
     for p, row, seed in zip(prompts, rows, params.prompt_seeds(len(prompts))):
         group = [_start(make_env, row, list(p)) for _ in range(params.n)]
@@ -187,6 +188,11 @@ def _add_turn(e: Episode, cut: tuple[list[int], list[float], str], turn: int,
             and (chat is not None or not (ids and ids[-1] == eos)))
 
 
+def announced_by(make_env) -> list[dict] | None:
+    """The function schemas the job's prompts announce (its environment's tools)."""
+    return [t.schema for t in getattr(make_env, "tools", ())] or None
+
+
 def _start(make_env, row: Mapping, prompt: list[int]) -> Episode:
     try:
         env = make_env(row)
@@ -221,9 +227,11 @@ def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = N
     """The environment's reply into the episode: its observation (as the chat
     template writes a tool message, where there is one), its end (a turn that left
     no room to go on was not asked: its reply is done)."""
-    if not reply.done:  # the environment answered a call
-        e.tool_calls += 1
-        e.tool_errors += bool(reply.error)
+    if not reply.done:  # the environment answered the turn's calls
+        e.tool_calls += reply.calls
+        e.tool_errors += (bool(reply.error) if reply.call_errors is None
+                          else reply.call_errors)
+        e.malformed_calls += reply.malformed
     elif reply.error:
         e.error = e.error or reply.error
     e.tool_seconds += reply.tool_seconds
@@ -231,7 +239,7 @@ def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = N
     if reply.done:
         e.done = True
         return
-    obs = observation_ids(tok, chat, reply.observation,
+    obs = observation_ids(tok, chat, list(reply.messages) or reply.observation,
                           bool(e.response_ids) and e.response_ids[-1] == tok.eos_token_id)
     room = budget - len(e.response_ids)
     if len(obs) >= room:  # no room left for the model to answer
@@ -245,6 +253,7 @@ def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = N
 def episode_record(e: Episode) -> dict:
     """What the row carries of its episode (the trainer's step figures sum them)."""
     return {"turns": len(e.turns), "tool_calls": e.tool_calls, "tool_errors": e.tool_errors,
+            "malformed_calls": e.malformed_calls,
             "tool_seconds": round(e.tool_seconds, 6), "error": e.error,
             "observation_tokens": e.loss_mask.count(0),
             "env_reward": e.env_reward,

@@ -298,13 +298,13 @@ class VLLMEngine(RolloutEngine):
             self._episodes(prompt, row, params, seed, make_env, max_turns, budget), self._loop)
 
     async def _episodes(self, prompt, row, params, seed, make_env, max_turns, budget):
-        from .episodes import episode_group
+        from .episodes import announced_by, episode_group
 
         if self._env_pool is None:
             from ..environments.chat import ChatTurns
 
             self._env_pool = ThreadPoolExecutor(16, thread_name_prefix="rljob-env")
-            self._chat = ChatTurns.of(self.tok)
+            self._chat = ChatTurns.of(self.tok, announced_by(make_env))
 
         async def turn(prefix, room, turn_seed, stop):
             if self.interrupting:  # a turn at a time: its tool call holds nothing

@@ -22,7 +22,8 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from ..api.spec import RLJobSpec
-from ..environments import ENVIRONMENTS
+from ..environments import environment_factory
+from ..tools.functions import job_tools
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
@@ -102,7 +103,9 @@ class RolloutWorker:
         if self.interrupting:  # an update stops generation at a token boundary
             self.engine.interruptible()
         if spec.rollout.episodic:  # episodes: the environment's class, one per episode
-            self.make_env = ENVIRONMENTS.get(spec.rollout.environment)
+            self.make_env = environment_factory(spec.rollout.environment,
+                                                job_tools(spec.rollout),
+                                                spec.rollout.tool_parser)
         # a local run: the cores of a trainer that waits are lent to generation
         self.cores = CoreShare.open(self.run_dir, self.name) if model is not None else None
         if self.cores is not None:

@@ -53,6 +53,7 @@ SCALARS = {
     "turns_mean": "episodes/turns_mean",
     "tool_calls": "episodes/tool_calls",
     "tool_errors": "episodes/tool_errors",
+    "malformed_calls": "episodes/malformed_calls",
     "tool_seconds": "episodes/tool_seconds",
     "episode_errors": "episodes/errors",
     "observation_tokens": "episodes/observation_tokens",

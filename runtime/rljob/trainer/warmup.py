@@ -12,8 +12,10 @@ import torch
 from ..api.spec import RLJobSpec
 from ..infra.rundir import PARTIAL, RunDir
 from ..inputs.data import load_examples, prompt_ids
+from ..environments import ENVIRONMENTS
 from ..environments.chat import ChatTurns, observation_ids
 from ..sampling import TokenDistribution
+from ..tools.functions import announced
 from .batch import make_batch
 
 log = logging.getLogger("rljob.trainer")
@@ -27,15 +29,19 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
     if steps == 0:
         return 0.0
     examples = load_examples(spec.dataset)
-    chat = ChatTurns.of(tok)
+    tools = announced(spec.rollout)
+    chat = ChatTurns.of(tok, tools)
+    # a turn ends at the end token where the environment has no stop text of its own
+    eos_ends_turns = (spec.rollout.episodic
+                      and ENVIRONMENTS.get(spec.rollout.environment).stop is None)
     opt = torch.optim.AdamW(policy.parameters(), lr=spec.model.warmup_lr)
     rng = np.random.default_rng(spec.algorithm.seed)
     batch = 64
     loss = torch.tensor(0.0)
     for step in range(1, steps + 1):
         picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
-        prompts = [prompt_ids(tok, examples[i].prompt) for i in picked]
-        taught = [target_ids(tok, chat, examples[i]) for i in picked]
+        prompts = [prompt_ids(tok, examples[i].prompt, tools) for i in picked]
+        taught = [target_ids(tok, chat, examples[i], eos_ends_turns) for i in picked]
         b = make_batch(prompts, [ids for ids, _ in taught], tok.pad_token_id,
                        loss_masks=[mask for _, mask in taught]).to(policy.device)
         logp = policy.logprobs(b, TokenDistribution(vocab=len(tok)))  # the tokenizer's ids
@@ -48,28 +54,47 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
     return float(loss.detach())
 
 
-def target_ids(tok, chat: ChatTurns | None, example) -> tuple[list[int], list[int] | None]:
+def target_ids(tok, chat: ChatTurns | None, example, eos_ends_turns: bool = False
+               ) -> tuple[list[int], list[int] | None]:
     """What the warm-up teaches for a row, as the response's tokens and their loss
     mask (None: every token counts): its demonstration, else its answer, then the
     end token. A demonstration is a text, or a demonstrated episode as messages
     (`[{"role": "assistant", "content": "<calc>2+3</calc>"}, {"role": "tool",
     "content": "<res>5</res>"}, {"role": "assistant", "content": "5"}]`) joined as
-    an episode joins them (a tool message as the chat template writes it, where the
-    tokenizer has one: environments/chat.py), only the assistant's tokens taught."""
+    an episode joins them (the tool messages after a turn as the chat template
+    writes them, where the tokenizer has one: environments/chat.py), only the
+    assistant's tokens taught. `eos_ends_turns`: the model ends each turn with its
+    end token (native tool calls: the environment has no stop text), so that token
+    is taught after every assistant turn, as the episode samples it."""
     shown = example.extra.get("demonstration") or example.answer
     if not isinstance(shown, list):
         return tok.encode(str(shown), add_special_tokens=False) + [tok.eos_token_id], None
     ids: list[int] = []
     mask: list[int] = []
+    replies: list[str] = []
+    ended = eos_ends_turns and chat is not None
+
+    def reply() -> None:  # the environment's reply after the model's turn
+        nonlocal ids, mask
+        if replies:
+            part = observation_ids(tok, chat, list(replies) if len(replies) > 1 else replies[0],
+                                   ended)
+            ids += part
+            mask += [0] * len(part)
+            replies.clear()
+
     for message in shown:
         if message.get("role") == "assistant":
+            reply()
             part = tok.encode(str(message.get("content", "")), add_special_tokens=False)
             ids += part
             mask += [1] * len(part)
-        else:  # the environment's reply after the model's turn (cut at its stop)
-            part = observation_ids(tok, chat, str(message.get("content", "")), False)
-            ids += part
-            mask += [0] * len(part)
+            if ended and message is not shown[-1]:
+                ids.append(tok.eos_token_id)
+                mask.append(1)
+        else:
+            replies.append(str(message.get("content", "")))
+    reply()
     return ids + [tok.eos_token_id], mask + [1]
 
 

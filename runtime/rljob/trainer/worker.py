@@ -42,6 +42,7 @@ from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import reference_task, tasks_for
 from ..workflow.dynamic_sampling import replacement_example
 from ..sampling import TokenDistribution
+from ..tools.functions import announced
 from .algorithms import OffPolicyStats
 from .checkpoint import commit, make_optimizer, optimizer_state_bytes, restore
 from .lineage import Lineage
@@ -295,7 +296,9 @@ class TrainerWorker:
             self.examples = load_examples(self.spec.dataset)
         picks = [self.examples[replacement_example(len(self.examples), algo.seed, step, g)]
                  for g in groups]
-        columns = prompt_columns(self.tok, picks, algo.group_size, groups)
+        if not hasattr(self, "_announced"):  # the tools' schemas, listed once
+            self._announced = announced(self.spec.rollout)
+        columns = prompt_columns(self.tok, picks, algo.group_size, groups, self._announced)
         rows = len(columns["slot"])
         columns["released_at"] = [time.time()] * rows
         ride_out(lambda: self.consumer.tq.put(step, columns, group_size=algo.group_size,

@@ -10,6 +10,7 @@ import grpc
 
 from ..api.spec import RLJobSpec
 from ..inputs.data import PromptCursor, load_examples, prompt_columns
+from ..tools.functions import announced
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import ride_out, warn
 from ..weights import WeightClient
@@ -34,6 +35,8 @@ class Workflow:
         self.tq = tq
         self.weights = weights
         self.tok = tokenizer
+        # the function schemas the prompts announce (rollout.tools), through the template
+        self.tools = announced(spec.rollout)
         self.lengths = lengths  # skew-aware dispatch: a LengthModel (workflow/lengths.py)
         self.rule = ReleaseRule.of(spec)
 
@@ -53,7 +56,8 @@ class Workflow:
 
     def prepare_prompts(self, examples) -> dict[str, list]:
         """Step prompts rendered and tokenized, G rows per prompt (before release)."""
-        return prompt_columns(self.tok, examples, self.spec.algorithm.group_size)
+        return prompt_columns(self.tok, examples, self.spec.algorithm.group_size,
+                              tools=self.tools)
 
     def put_prepared(self, step: int, columns: dict[str, list]) -> list[int]:
         """Release prepared prompts: one put, stamped with the release time. A row's

@@ -31,7 +31,7 @@ from .job import (
     TransferQueueSpec,
     WandbSpec,
 )
-from .workers import AutoscalingSpec, ParallelismSpec, RolloutSpec, TrainerSpec
+from .workers import AutoscalingSpec, McpServerSpec, ParallelismSpec, RolloutSpec, TrainerSpec
 
 __all__ = [
     "ALGORITHMS",
@@ -55,6 +55,7 @@ __all__ = [
     "RLJobSpec",
     "RedisSpec",
     "RewardSpec",
+    "McpServerSpec",
     "RolloutSpec",
     "RunPolicySpec",
     "SchedulingSpec",

@@ -3,7 +3,7 @@ trainer gang (`TrainerSpec`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -43,6 +43,28 @@ class AutoscalingSpec(ApiModel):
         "acts on the analytic model of the model's config.json, or Tgen ∝ 1/replicas, "
         "only when none came 3 steps after it was due.",
     )
+
+
+class McpServerSpec(ApiModel):
+    name: str = Field(..., min_length=1, max_length=63,
+                      description="The server's name, for messages and metrics.")
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        ..., min_length=1, max_length=64,
+        description="The program and its arguments that start the server over stdio "
+        "(e.g. [python, -m, my_tools.server]); in pods it must be in the rollout image.")
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="Environment variables the server gets.")
+    tools: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=64,
+        description="The server's tools the model may call (empty: every tool it lists).")
+    timeout_seconds: float = Field(
+        30.0, gt=0, le=3600,
+        description="A call (and the server's start) longer than this ends the episode "
+        "that made it with an error.")
+    max_concurrent_calls: int = Field(
+        8, ge=1, le=1024,
+        description="Calls in flight to the server at most (per rollout process); more "
+        "wait their turn.")
 
 
 class RolloutSpec(ApiModel):
@@ -106,8 +128,35 @@ class RolloutSpec(ApiModel):
         "tool sandbox and reads <out>OUTPUT</out>. Else an installed package's (entry "
         "point group rljob.environments), an importable module:Class or a "
         "path/to/file.py:Class (a rljob.environments.Environment; a relative file is read "
-        "from the job file's directory). An episode's observation tokens are never "
-        "trained on; maxNewTokens caps its whole response.")
+        "from the job file's directory). tools: the model calls rollout.tools in its own "
+        "format (rollout.toolParser), each call answered by a tool message as its chat "
+        "template writes one. An episode's observation tokens are never trained on; "
+        "maxNewTokens caps its whole response.")
+    tools: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        default_factory=list, max_length=64,
+        description="The tools the model may call, announced to it as OpenAI-style "
+        "function schemas through the chat template's tools= (environment tools, or a "
+        "user's environment, reads them as self.tools). Each: a built-in (calculator: "
+        "{expression}; python: {code}, run in the tool sandbox), one an installed package "
+        "adds (entry point group rljob.function_tools), or a Python function "
+        "(module:function or path/to/file.py:function) whose schema comes from its type "
+        "hints and docstring (Args:), called with the model's arguments; what it returns "
+        "is the tool message, what it raises an error message to the model.")
+    mcp_servers: list[McpServerSpec] = Field(
+        default_factory=list, max_length=16,
+        description="MCP servers whose tools the model may call beside rollout.tools "
+        "(stdio; needs the mcp extra: pip install 'rljob[mcp]'). Each rollout process "
+        "starts each server once, lists its tools (announced like the others) and calls "
+        "them through a bounded pool of their own, apart from the generation slots.")
+    tool_parser: str = Field(
+        "hermes", min_length=1, max_length=253,
+        description="How the model writes its tool calls. hermes: <tool_call>{\"name\": "
+        "..., \"arguments\": {...}}</tool_call> blocks (Qwen2.5, Qwen3); llama3_json: a "
+        "JSON object {\"name\": ..., \"parameters\": {...}} (Llama 3.1/3.2), several "
+        "separated by ;. Else an installed package's (entry point group "
+        "rljob.tool_parsers), module:Class or path/to/file.py:Class (a "
+        "rljob.tools.parsers.ToolParser). A call it cannot read is answered with an "
+        "error message and counted (malformed_calls).")
     max_turns: int = Field(
         4, ge=1, le=64,
         description="The model's turns an episode takes at most (single_turn: one).")
@@ -137,6 +186,15 @@ class RolloutSpec(ApiModel):
             message="rollout.maxReplicas is required when rollout.autoscaling.enabled is true",
             check=lambda r: not r.autoscaling.enabled or r.max_replicas is not None,
             field_path=".maxReplicas",
+        ),
+        Rule(
+            cel="self.environment != 'tools' || size(self.tools) > 0 || "
+            "size(self.mcpServers) > 0",
+            message="rollout.environment tools answers the calls of rollout.tools: list "
+            "the tools the model may call (calculator, python, module:function) or "
+            "rollout.mcpServers",
+            check=lambda r: r.environment != "tools" or bool(r.tools or r.mcp_servers),
+            field_path=".tools",
         ),
         Rule(
             cel="self.npusPerReplica % self.tensorParallel == 0",
