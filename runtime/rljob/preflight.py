@@ -216,7 +216,7 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
         return  # the spec's rule says so (rollout.tools)
     from .environments import environment_factory
     from .environments.chat import ChatTemplateError, ChatTurns
-    from .tools.functions import job_tools
+    from .tools.catalog import job_tools
     from .tools.mcp import ToolServerError
 
     try:
@@ -291,7 +291,7 @@ def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
 def _check_context(spec, context: int, tok, examples, problems: list[str]) -> None:
     """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
     from .inputs.data import prompt_ids
-    from .tools.functions import announced
+    from .tools.catalog import announced
 
     try:  # the tools the prompts announce count too (their errors are said above)
         tools = announced(spec.rollout) if spec.rollout.episodic else None

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..api.spec import RLJobSpec
 from ..environments import environment_factory
-from ..tools.functions import job_tools
+from ..tools.catalog import job_tools
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer

@@ -15,7 +15,7 @@ from ..inputs.data import load_examples, prompt_ids
 from ..environments import ENVIRONMENTS
 from ..environments.chat import ChatTurns, observation_ids
 from ..sampling import TokenDistribution
-from ..tools.functions import announced
+from ..tools.catalog import announced
 from .batch import make_batch
 
 log = logging.getLogger("rljob.trainer")

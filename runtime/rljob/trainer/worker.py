@@ -42,7 +42,7 @@ from ..weights import WeightSender, new_epoch
 from ..workflow.tasks import reference_task, tasks_for
 from ..workflow.dynamic_sampling import replacement_example
 from ..sampling import TokenDistribution
-from ..tools.functions import announced
+from ..tools.catalog import announced
 from .algorithms import OffPolicyStats
 from .checkpoint import commit, make_optimizer, optimizer_state_bytes, restore
 from .lineage import Lineage

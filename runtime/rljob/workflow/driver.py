@@ -10,7 +10,7 @@ import grpc
 
 from ..api.spec import RLJobSpec
 from ..inputs.data import PromptCursor, load_examples, prompt_columns
-from ..tools.functions import announced
+from ..tools.catalog import announced
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import ride_out, warn
 from ..weights import WeightClient
