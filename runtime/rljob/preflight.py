@@ -89,6 +89,9 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
         "environment": _file_ref(spec.rollout.environment, base),
         "tools": [_file_ref(t, base) for t in spec.rollout.tools],
         "tool_parser": _file_ref(spec.rollout.tool_parser, base),
+        "mcp_servers": [s.model_copy(update={"working_dir": str((base / (s.working_dir or "."))
+                                                                .resolve())})
+                        for s in spec.rollout.mcp_servers],
         "length_predictor": _file_ref(spec.rollout.length_predictor, base)})
     new_spec = spec.model_copy(update={
         "reward": reward,

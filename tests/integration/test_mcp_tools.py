@@ -166,3 +166,32 @@ def test_a_server_killed_mid_episode_ends_that_episode_and_the_next_call_restart
         assert server.starts == 2
     finally:
         mcp_tools.close_all()
+
+
+def test_a_relative_command_is_read_from_the_job_files_directory():
+    """`command: [python, tools/table_server.py]` in a job beside examples/tools: the
+    server runs in the job file's directory (preflight.resolve_paths sets workingDir),
+    and `rljob validate` announces its tools with the job's."""
+    import yaml
+
+    from rljob.api.resource import RLJob
+    from rljob.preflight import check, resolve_paths
+    from rljob.tools import mcp as mcp_tools
+    from rljob.tools.catalog import job_tools
+
+    doc = yaml.safe_load((REPO / "examples/agentic-tools.yaml").read_text())
+    doc["spec"]["rollout"]["mcpServers"] = [
+        {"name": "table-relative", "command": [sys.executable, "tools/table_server.py"],
+         "tools": ["lookup"]}]
+    job = resolve_paths(RLJob.model_validate(doc), REPO / "examples")
+    [server] = job.spec.rollout.mcp_servers
+    assert server.working_dir == str(REPO / "examples")
+    try:
+        assert [t.name for t in job_tools(job.spec.rollout)] == ["calculator", "lookup"]
+        # the server's tool is announced too: the example's prompt grows from 146
+        # tokens to more than the tiny model's 256 positions, and validate says so
+        [problem] = check(job)
+        assert problem.startswith("dataset.path: the longest prompt is 313 tokens, but the "
+                                  "model has 256 positions")
+    finally:
+        mcp_tools.close_all()

@@ -3,15 +3,16 @@
 A model with a chat template saw its prompt rendered as a user turn with the
 assistant's generation prompt (inputs/data.render_prompt); its turn ends at its
 end-of-turn token (the tokenizer's EOS: `<|im_end|>`, `<|eot_id|>`) or at the
-environment's stop text. A reply then goes in as the template writes a tool
-message: the assistant's turn closed (what the template puts after an assistant
-message: `<|im_end|>\\n`, less the EOS the model wrote itself), the tool message
-(`<|im_start|>tool\\n...<|im_end|>\\n`; Qwen2.5's template writes it as a user turn
-with `<tool_response>` tags) and the assistant's generation prompt again. The
-pieces are read once from the template by rendering a conversation with markers
-(pure but for the template). A tokenizer without a chat template (the built-in
-character tokenizer) appends the reply's text as it is, and its EOS ends the
-episode.
+environment's stop text. A reply then goes in as the template writes tool
+messages: the assistant's turn closed (what the template puts after an assistant
+message: `<|im_end|>\\n`, less the EOS the model wrote itself), one tool message
+per content (`<|im_start|>tool\\n...<|im_end|>\\n`; Qwen2.5's template writes them
+as one user turn of `<tool_response>` blocks) and the assistant's generation prompt
+again. The pieces are read from the template by rendering a conversation with
+markers, with the job's tools announced as its prompts announce them (pure but for
+the template), once per number of messages. A tokenizer without a chat template
+(the built-in character tokenizer) appends the reply's text as it is, and its EOS
+ends the episode.
 """
 
 from __future__ import annotations

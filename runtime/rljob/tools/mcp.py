@@ -80,21 +80,24 @@ class MCPServer:
         ended = threading.Event()
 
         async def hold() -> None:
-            self._stop = asyncio.Event()
-            self._sem = asyncio.Semaphore(self.concurrency)
+            stop = self._stop = asyncio.Event()  # this start's: a restart makes another
+            if self._sem is None:
+                self._sem = asyncio.Semaphore(self.concurrency)
             params = mcp.StdioServerParameters(command=self.command[0], args=self.command[1:],
                                                env=self.env or None, cwd=self.cwd)
+            mine = None
             try:
                 async with stdio_client(params) as (read, write):
                     async with mcp.ClientSession(read, write) as session:
                         await session.initialize()
-                        self._session = session
+                        mine = self._session = session
                         started.set()
-                        await self._stop.wait()
+                        await stop.wait()
             except BaseException as exc:  # noqa: BLE001 - the server died or never started
                 failure.append(exc)
             finally:
-                self._session = None
+                if self._session is mine:  # a newer start's session stays
+                    self._session = None
                 started.set()
                 ended.set()
 
@@ -139,13 +142,16 @@ class MCPServer:
             raise ToolServerError(f"the MCP server {self.name!r} did not answer within "
                                   f"{timeout:g} s") from None
         except Exception as exc:  # noqa: BLE001 - the transport broke: the server died
-            self._restart_later()
+            self._restart_later(session)
             raise ToolServerError(f"the MCP server {self.name!r} failed: "
                                   f"{type(exc).__name__}: {exc}") from None
 
-    def _restart_later(self) -> None:
-        """Forget the session: the next call starts the server again."""
+    def _restart_later(self, session) -> None:
+        """Forget `session` (a call on it failed): the next call starts the server
+        again. A session started since is left as it is."""
         with self._lock:
+            if self._session is not session:
+                return
             if self._stop is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._stop.set)
             self._session = None
@@ -193,12 +199,12 @@ _SERVERS: dict[tuple, MCPServer] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def server_for(spec, base: str | None = None) -> MCPServer:
+def server_for(spec) -> MCPServer:
     """This process's server for an `McpServerSpec` (one per spec: started once)."""
-    key = (spec.name, tuple(spec.command), tuple(sorted(spec.env.items())))
+    key = (spec.name, tuple(spec.command), tuple(sorted(spec.env.items())), spec.working_dir)
     with _SERVERS_LOCK:
         if key not in _SERVERS:
-            _SERVERS[key] = MCPServer(spec.name, spec.command, spec.env, base,
+            _SERVERS[key] = MCPServer(spec.name, spec.command, spec.env, spec.working_dir,
                                       spec.timeout_seconds, spec.max_concurrent_calls,
                                       spec.tools)
         return _SERVERS[key]

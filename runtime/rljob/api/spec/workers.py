@@ -54,6 +54,11 @@ class McpServerSpec(ApiModel):
         "(e.g. [python, -m, my_tools.server]); in pods it must be in the rollout image.")
     env: dict[str, str] = Field(default_factory=dict,
                                 description="Environment variables the server gets.")
+    working_dir: str | None = Field(
+        None, max_length=4096,
+        description="The server's working directory, where a relative path in command is "
+        "read from. Relative: from the job file's directory; unset: that directory (rljob "
+        "run) or the container's working directory (pods).")
     tools: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=64,
         description="The server's tools the model may call (empty: every tool it lists).")
