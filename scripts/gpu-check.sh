@@ -2,23 +2,35 @@
 # The accelerator paths in one call, on a machine with one NVIDIA GPU and no
 # internet (run from the repository root; wheels the machine lacks in .whl/, as
 # scripts/gpu-bench.sh takes them; vLLM's wheel is too large to carry: the rollout
-# uses the hf engine). It fails loudly on the first error and prints figures:
-#   1. the trainer engines (torch, megatron at tp 1) on Qwen2-0.5B's shapes:
+# uses the hf engine). It fails loudly on the first error and prints figures. Parts
+# (RLJOB_CHECK_PARTS, default all four, in this order):
+#   peer: `rljob bench peer`: one GRPO job (Qwen2-0.5B's layers, random init,
+#      bfloat16 passes and float32 masters, 16 prompts x 8 samples of up to 128 new
+#      tokens a step) by `rljob run` in sync and async(1) and by TRL's GRPOTrainer
+#      configured for the job, side by side: tokens/s, step seconds, Tgen, Ttrain,
+#      async's bound, ratios to TRL, where a step goes;
+#   trainer: the trainer engines (torch, megatron at tp 1) on Qwen2-0.5B's shapes:
 #      scripts/gpu-bench.sh (step seconds, tokens/s);
-#   2. weights from a trainer to a rollout process: `rljob bench weights` (grpc and
-#      gloo, the host paths a one-GPU job uses: NCCL and HCCL refuse two ranks on one
-#      device, so the collective transport needs a second device);
-#   3. `rljob run` of the quickstart with accelerator.type gpu, 20 RL steps, once with
-#      each trainer engine (trainer and rollout share the one device, weights over
-#      grpc): step time, tokens/s, weight-sync seconds, reward per 10 steps, from its
-#      metrics.jsonl.
-# Output under $OUT (./gpu-check-out): trainer.*, weights.json, run-ENGINE/ and
-# summary.txt.
+#   weights: weights from a trainer to a rollout process: `rljob bench weights` (grpc
+#      and gloo, the host paths a one-GPU job uses: NCCL and HCCL refuse two ranks on
+#      one device, so the collective transport needs a second device);
+#   run: `rljob run` of the quickstart with accelerator.type gpu, 20 RL steps, once
+#      with each trainer engine (trainer and rollout share the one device, weights
+#      over grpc): step time, tokens/s, weight-sync seconds, reward per 10 steps,
+#      from its metrics.jsonl.
+# The wheels it needs beyond the machine's image (torch, transformers, accelerate,
+# pyarrow, pandas, grpcio's image version are used as they are there): pydantic,
+# pydantic-core, annotated-types, typing-inspection, protobuf, grpcio,
+# grpcio-health-checking, redis, hiredis, megatron-core (trainer), trl, datasets,
+# dill, multiprocess (peer): the versions of this repository's .venv, cp312 manylinux.
+# Output under $OUT (./gpu-check-out): peer.*, trainer.*, weights.json, run-ENGINE/
+# and summary.txt.
 #
 # Overrides, to try the script's logic on a machine without a GPU:
-# RLJOB_CHECK_ACCEL (gpu) cpu, RLJOB_CHECK_STEPS (20), RLJOB_CHECK_ENGINES ("torch
-# megatron" on gpu, "torch" on cpu: megatron needs an accelerator), RLJOB_BENCH_*
-# (gpu-bench.sh's).
+# RLJOB_CHECK_ACCEL (gpu) cpu (the tiny model and a small job in the peer part),
+# RLJOB_CHECK_PARTS ("peer trainer weights run"), RLJOB_CHECK_STEPS (20; the peer
+# part's: RLJOB_CHECK_PEER_STEPS, 8), RLJOB_CHECK_ENGINES ("torch megatron" on gpu,
+# "torch" on cpu: megatron needs an accelerator), RLJOB_BENCH_* (gpu-bench.sh's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,20 +43,53 @@ mkdir -p "$OUT"
 rm -f "$OUT/summary.txt"
 began=$SECONDS
 
-echo "== 1/3 trainer engines ($accel)"
-RLJOB_BENCH_ACCEL=$accel OUT=$OUT bash scripts/gpu-bench.sh
+parts=" ${RLJOB_CHECK_PARTS:-peer trainer weights run} "
 site=${RLJOB_BENCH_SITE:-/tmp/site}
+shopt -s nullglob
+wheels=("${RLJOB_BENCH_WHEELS:-.whl}"/*.whl)
+if (( ${#wheels[@]} )); then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${wheels[@]}"
+fi
 export PYTHONPATH="$site:$PWD/runtime:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+{
+    if [[ $accel == gpu ]]; then nvidia-smi -L; fi
+    python3 -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "transformers", transformers.__version__)'
+    python3 -c 'import trl, datasets, accelerate, pyarrow; print("trl", trl.__version__, "datasets", datasets.__version__, "accelerate", accelerate.__version__, "pyarrow", pyarrow.__version__)' || true
+} 2>&1 | tee "$OUT/versions.txt"
 
-echo "== 2/3 weights, trainer to a rollout process"
+if [[ $parts == *" peer "* ]]; then
+echo "== peer: rljob run (sync, async(1)) and TRL on one job ($accel)"
+if [[ $accel == cpu ]]; then
+    peer_args=(--model tiny --prompts 2 --group 8 --max-new-tokens 22 --micro-batch 8)
+else
+    peer_args=(--model qwen2-0.5b --prompts 16 --group 8 --max-new-tokens 128 --micro-batch 16)
+fi
+peer_steps=${RLJOB_CHECK_PEER_STEPS:-8}
+python3 -m rljob bench peer --accelerator "$accel" "${peer_args[@]}" --steps "$peer_steps" \
+    --warmup 3 --json > "$OUT/peer.json" 2> "$OUT/peer.stderr" \
+    || { tail -50 "$OUT/peer.stderr"; exit 1; }
+python3 -c 'import json, sys; from rljob_bench import peer; peer.render(json.load(open(sys.argv[1])))' \
+    "$OUT/peer.json" | tee "$OUT/peer.txt"
+fi
+
+if [[ $parts == *" trainer "* ]]; then
+echo "== trainer engines ($accel)"
+RLJOB_BENCH_ACCEL=$accel RLJOB_BENCH_WHEELS=none OUT=$OUT bash scripts/gpu-bench.sh
+fi
+
+if [[ $parts == *" weights "* ]]; then
+echo "== weights, trainer to a rollout process"
 python3 -m rljob bench weights --rounds 3 --json > "$OUT/weights.json" 2> "$OUT/weights.stderr" \
     || { tail -50 "$OUT/weights.stderr"; exit 1; }
 python3 -c 'import json, sys; from rljob_bench import weights; weights.render(json.load(open(sys.argv[1])))' \
     "$OUT/weights.json" | tee "$OUT/weights.txt"
+fi
 
+[[ $parts == *" run "* ]] || engines=""
 for engine in $engines; do
-echo "== 3/3 rljob run, accelerator.type $accel, trainer.engine $engine, $steps RL steps"
+echo "== rljob run, accelerator.type $accel, trainer.engine $engine, $steps RL steps"
 python3 - "$accel" "$steps" "$engine" "$OUT/job-$engine.yaml" <<'PY'
 import sys
 from pathlib import Path

@@ -15,6 +15,7 @@ activations and decay the learning rate, which this job neither needs nor asks f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 
@@ -63,13 +64,18 @@ def trl_settings(job: RLJob, steps: int, out: str, fair: bool = True) -> dict:
     """GRPOConfig's arguments for `job` (pure): its shape (model dtype, device, steps,
     learning rate, KL and clip, group size, generation length and sampling, micro-batch,
     accumulation to one optimizer step per step, the seed, gradient clipping at the
-    job's `maxGradNorm`), plus FAIR unless `fair` is false (TRL's defaults)."""
+    job's `maxGradNorm`, the trainer's device and bfloat16 passes where the job has them),
+    plus FAIR unless `fair` is false (TRL's defaults)."""
     spec = job.spec
     algo = spec.algorithm
     per_step = algo.samples_per_step
+    on_cpu = spec.accelerator_for("trainer").type == "cpu"
     shape = dict(
+        # float32 masters; on an accelerator the passes in bfloat16 under autocast where
+        # the job's are (ours: `model.dtype`), as our trainer computes them
         model_init_kwargs={"dtype": "float32"},
-        output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        output_dir=out, use_cpu=on_cpu, bf16=not on_cpu and spec.model.dtype == "bfloat16",
+        report_to="none", save_strategy="no",
         logging_steps=10_000, max_steps=steps, learning_rate=algo.lr,
         beta=algo.kl_coef, epsilon=algo.clip_ratio, loss_type="grpo",
         num_generations=algo.group_size, max_completion_length=spec.rollout.max_new_tokens,
@@ -98,8 +104,9 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3, fair: bool = True) ->
     from rljob.inputs.models import CharTokenizer, build_model
     from rljob.reward import get_reward
 
-    torch.set_num_threads(2)  # the peer has the machine to itself
     spec = job.spec
+    if spec.accelerator_for("trainer").type == "cpu":
+        torch.set_num_threads(2)  # the peer has the machine to itself
     algo = spec.algorithm
     tok = char_tokenizer_fast()
     model = build_model(spec.model, CharTokenizer(), seed=algo.seed, dtype=torch.float32)
@@ -122,7 +129,12 @@ def run_trl(job: RLJob, steps: int, warmup_steps: int = 3, fair: bool = True) ->
         # from a directory, so TRL builds its frozen reference from the same weights
         weights = f"{out}/init"
         model.save_pretrained(weights)
-        config = trl.GRPOConfig(**trl_settings(job, steps, out, fair))
+        settings = trl_settings(job, steps, out, fair)
+        fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+        if "activation_checkpointing" not in fields and "activation_checkpointing" in settings:
+            # transformers before 5.18 names it gradient_checkpointing
+            settings["gradient_checkpointing"] = settings.pop("activation_checkpointing")
+        config = trl.GRPOConfig(**settings)
         trainer = trl.GRPOTrainer(model=weights, reward_funcs=reward, args=config,
                                   train_dataset=data, processing_class=tok,
                                   callbacks=[Clock()])

@@ -69,8 +69,15 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
              prompts: int = PROMPTS, max_num_seqs: int | None = None,
              algorithm: str = "grpo", lend_cores: bool = False) -> dict:
     job = bench_job(mode, k, steps, root, prompts, max_num_seqs, algorithm=algorithm)
-    run = LocalRun(job, root / (mode if k is None else f"{mode}-{k}"),  # a directory each
-                   lend_cores=lend_cores)
+    # a directory each
+    return measure(job, root / (mode if k is None else f"{mode}-{k}"), warmup_steps,
+                   lend_cores)
+
+
+def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool = False) -> dict:
+    """`rljob run` of `job` in `run_dir`: its steady-state figures (after
+    `warmup_steps`), from its metrics and its timeline."""
+    run = LocalRun(job, run_dir, lend_cores=lend_cores)
     run.start()
     cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
     try:
@@ -109,7 +116,19 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
         # rollout's core)
         "light_cpu_share": {name: _share(reads, t0, t1) for name, reads in cpu.items()},
         "staleness_max": max(m["staleness_max"] for m in steady),
+        "step_parts": step_parts(spans, n),
     }
+
+
+def step_parts(spans: list, steps: int) -> dict[str, dict[str, float]]:
+    """Seconds a step each role (trainer, rollout: its replicas together) spent in
+    each kind of span (pure): where a step goes, beside the step's seconds."""
+    parts: dict[str, dict[str, float]] = {}
+    for s in spans:
+        role = s.worker.split("-")[0]
+        kinds = parts.setdefault(role, {})
+        kinds[s.kind] = kinds.get(s.kind, 0.0) + (s.end - s.start) / max(steps, 1)
+    return parts
 
 
 def _peer(runs: list[dict]) -> dict:

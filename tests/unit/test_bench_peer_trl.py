@@ -27,3 +27,19 @@ def test_the_trl_peer_is_configured_for_the_job():
     assert fair["num_generations"] == algo.group_size and fair["loss_type"] == "grpo"
     defaults = trl_settings(job, 5, "/out", fair=False)
     assert not set(FAIR) & set(defaults) and {**defaults, **FAIR} == fair
+
+
+def test_the_trl_peer_runs_on_the_jobs_device_in_its_precision():
+    """On a GPU job the peer trains on the GPU with bfloat16 passes over float32
+    masters, as our trainer does there."""
+    from rljob_bench.peer import peer_job
+    from rljob_bench.peer_trl import trl_settings
+
+    job = peer_job("sync", None, 5, REPO / "examples/models/tiny-qwen2", "gpu", 2, 8, 22, 8)
+    got = trl_settings(job, 5, "/out")
+    assert got["use_cpu"] is False and got["bf16"] is True
+    assert got["model_init_kwargs"] == {"dtype": "float32"}
+    assert job.spec.workflow.weight_transport == "grpc"  # one device: no collective
+    cpu = trl_settings(peer_job("sync", None, 5, REPO / "examples/models/tiny-qwen2", "cpu",
+                                2, 8, 22, 8), 5, "/out")
+    assert cpu["use_cpu"] is True and cpu["bf16"] is False

@@ -262,3 +262,67 @@ def bench_trainer(
     _report(bench, results, json_out)
 
 
+
+
+@bench_app.command("peer")
+def bench_peer(
+    accelerator: str = typer.Option("cpu", help="cpu, or gpu (the first CUDA device; "
+                                    "trainer and rollout share it)."),
+    model: str = typer.Option("tiny", help="tiny (examples/models/tiny-qwen2) or qwen2-0.5b "
+                              "(Qwen2-0.5B's layers, the character vocabulary); random init."),
+    steps: int = typer.Option(10, min=2, help="Steps per run."),
+    warmup: int = typer.Option(3, min=1, help="Steps not measured at the start of a run."),
+    prompts: int = typer.Option(16, min=1, help="Prompts per step."),
+    group: int = typer.Option(8, min=2, help="Samples per prompt (GRPO's group)."),
+    max_new_tokens: int = typer.Option(22, "--max-new-tokens", min=1,
+                                       help="rollout.maxNewTokens (the tiny model's context "
+                                       "is 64 tokens)."),
+    micro_batch: int = typer.Option(16, "--micro-batch", min=1,
+                                    help="algorithm.samplesPerMicroBatch."),
+    peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run TRL's GRPOTrainer "
+                              "on the job (needs `pip install trl`)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """One GRPO job by `rljob run` in sync and async(1) and by TRL's GRPOTrainer, side by
+    side on one device: tokens/s, step seconds, Tgen, Ttrain, async's bound, each ratio
+    to TRL, and where a step goes."""
+    from rljob_bench import peer as bench
+
+    if accelerator not in ("cpu", "gpu"):
+        raise typer.BadParameter("use cpu or gpu", param_hint="--accelerator")
+    if warmup >= steps:
+        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
+                                 param_hint="--warmup")
+    if (prompts * group) % micro_batch:
+        raise typer.BadParameter(f"{prompts} × {group} samples a step do not split into "
+                                 f"micro-batches of {micro_batch}", param_hint="--micro-batch")
+    _report(bench, bench.run(accelerator, model, steps, warmup, prompts, group, max_new_tokens,
+                             micro_batch, keep, peer), json_out)
+
+
+@bench_app.command("overhead")
+def bench_overhead(
+    steps: int = typer.Option(30, min=3, help="Steps per mode."),
+    warmup: int = typer.Option(5, min=1, help="Steps not measured at the start of a run."),
+    rounds: int = typer.Option(1, min=1, help="Rounds of the three modes; medians are "
+                               "printed."),
+    modes: str = typer.Option("sync,periodic,async", help="Comma-separated: sync, periodic, "
+                              "async (maxStaleness 1)."),
+    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """The orchestration's milliseconds a step (claims, puts, acks, weight publication,
+    version waits) in sync, periodic and async(1), with a nano model's compute taken
+    out."""
+    from rljob_bench import overhead as bench
+
+    if warmup >= steps:
+        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
+                                 param_hint="--warmup")
+    try:
+        results = bench.run(steps, warmup, rounds, keep,
+                            tuple(m.strip() for m in modes.split(",") if m.strip()))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--modes") from None
+    _report(bench, results, json_out)

@@ -160,7 +160,9 @@ class _SeededSampler:
         self.times.append(time.perf_counter())
         t = input_ids.shape[1] - self.width
         tok = seeded_sample(scores, self.uniforms[:, t], self.dist)  # a tokenizer id
-        self.logprobs.append(sampled_logprobs(scores, tok, self.dist).float().cpu())
+        # kept on the device until the call ends: a copy to the host here would wait
+        # for every decode step's kernels (a synchronisation a token)
+        self.logprobs.append(sampled_logprobs(scores, tok, self.dist).float())
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok.unsqueeze(1), 0.0)
 
@@ -370,7 +372,7 @@ class HFEngine(RolloutEngine):
                 new[k], ended[k] = new[k][:stop.ends[k] - done], True
             if eos in new[k]:
                 new[k], ended[k] = new[k][:new[k].index(eos) + 1], True
-        logps = torch.stack(sampler.logprobs, 1).tolist() if sampler.logprobs else []
+        logps = torch.stack(sampler.logprobs, 1).cpu().tolist() if sampler.logprobs else []
         times = sampler.times
         self._timings = getattr(self, "_timings", [])
         self._timings.append(GenTiming(

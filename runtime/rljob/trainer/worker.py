@@ -168,7 +168,10 @@ class TrainerWorker:
 
         return ReferenceWork(self.tq_address, lambda: policy.ref, tok.pad_token_id,
                              TokenDistribution.of(self.spec.rollout, len(tok)),
-                             rows=16, compute=compute,
+                             # what is ready, up to a micro-batch (its forward's size):
+                             # each claim, write and ack is a round trip
+                             rows=max(16, self.spec.algorithm.micro_samples),
+                             compute=compute,
                              spans=self.spans)
 
     def run(self) -> None:

@@ -95,8 +95,7 @@ class TransferQueueClient:
         (FAILED_PRECONDITION) and no reader ever sees these cells."""
         per_unit, measured, nbytes = self._data.encode_rows(
             indices, columns, length_column, lease.lease if lease else "")
-        for unit, cells in per_unit.items():
-            self._data.store(unit, cells)
+        self._data.store_all(per_unit)
         return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, lease=lease)).newly_ready
@@ -122,8 +121,7 @@ class TransferQueueClient:
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
         indices = self._reserve(n)
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
-        for unit, cells in per_unit.items():
-            self._data.store(unit, cells)
+        self._data.store_all(per_unit)
         fut = self._session.send("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, create=True, partition=partition,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class DataPlane:
         self._pool: list[int] = []  # reserved row indices not used yet
         self._pool_generation = 0
         self._lock = threading.Lock()
+        self._unit_io: ThreadPoolExecutor | None = None  # the units' round trips at once
 
     def set_layout(self, layout: pb.LayoutResponse) -> None:
         self.job = layout.job
@@ -192,17 +194,19 @@ class DataPlane:
         for pos, row in enumerate(rows):
             by_unit.setdefault(row.unit, []).append(pos)
         out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
-        for unit, positions in by_unit.items():
+        def fetch(unit: int, positions: list[int]) -> list[list]:
             if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
                 keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
                         for p in positions for c in columns]
                 with unit_errors(unit):
                     flat = self.units[unit].get_cells(keys)
-                cells = [flat[k * len(columns):(k + 1) * len(columns)]
-                         for k in range(len(positions))]
-            else:
-                with unit_errors(unit):
-                    cells = self.units[unit].get([rows[p].index for p in positions], columns)
+                return [flat[k * len(columns):(k + 1) * len(columns)]
+                        for k in range(len(positions))]
+            with unit_errors(unit):
+                return self.units[unit].get([rows[p].index for p in positions], columns)
+
+        for (unit, positions), cells in zip(by_unit.items(),
+                                            self._each_unit(fetch, by_unit.items())):
             for p, values in zip(positions, cells):
                 for spec, value in zip(specs, values):
                     if value is None:
@@ -216,6 +220,25 @@ class DataPlane:
         with unit_errors(unit):
             self.units[unit].put(cells)
 
+    def store_all(self, per_unit: Mapping[int, list]) -> None:
+        """Each unit's cells (`encode_rows`), the units at the same time."""
+        self._each_unit(self.store, per_unit.items())
+
+    def _each_unit(self, call, work) -> list:
+        """call(unit, arg) for each (unit, arg), the units at the same time (a round
+        trip each: a step's rows are spread over every unit); results in order, the
+        first error raised."""
+        work = list(work)
+        if len(work) < 2:
+            return [call(u, a) for u, a in work]
+        with self._lock:
+            if self._unit_io is None:
+                self._unit_io = ThreadPoolExecutor(len(self.units),
+                                                   thread_name_prefix="rljob-tq-units")
+        return [f.result() for f in [self._unit_io.submit(call, u, a) for u, a in work]]
+
     def close(self) -> None:
+        if self._unit_io is not None:
+            self._unit_io.shutdown(wait=False)
         for u in self.units:
             u.close()

@@ -8,6 +8,7 @@ fixed per column, first dimension variable per row, no padding), scalars as a
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,8 @@ def json_column(name: str) -> ColumnSpec:
     return ColumnSpec(name, "json")
 
 
-def _numpy_dtype(dtype: str) -> np.dtype:
+@functools.lru_cache(maxsize=None)
+def _numpy_dtype(dtype: str) -> np.dtype:  # per cell read: made once per dtype
     # numpy has no bfloat16: its cells travel as raw 16-bit words
     return np.dtype("uint16") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")
 

@@ -1,0 +1,59 @@
+"""`scripts/gpu-check.sh` on CPU (`RLJOB_CHECK_ACCEL=cpu`, its peer part: `rljob bench
+peer`, our sync and async(1) and TRL's GRPOTrainer on one job) and `rljob bench
+overhead` (the orchestration's milliseconds a step): smoke tests of the scripts and
+benchmarks, their shape and consistency, never their speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_check_script_runs_its_peer_part_on_cpu(tmp_path):
+    """The GPU check's side by side, with the tiny model on CPU: every run measured,
+    each of ours with its ratio to TRL, async's bound from sync's own figures, and
+    where a step goes."""
+    out = tmp_path / "out"
+    env = dict(os.environ, RLJOB_CHECK_ACCEL="cpu", RLJOB_CHECK_PARTS="peer",
+               RLJOB_CHECK_PEER_STEPS="5", RLJOB_BENCH_WHEELS="none", OUT=str(out),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    res = json.loads((out / "peer.json").read_text())
+    assert res["accelerator"] == "cpu" and res["model"] == "tiny"
+    modes = res["modes"]
+    assert set(modes) == {"sync", "async(1)"}
+    trl = res["trl"]
+    assert trl["steps"] == 2 and trl["tokens_per_s"] > 0
+    for name, r in modes.items():
+        assert r["steps"] == 2 and r["tokens_per_s"] > 0
+        assert r["vs_trl"] == pytest.approx(r["tokens_per_s"] / trl["tokens_per_s"])
+        assert r["of_bound"] * r["bound"] == pytest.approx(r["speedup"])
+        assert {"rollout", "trainer"} <= set(r["step_parts"])
+        assert r["step_parts"]["rollout"]["generate"] > 0
+        assert r["step_parts"]["trainer"]["train"] > 0
+    assert modes["sync"]["bound"] == 1.0 and modes["async(1)"]["bound"] > 1.0
+    assert modes["sync"]["staleness_max"] == 0 and modes["async(1)"]["staleness_max"] <= 1
+    table = (out / "peer.txt").read_text()
+    assert "rljob async(1)" in table and "TRL" in table and "where a step of rljob sync" in table
+
+
+def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
+    done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "5",
+                           "--warmup", "2", "--modes", "sync,async", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout)
+    assert set(res["modes"]) == {"sync", "async(1)"}
+    for m in res["modes"].values():
+        assert m["step_ms"] > 0 and m["compute_ms"] > 0
+        assert m["compute_ms"] + m["orchestration_ms"] == pytest.approx(m["step_ms"])
+        assert m["step_parts_ms"]["trainer"]["train"] > 0

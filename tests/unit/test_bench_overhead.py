@@ -1,0 +1,31 @@
+"""The pure parts of `rljob bench overhead` and of the benchmarks' step breakdown."""
+
+from __future__ import annotations
+
+import pytest
+
+from rljob.infra.timeline import Span
+
+
+def test_a_steps_parts_are_each_roles_spans_a_step():
+    from rljob_bench.workflow import step_parts
+
+    spans = [Span("trainer-0", "train", 0.0, 0.3, 5), Span("trainer-0", "train", 1.0, 1.1, 6),
+             Span("rollout-0", "generate", 0.0, 0.2, 5), Span("rollout-1", "generate", 0.0, 0.4, 5),
+             Span("trainer-0", "weight-sync", 0.4, 0.5, 5)]
+    parts = step_parts(spans, steps=2)
+    assert parts["trainer"]["train"] == pytest.approx(0.2)
+    assert parts["trainer"]["weight-sync"] == pytest.approx(0.05)
+    assert parts["rollout"] == {"generate": pytest.approx(0.3)}
+
+
+def test_compute_adds_up_in_sync_and_takes_the_busier_side_when_overlapped():
+    from rljob_bench.overhead import compute_ms
+
+    parts = {"trainer": {"train": 0.030, "optimizer": 0.002, "reference": 0.008,
+                         "weight-sync": 0.5},
+             "rollout": {"generate": 0.020, "reference": 0.004, "weight-sync": 0.5}}
+    assert compute_ms("sync", parts) == pytest.approx(64.0)  # weight-sync is not compute
+    assert compute_ms("async", parts) == pytest.approx(40.0)
+    assert compute_ms("periodic", parts) == pytest.approx(40.0)
+    assert compute_ms("sync", {}) == 0.0
