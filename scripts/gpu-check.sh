@@ -23,8 +23,8 @@
 # pydantic-core, annotated-types, typing-inspection, protobuf, grpcio,
 # grpcio-health-checking, redis, hiredis, megatron-core (trainer), trl, datasets,
 # dill, multiprocess (peer): the versions of this repository's .venv, cp312 manylinux.
-# Output under $OUT (./gpu-check-out): peer.*, trainer.*, weights.json, run-ENGINE/
-# and summary.txt.
+# Output under $OUT (./gpu-check-out): peer.* and peer-runs/ (each run's directory),
+# trainer.*, weights.json, run-ENGINE/ and summary.txt.
 #
 # Overrides, to try the script's logic on a machine without a GPU:
 # RLJOB_CHECK_ACCEL (gpu) cpu (the tiny model and a small job in the peer part),
@@ -67,8 +67,9 @@ else
     peer_args=(--model qwen2-0.5b --prompts 16 --group 8 --max-new-tokens 128 --micro-batch 16)
 fi
 peer_steps=${RLJOB_CHECK_PEER_STEPS:-8}
+rm -rf "$OUT/peer-runs"  # each run's directory (spans, timeline.png, logs) is kept
 python3 -m rljob bench peer --accelerator "$accel" "${peer_args[@]}" --steps "$peer_steps" \
-    --warmup 3 --json > "$OUT/peer.json" 2> "$OUT/peer.stderr" \
+    --warmup 3 --keep "$OUT/peer-runs" --json > "$OUT/peer.json" 2> "$OUT/peer.stderr" \
     || { tail -50 "$OUT/peer.stderr"; exit 1; }
 python3 -c 'import json, sys; from rljob_bench import peer; peer.render(json.load(open(sys.argv[1])))' \
     "$OUT/peer.json" | tee "$OUT/peer.txt"

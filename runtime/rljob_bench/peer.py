@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from rljob.api import RLJob
+from rljob.local import write_plots
 from rljob.planner.cost import overlap_bound
 
 from .examples import example
@@ -87,8 +88,10 @@ def run(accelerator: str = "cpu", model: str = "tiny", steps: int = 10, warmup: 
 
         for mode, k in MODES:
             name = mode if k is None else f"{mode}({k})"
-            results[name] = measure(job(mode, k), root / name.replace("(", "-").rstrip(")"),
-                                    warmup)
+            run_dir = root / name.replace("(", "-").rstrip(")")
+            results[name] = measure(job(mode, k), run_dir, warmup)
+            if keep is not None:  # kept: its timeline and reward drawn, as `rljob run` does
+                write_plots(run_dir)
             # each run's figures as soon as it ends (a later run's failure keeps them)
             print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
         trl = None

@@ -42,6 +42,8 @@ def test_the_gpu_check_script_runs_its_peer_part_on_cpu(tmp_path):
         assert r["step_parts"]["trainer"]["train"] > 0
     assert modes["sync"]["bound"] == 1.0 and modes["async(1)"]["bound"] > 1.0
     assert modes["sync"]["staleness_max"] == 0 and modes["async(1)"]["staleness_max"] <= 1
+    for run in ("sync", "async-1"):  # each run's directory is kept, its timeline drawn
+        assert (out / "peer-runs" / run / "timeline.png").exists()
     table = (out / "peer.txt").read_text()
     assert "rljob async(1)" in table and "TRL" in table and "where a step of rljob sync" in table
 

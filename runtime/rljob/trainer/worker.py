@@ -14,6 +14,7 @@ before the rows it trained on are acked (checkpoint.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -287,6 +288,12 @@ class TrainerWorker:
             self.checkpoint()
         return True
 
+    @functools.cached_property
+    def announced(self) -> list[dict] | None:
+        """The schemas the job's prompts announce (rollout.tools), listed the first
+        time a replacement prompt needs them (an MCP server starts for it)."""
+        return announced(self.spec.rollout)
+
     def _reference_rows(self, step: int) -> int:
         """Waiting for samples: the reference's log-probs of rows of `step`."""
         return self.reference.once(partition=step)
@@ -299,9 +306,7 @@ class TrainerWorker:
             self.examples = load_examples(self.spec.dataset)
         picks = [self.examples[replacement_example(len(self.examples), algo.seed, step, g)]
                  for g in groups]
-        if not hasattr(self, "_announced"):  # the tools' schemas, listed once
-            self._announced = announced(self.spec.rollout)
-        columns = prompt_columns(self.tok, picks, algo.group_size, groups, self._announced)
+        columns = prompt_columns(self.tok, picks, algo.group_size, groups, self.announced)
         rows = len(columns["slot"])
         columns["released_at"] = [time.time()] * rows
         ride_out(lambda: self.consumer.tq.put(step, columns, group_size=algo.group_size,

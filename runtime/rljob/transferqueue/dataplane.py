@@ -22,7 +22,7 @@ import redis
 from ..contract import PASSWORD_ENV
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
-from .schema import ColumnError, ColumnSpec, decode, encode, storage_column
+from .schema import ColumnError, ColumnSpec, decode_column, encode_column, storage_column
 from .storage import StorageUnit, connect
 from .wire import GRPC_OPTIONS, column_from_pb
 
@@ -146,8 +146,8 @@ class DataPlane:
         lengths = [0] * n
         nbytes = [0] * n
         for name, values in columns.items():
-            for r, (idx, value) in enumerate(zip(indices, values)):
-                data, length = encode(specs[name], value)
+            for r, (idx, (data, length)) in enumerate(
+                    zip(indices, encode_column(specs[name], list(values)))):
                 nbytes[r] += len(data)
                 if name == length_column:
                     lengths[r] = length
@@ -213,8 +213,9 @@ class DataPlane:
                         raise TransferQueueError(
                             grpc.StatusCode.DATA_LOSS,
                             f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
-                    out[spec.name][p] = decode(spec, value)
-        return out
+                    out[spec.name][p] = value
+        # each column's cells decoded together (scalars in one numpy call)
+        return {spec.name: decode_column(spec, out[spec.name]) for spec in specs}
 
     def store(self, unit: int, cells) -> None:
         with unit_errors(unit):

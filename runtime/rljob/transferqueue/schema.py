@@ -137,3 +137,36 @@ def decode(col: ColumnSpec, data: bytes | memoryview) -> Any:
     if col.kind == "scalar":
         return arr[0].item()
     return arr.reshape(-1, *col.trailing_shape)
+
+
+_PLAIN_NUMBERS = (bool, int, float)
+
+
+def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | bytes, int]]:
+    """`encode` of each row's value of one column (the cells a write makes). A scalar
+    column of plain numbers goes through numpy at once (the same bytes as cell by
+    cell: each value cast to the column's dtype); anything else, cell by cell."""
+    if (col.kind == "scalar" and col.dtype != "bfloat16" and values
+            and all(type(v) in _PLAIN_NUMBERS for v in values)):
+        arr = np.asarray(values)
+        want = np.dtype(col.dtype)
+        if arr.ndim == 1 and (arr.dtype == want or np.can_cast(arr.dtype, want, "same_kind")):
+            size = want.itemsize
+            raw = memoryview(arr.astype(_numpy_dtype(col.dtype)).tobytes())
+            return [(raw[k * size:(k + 1) * size], 1) for k in range(len(values))]
+    return [encode(col, v) for v in values]
+
+
+def decode_column(col: ColumnSpec, cells: list) -> list:
+    """`decode` of each cell of one column (the values a read returns)."""
+    if col.kind == "json":
+        return [json.loads(bytes(c) if isinstance(c, memoryview) else c) for c in cells]
+    dtype = _numpy_dtype(col.dtype)
+    if col.kind == "scalar":
+        if all(len(c) == dtype.itemsize for c in cells):
+            return np.frombuffer(b"".join(cells), dtype=dtype).tolist()
+        return [decode(col, c) for c in cells]
+    if col.trailing_shape:
+        return [np.frombuffer(c, dtype=dtype).reshape(-1, *col.trailing_shape) for c in cells]
+    return [np.frombuffer(c, dtype=dtype) for c in cells]
+
