@@ -22,8 +22,8 @@ from pathlib import Path
 
 from rljob.api import RLJob
 
-from .examples import example
-from .workflow import measure
+from .peer import peer_job
+from .workflow import measure, mode_dir, mode_name
 
 MODES = (("sync", None), ("periodic", None), ("async", 1))
 NANO = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 100,
@@ -36,24 +36,9 @@ COMPUTE = ("generate", "reference", "train", "optimizer")
 
 def overhead_job(mode: str, k: int | None, steps: int, model: Path, prompts: int = 16,
                  group: int = 16, max_new_tokens: int = 4) -> RLJob:
-    workflow: dict = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
-    if k is not None:
-        workflow["maxStaleness"] = k
-    return RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
-        "metadata": {"name": f"overhead-{mode}"},
-        "spec": {
-            "model": {"path": f"random:{model}", "tokenizer": "builtin:char",
-                      "dtype": "float32"},
-            "dataset": {"path": str(example("data/arith.jsonl"))},
-            "algorithm": {"name": "grpo", "groupSize": group, "promptsPerStep": prompts,
-                          "samplesPerMicroBatch": prompts * group, "lr": 1e-4,
-                          "maxSteps": steps},
-            "workflow": workflow,
-            "rollout": {"replicas": 1, "engine": "hf", "maxNewTokens": max_new_tokens},
-            "trainer": {"npusPerNode": 1, "checkpointEvery": 10_000},
-            "reward": {"name": "arith_partial"},
-        }})
+    """`peer.peer_job` on CPU with the nano model: the whole step one micro-batch."""
+    return peer_job(mode, k, steps, model, "cpu", prompts, group, max_new_tokens,
+                    micro_batch=prompts * group, lr=1e-4, name="overhead")
 
 
 def compute_ms(mode: str, parts: dict[str, dict[str, float]]) -> float:
@@ -79,24 +64,23 @@ def run(steps: int = 30, warmup: int = 5, rounds: int = 1, keep: Path | None = N
         for r in range(rounds):
             res = {}
             for mode, k in [(m, k) for m, k in MODES if m in modes]:
-                name = mode if k is None else f"{mode}({k})"
                 m = measure(overhead_job(mode, k, steps, model),
-                            root / f"round-{r}" / name.replace("(", "-").rstrip(")"), warmup)
+                            root / f"round-{r}" / mode_dir(mode, k), warmup)
                 step = 1e3 * m["step_seconds"]
-                comp = compute_ms(mode.split("(")[0], m["step_parts"])
-                res[name] = {"step_ms": step, "compute_ms": comp,
+                comp = compute_ms(mode, m["step_parts"])
+                res[mode_name(mode, k)] = {"step_ms": step, "compute_ms": comp,
                              "orchestration_ms": step - comp, "step_parts": m["step_parts"],
                              "steps": m["steps"]}
             per_round.append(res)
-    modes = {name: {key: statistics.median(r[name][key] for r in per_round)
-                    for key in ("step_ms", "compute_ms", "orchestration_ms")}
-             for name in per_round[0]}
-    for name in modes:
-        modes[name]["step_parts_ms"] = {
+    figures = {name: {key: statistics.median(r[name][key] for r in per_round)
+                      for key in ("step_ms", "compute_ms", "orchestration_ms")}
+               for name in per_round[0]}
+    for name in figures:
+        figures[name]["step_parts_ms"] = {
             role: {kind: 1e3 * sec for kind, sec in sorted(kinds.items())}
             for role, kinds in per_round[-1][name]["step_parts"].items()}
     return {"steps": steps, "warmup": warmup, "rounds": rounds,
-            "samples_per_step": 256, "modes": modes}
+            "samples_per_step": 256, "modes": figures}
 
 
 def render(results: dict) -> None:

@@ -31,7 +31,7 @@ from rljob.planner.cost import overlap_bound
 
 from .examples import example
 from .trainer import MODELS, model_config
-from .workflow import measure
+from .workflow import measure, mode_dir, mode_name
 
 MODES = (("sync", None), ("async", 1))
 
@@ -47,8 +47,11 @@ def model_dir(model: str, root: Path) -> Path:
 
 
 def peer_job(mode: str, k: int | None, steps: int, model: Path, accelerator: str,
-             prompts: int, group: int, max_new_tokens: int, micro_batch: int) -> RLJob:
-    """The job (pure but for validation): `mode` with `maxStaleness` k."""
+             prompts: int, group: int, max_new_tokens: int, micro_batch: int,
+             lr: float = 1e-6, name: str = "peer") -> RLJob:
+    """The job (pure but for validation): `mode` with `maxStaleness` k, one rollout
+    replica of the hf engine and one trainer rank, a random-init model from the
+    config directory `model`, the character vocabulary, `arith_partial`."""
     workflow: dict = {"mode": mode, "weightSync": "async" if mode == "async" else "sync"}
     if k is not None:
         workflow["maxStaleness"] = k
@@ -56,13 +59,13 @@ def peer_job(mode: str, k: int | None, steps: int, model: Path, accelerator: str
         workflow["weightTransport"] = "grpc"
     return RLJob.model_validate({
         "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
-        "metadata": {"name": f"peer-{mode}"},
+        "metadata": {"name": f"{name}-{mode}"},
         "spec": {
             "model": {"path": f"random:{model}", "tokenizer": "builtin:char",
                       "dtype": "float32" if accelerator == "cpu" else "bfloat16"},
             "dataset": {"path": str(example("data/arith.jsonl"))},
             "algorithm": {"name": "grpo", "groupSize": group, "promptsPerStep": prompts,
-                          "samplesPerMicroBatch": micro_batch, "lr": 1e-6,
+                          "samplesPerMicroBatch": micro_batch, "lr": lr,
                           "maxSteps": steps},
             "workflow": workflow,
             "rollout": {"replicas": 1, "engine": "hf", "maxNewTokens": max_new_tokens},
@@ -87,8 +90,8 @@ def run(accelerator: str = "cpu", model: str = "tiny", steps: int = 10, warmup: 
                             max_new_tokens, micro_batch)
 
         for mode, k in MODES:
-            name = mode if k is None else f"{mode}({k})"
-            run_dir = root / name.replace("(", "-").rstrip(")")
+            name = mode_name(mode, k)
+            run_dir = root / mode_dir(mode, k)
             results[name] = measure(job(mode, k), run_dir, warmup)
             if keep is not None:  # kept: its timeline and reward drawn, as `rljob run` does
                 write_plots(run_dir)

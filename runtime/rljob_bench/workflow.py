@@ -41,6 +41,16 @@ PROMPTS = 16  # prompts per step, 16 samples each
 MAX_NEW_TOKENS = 22
 
 
+def mode_name(mode: str, k: int | None) -> str:
+    """How a mode is shown: sync, periodic, async(1) (pure)."""
+    return mode if k is None else f"{mode}({k})"
+
+
+def mode_dir(mode: str, k: int | None) -> str:
+    """A mode's run directory's name: sync, periodic, async-1 (pure)."""
+    return mode if k is None else f"{mode}-{k}"
+
+
 def bench_job(mode: str, k: int | None, steps: int, root: Path, prompts: int = PROMPTS,
               max_num_seqs: int | None = None, engine: str = "hf",
               algorithm: str = "grpo") -> RLJob:
@@ -70,7 +80,7 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
              algorithm: str = "grpo", lend_cores: bool = False) -> dict:
     job = bench_job(mode, k, steps, root, prompts, max_num_seqs, algorithm=algorithm)
     # a directory each
-    return measure(job, root / (mode if k is None else f"{mode}-{k}"), warmup_steps,
+    return measure(job, root / mode_dir(mode, k), warmup_steps,
                    lend_cores)
 
 
@@ -184,7 +194,7 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
         for r in range(rounds):
             results = {}
             for mode, k in MODES:
-                name = mode if k is None else f"async({k})"
+                name = mode_name(mode, k)
                 results[name] = run_mode(mode, k, steps, root / f"round-{r}", prompts=prompts,
                                          max_num_seqs=max_num_seqs, algorithm=algorithm,
                                          lend_cores=lend_cores)

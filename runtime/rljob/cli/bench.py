@@ -25,6 +25,13 @@ def _bench(
     use(examples)
 
 
+def _check_warmup(warmup: int, steps: int) -> None:
+    """--warmup leaves steps to measure (one line naming the option, else)."""
+    if warmup >= steps:
+        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
+                                 param_hint="--warmup")
+
+
 def _report(bench, results: dict, json_out: bool) -> None:
     """A benchmark's results: one JSON object, or its own tables."""
     if json_out:
@@ -115,9 +122,7 @@ def bench_updates(
     if unknown or not names:
         raise typer.BadParameter(f"{', '.join(unknown) or 'none given'}: use "
                                  + ", ".join(bench.JOBS), param_hint="--jobs")
-    if warmup >= steps:
-        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
-                                 param_hint="--warmup")
+    _check_warmup(warmup, steps)
     if engine not in ("hf", "vllm"):
         raise typer.BadParameter("use hf or vllm", param_hint="--engine")
     _report(bench, bench.run(names, steps, rounds, warmup, tool_seconds, keep,
@@ -262,8 +267,6 @@ def bench_trainer(
     _report(bench, results, json_out)
 
 
-
-
 @bench_app.command("peer")
 def bench_peer(
     accelerator: str = typer.Option("cpu", help="cpu, or gpu (the first CUDA device; "
@@ -291,9 +294,7 @@ def bench_peer(
 
     if accelerator not in ("cpu", "gpu"):
         raise typer.BadParameter("use cpu or gpu", param_hint="--accelerator")
-    if warmup >= steps:
-        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
-                                 param_hint="--warmup")
+    _check_warmup(warmup, steps)
     if (prompts * group) % micro_batch:
         raise typer.BadParameter(f"{prompts} × {group} samples a step do not split into "
                                  f"micro-batches of {micro_batch}", param_hint="--micro-batch")
@@ -317,9 +318,7 @@ def bench_overhead(
     out."""
     from rljob_bench import overhead as bench
 
-    if warmup >= steps:
-        raise typer.BadParameter(f"{warmup} warm-up steps leave none of {steps} to measure",
-                                 param_hint="--warmup")
+    _check_warmup(warmup, steps)
     try:
         results = bench.run(steps, warmup, rounds, keep,
                             tuple(m.strip() for m in modes.split(",") if m.strip()))
