@@ -49,7 +49,13 @@ def _merge(dst: dict[str, Any], patch: dict[str, Any]) -> None:
 class Invalid:
     id: str
     patch: dict[str, Any]  # merged into minimal(); None deletes a key
-    expect: str  # the problem line, as the apiserver and `rljob validate` print it
+    expect: str  # the problem line, as the apiserver prints it
+
+    @property
+    def said(self) -> str:
+        """The line as `rljob validate` prints it: a CEL rule's without the
+        apiserver's `Invalid value: "object": `."""
+        return self.expect.replace(CEL_NOISE, "")
 
     def document(self) -> dict[str, Any]:
         doc = minimal(f"bad-{self.id}")
@@ -58,6 +64,7 @@ class Invalid:
 
 
 ASCEND = {"accelerator": {"type": "ascend"}}
+CEL_NOISE = 'Invalid value: "object": '
 
 INVALID = [
     Invalid("grpo-group-of-one", {"spec": {"algorithm": {"groupSize": 1}}},

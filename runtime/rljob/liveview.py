@@ -28,9 +28,19 @@ class RunView:
     supervision turn (a rich Live on a terminal, PlainLines elsewhere)."""
 
     def __init__(self, runner, job, console: Console, warmup: int, started: float,
-                 wide: bool = False):
+                 wide: bool = False, resumed: bool = False):
         self.runner, self.job, self.console = runner, job, console
         self.warmup, self.started, self.wide = warmup, started, wide
+        # a resumed run's metrics.jsonl holds the earlier runs' steps too: this run's
+        # lines, pace and summary are of the steps it trained (the ones after its
+        # checkpoint included, which it trains again)
+        self.resumed = resumed
+        self.wall_started = time.time() - (time.monotonic() - started)
+
+    def this_run(self) -> list[dict]:
+        """The steps this run trained (a resumed run's earlier ones left out)."""
+        ms = self.runner.metrics()
+        return [m for m in ms if m["time"] >= self.wall_started] if self.resumed else ms
 
     def warm(self) -> dict | None:
         """The trainer's warm-up progress so far (None before its first report)."""
@@ -53,7 +63,8 @@ class RunView:
         ms = runner.metrics()
         title = Text(progress.header(
             f"{self.job.metadata.name} · {spec.workflow.mode} · {spec.rollout.replicas} "
-            f"rollout · {spec.trainer.world_size} trainer rank(s)", ms, runner.steps,
+            f"rollout · {spec.trainer.world_size} trainer rank(s)", self.this_run(),
+            runner.steps,
             self.warmup, time.monotonic() - self.started, sum(runner.restarts.values()),
             self.warm()), style="italic")
         # the header above, not as the table's title (a title as wide as the terminal
@@ -78,16 +89,27 @@ class RunView:
         how to go on from its last checkpoint if it did not finish."""
         console, runner = self.console, self.runner
         elapsed = time.monotonic() - self.started
-        console.print(summary_line(summary, elapsed))
+        ms = self.this_run()
+        if ms:  # this run's steps, not a resumed run's earlier ones too
+            summary = {**summary, "steps": len(ms), "reward_first": ms[0]["reward_mean"],
+                       "reward_last": ms[-1]["reward_mean"], "first_step": ms[0]["step"],
+                       "last_step": ms[-1]["step"],
+                       "before_first": ms[0]["time"] - self.wall_started,
+                       "warmed_up": bool(self.warmup)}
+        console.print(summary_line(summary, elapsed), soft_wrap=True, highlight=False)
         if runner.restarts:
             console.print("restarts: " + ", ".join(f"{n} ×{k}" for n, k in
                                                    sorted(runner.restarts.items())))
+        # paths and the command are never wrapped (a log file is 80 columns to rich), so
+        # they can be pasted whole
         wrote = RunDir(directory).outputs()
-        console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing")
+        console.print(f"wrote {directory}/{{{', '.join(wrote)}}}" if wrote else "wrote nothing",
+                      soft_wrap=True, markup=False, highlight=False)
         step = runner.resume_step() if status else 0
         if step:
-            console.print(f"last checkpoint: step {step}; continue with: rljob run {file} "
-                          f"--resume {directory}")
+            console.print(f"last checkpoint: step {step}; continue with:")
+            console.print(f"rljob run {file} --resume {directory}", soft_wrap=True,
+                          markup=False, highlight=False)
 
 
 def summary_line(summary: dict, elapsed: float) -> str:
@@ -98,7 +120,15 @@ def summary_line(summary: dict, elapsed: float) -> str:
         return v if isinstance(v, (int, float)) and math.isfinite(v) else None
 
     steps = summary.get("steps", 0)
-    parts = [f"{steps} step{'' if steps == 1 else 's'} in {elapsed:.0f}s"]
+    head = f"{steps} step{'' if steps == 1 else 's'}"
+    if steps and summary.get("first_step", 1) != 1:  # a resumed run
+        head += f" ({summary['first_step']}-{summary['last_step']})"
+    head += f" in {elapsed:.0f}s"
+    before = known("before_first")
+    if steps and before is not None:
+        head += (f", the first after {before:.0f}s of start-up"
+                 + (" and warm-up" if summary.get("warmed_up") else ""))
+    parts = [head]
     first, last = known("reward_first"), known("reward_last")
     if first is not None and last is not None:
         parts.append(f"mean reward {first:.3f} → {last:.3f}")
@@ -119,7 +149,7 @@ class PlainLines:
 
     def update(self, _renderable=None) -> None:
         runner, console, started = self.view.runner, self.view.console, self.view.started
-        ms = runner.metrics()
+        ms = self.view.this_run()  # a resumed run's earlier steps are not said again
         now = time.monotonic()
         said = progress.alerts(ms[:self.steps])
         for i in range(self.steps, len(ms)):

@@ -50,18 +50,27 @@ CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSecon
 
 
 def cluster_only_fields(job: RLJob) -> list[str]:
-    """The fields the job sets that a local run does not apply (pure)."""
-    written = job.spec.model_dump(exclude_unset=True, by_alias=True)
+    """The fields the job sets, to other than their defaults, that a local run does not
+    apply (pure). A resumed run's job.yaml writes every field out; only those that
+    differ from their defaults were the user's."""
+    written = job.spec.model_dump(exclude_unset=True, exclude_none=True, by_alias=True)
+    defaults = type(job.spec).model_validate(
+        {"model": {"path": "-"}, "dataset": {"path": "-"}}).model_dump(exclude_none=True,
+                                                                       by_alias=True)
 
-    def has(path: str) -> bool:
-        node = written
+    def at(tree: dict, path: str):
+        node = tree
         for key in path.split("."):
             if not isinstance(node, dict) or key not in node:
-                return False
+                return _ABSENT
             node = node[key]
-        return True
+        return node
 
-    return [f"spec.{p}" for p in CLUSTER_ONLY if has(p)]
+    return [f"spec.{p}" for p in CLUSTER_ONLY
+            if at(written, p) is not _ABSENT and at(written, p) != at(defaults, p)]
+
+
+_ABSENT = object()
 
 
 # an engine's child process prefixes its log lines: "(Worker pid=7) ERROR 11-26 12:03:33 [f.py:1] "

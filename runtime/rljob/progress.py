@@ -36,17 +36,24 @@ def eta(metrics: list[dict], total: int) -> float | None:
 
 
 def phase(metrics: list[dict], total: int, warmup_steps: int, warm: dict | None = None) -> str:
-    """RL step n/N once steps come; before, the supervised warm-up's n/N and loss
+    """RL step n/N once steps come (the last one: the final weights being written);
+    before, the supervised warm-up's n/N, loss and time left at its pace so far
     (`warm`: the trainer's warmup.json) or start-up."""
     if metrics:
-        return f"RL step {metrics[-1]['step']}/{total}"
+        step = metrics[-1]["step"]
+        if step >= total:
+            return f"RL step {step}/{total} done: writing the final weights"
+        return f"RL step {step}/{total}"
     if not warmup_steps:
         return "start-up"
     if not warm:
         return f"start-up, then warm-up ({warmup_steps} steps)"
     if warm["step"] >= warm["of"]:
         return f"warm-up done (loss {warm['loss']:.3f}), start-up of RL step 1"
-    return f"warm-up {warm['step']}/{warm['of']} (loss {warm['loss']:.3f})"
+    left = ""
+    if warm.get("seconds") is not None and warm["step"]:
+        left = f", {clock(warm['seconds'] / warm['step'] * (warm['of'] - warm['step']))} left"
+    return f"warm-up {warm['step']}/{warm['of']} (loss {warm['loss']:.3f}{left})"
 
 
 def _num(v, fmt: str) -> str:

@@ -33,7 +33,7 @@ def test_validate_reports_one_line_per_problem(tmp_path):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 3 and all(line.startswith(f"{bad}: ") for line in lines)
-    assert INVALID[0].expect in lines[0]
+    assert INVALID[0].said in lines[0]
     assert f"{good}: valid" in out.stdout
 
 
@@ -220,7 +220,8 @@ def test_validate_reports_the_rest_beside_unknown_fields_and_each_bad_input(tmp_
     assert out.returncode == 1 and "Traceback" not in out.stderr
     lines = [line.removeprefix(f"{job}: ") for line in out.stderr.strip().splitlines()]
     assert lines[0] == 'unknown field "spec.algorithm.learningRate" (did you mean "lr"?)'
-    assert lines[1].startswith("spec.algorithm.groupSize: Invalid value")
+    assert lines[1] == ("spec.algorithm.groupSize: algorithm.groupSize must be at least 2 when "
+                        "algorithm.name is grpo")
     assert lines[2].startswith(f"model.path: {tmp_path / 'models/nothere'} is not a directory")
     assert lines[3] == (f"dataset.path: '{tmp_path / 'data/d.jsonl'}' line 3 has no key "
                         "'answer' (the first row has it): every row needs dataset.promptKey "

@@ -92,6 +92,15 @@ def test_rljob_run_names_the_fields_only_a_cluster_applies():
                  "runPolicy": {"backoffLimit": 2}}})
     assert cluster_only_fields(job) == ["spec.scheduling", "spec.dataset.pvc",
                                         "spec.rollout.resources"]
+    # a resumed run's job.yaml has every field written out: the same ones, no more
+    resumed = RLJob.model_validate(job.to_wire())
+    assert {"image", "transfer_queue", "accelerator"} <= resumed.spec.model_fields_set
+    assert cluster_only_fields(resumed) == cluster_only_fields(job)
+    # a field set to its default changes nothing here
+    same = RLJob.model_validate({**job.to_wire(), "spec": {
+        "model": {"path": "random:x"}, "dataset": {"path": "d.jsonl"},
+        "transferQueue": {"storageUnits": 1}, "image": "rljob/runtime:0.1.0"}})
+    assert cluster_only_fields(same) == []
 
 
 def test_the_live_table_fits_an_80_column_terminal():
@@ -124,3 +133,84 @@ def test_the_live_table_fits_an_80_column_terminal():
     assert max(len(x) for x in lines) <= 80
     assert "…" not in out.getvalue()  # no figure cut
     assert any("299/300" in x and "-0.0123" in x and "123456" in x for x in lines)
+
+
+def test_the_resume_command_and_the_outputs_are_never_wrapped(tmp_path):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from rljob.liveview import RunView
+
+    directory = tmp_path / ("runs-with-a-rather-long-name-" + "x" * 40) / "quickstart-20261128"
+    (directory / "checkpoints").mkdir(parents=True)
+    (directory / "metrics.jsonl").write_text("")
+
+    class Runner:
+        restarts, events = {}, []
+
+        def metrics(self):
+            return []
+
+        def resume_step(self):
+            return 12
+
+    job = RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl"}}})
+    out = io.StringIO()  # a log file: rich's 80 columns, no terminal
+    console = Console(file=out, width=80)
+    file = tmp_path / "examples" / "quickstart.yaml"
+    RunView(Runner(), job, console, 0, time.monotonic()).summary(directory, {}, 130, file)
+    lines = out.getvalue().splitlines()
+    assert f"rljob run {file} --resume {directory}" in lines
+    assert any(x.startswith(f"wrote {directory}/{{") for x in lines)
+
+
+def test_a_resumed_run_says_and_sums_up_only_its_own_steps(tmp_path):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from rljob.liveview import RunView
+
+    now = time.time()
+    old = [dict(step=s, reward_mean=0.1, loss=0.0, kl=0.0, staleness_mean=0.0, staleness_max=0,
+                tokens_per_second=1.0, gen_seconds=1.0, train_seconds=1.0, time=now - 500 + s)
+           for s in range(1, 51)]
+
+    class Runner:
+        run_dir, steps, restarts, events = tmp_path, 60, {}, []
+        ms = list(old)
+
+        def metrics(self):
+            return list(self.ms)
+
+        def resume_step(self):
+            return 0
+
+    job = RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl"}}})
+    out = io.StringIO()
+    runner = Runner()
+    view = RunView(runner, job, Console(file=out, width=80), 0, time.monotonic() - 10,
+                   resumed=True)
+    lines = view.open()
+    lines.update()
+    assert "step 50/60" not in out.getvalue()  # the earlier run's steps are not said again
+    # the resumed run trains step 41 on (its checkpoint's) again, then 42
+    runner.ms = old[:40] + [dict(old[40], time=now + 1, reward_mean=0.5),
+                            dict(old[41], time=now + 2, reward_mean=0.7)]
+    lines.update()
+    said = [x for x in out.getvalue().splitlines() if x.startswith("step ")]
+    assert [x.split(" · ")[0] for x in said] == ["step 41/60", "step 42/60"]
+    view.summary(tmp_path, {"steps": 42, "reward_first": 0.1, "reward_last": 0.7}, 0,
+                 tmp_path / "job.yaml")
+    summary = out.getvalue().splitlines()[-2]
+    assert summary.startswith("2 steps (41-42) in ")
+    assert "mean reward 0.500 → 0.700" in summary

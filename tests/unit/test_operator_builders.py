@@ -211,6 +211,7 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     from typer.testing import CliRunner
 
     from rljob.cli import app
+    from rljob.cli.job import RENDER_PASSWORD
 
     res = CliRunner().invoke(app, ["render", str(REPO / "examples/quickstart.yaml"),
                                    "-n", "ml"])
@@ -221,9 +222,17 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     expected = b.build_all(job, "x")
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
         (d["kind"], d["metadata"]["name"]) for d in expected]
-    # equal apart from the generated password
-    assert docs[1:] == expected[1:]
-    assert len(docs[0]["stringData"]["password"]) >= 24
+    # the same text every time: the Secret holds a fixed placeholder
+    assert docs == b.build_all(job, RENDER_PASSWORD)
+    again = CliRunner().invoke(app, ["render", str(REPO / "examples/quickstart.yaml"), "-n", "ml"])
+    assert again.output == res.output
+    # --fresh-secret: a random password, the rest unchanged
+    fresh = CliRunner().invoke(app, ["render", str(REPO / "examples/quickstart.yaml"), "-n", "ml",
+                                     "--fresh-secret"])
+    fresh_docs = list(yaml.safe_load_all(fresh.output))
+    assert fresh_docs[1:] == expected[1:]
+    assert len(fresh_docs[0]["stringData"]["password"]) >= 24
+    assert fresh_docs[0]["stringData"]["password"] != RENDER_PASSWORD
 
 
 def test_runtime_image_replaces_only_the_default_image():

@@ -21,6 +21,8 @@ def test_smoothing_clock_and_eta():
     assert progress.phase([], 10, 200) == "start-up, then warm-up (200 steps)"
     assert progress.phase([], 10, 0) == "start-up"
     assert progress.phase(ms, 10, 200) == "RL step 3/10"
+    # the last step's metrics are in, the run is not over: say what it does
+    assert progress.phase(ms, 3, 200) == "RL step 3/3 done: writing the final weights"
 
 
 def test_the_warm_up_reports_its_progress_to_the_view(tmp_path):
@@ -33,7 +35,11 @@ def test_the_warm_up_reports_its_progress_to_the_view(tmp_path):
     view = RunView(runner, None, None, warmup=200, started=0.0)
     assert view.warm() is None  # before the first report
     report(40, 200, 1.2345)
-    assert progress.phase([], 10, 200, view.warm()) == "warm-up 40/200 (loss 1.234)"
+    assert progress.phase([], 10, 200, view.warm()).startswith("warm-up 40/200 (loss 1.234, ")
+    assert view.warm()["seconds"] >= 0
+    # the time left at the warm-up's pace so far: 40 steps in 20 s, 160 to go
+    assert progress.phase([], 10, 200, {"step": 40, "of": 200, "loss": 1.2345, "seconds": 20}
+                          ) == "warm-up 40/200 (loss 1.234, 1:20 left)"
     report(200, 200, 0.5)
     assert progress.phase([], 10, 200, view.warm()) == (
         "warm-up done (loss 0.500), start-up of RL step 1")

@@ -186,3 +186,19 @@ def test_an_installed_package_adds_a_reward_a_sink_a_claim_policy_and_an_engine(
     assert out.returncode == 0, out.stderr
     assert ("advantage estimator 'broken': the entry point 'rljob_demo_plugin:no_such_thing' "
             "(group rljob.advantage_estimators) fails to load: AttributeError") in out.stdout
+
+
+def test_a_misspelt_name_gets_the_closest_one_offered():
+    from rljob.reward import get_reward
+    from rljob.transferqueue.policies import get_claim_policy
+    from rljob.rollout.engine import ENGINES as ROLLOUT_ENGINES
+
+    with pytest.raises(ValueError, match="unknown reward 'arith_partal' "
+                       r'\(did you mean "arith_partial"\?\): use one of'):
+        get_reward("arith_partal")
+    with pytest.raises(ValueError, match=r'\(did you mean "fifo"\?\)'):
+        get_claim_policy("fif0")
+    with pytest.raises(ValueError, match=r'\'vlm\' is not available here \(did you mean "vllm"\?\)'):
+        ROLLOUT_ENGINES.get("vlm")
+    with pytest.raises(ValueError, match="'zzz' is not available here: use one of"):
+        ROLLOUT_ENGINES.get("zzz")

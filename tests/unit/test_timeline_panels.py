@@ -18,8 +18,9 @@ def test_a_long_run_gets_a_window_on_its_first_steps_and_its_steady_state():
     panels = run_panels(_spans(20), "job", 0.25)
     titles = [t for t, _ in panels]
     assert titles[0] == "job: all 20 steps, bubble ratio 25%"
-    assert titles[1].startswith("job: first steps (steps 0-2), bubble ratio ")
-    assert titles[2].startswith("job: steady state (steps 17-19), bubble ratio ")
+    assert titles[1].startswith("job: first steps (steps 1-3), bubble ratio ")
+    assert titles[2].startswith("job: steady state (steps 18-20), bubble ratio ")
+    # titles number steps from 1, as metrics.jsonl does (a span's step t is step t + 1)
     assert {s.step for s in panels[1][1]} == {0, 1, 2}
     assert {s.step for s in panels[2][1]} == {17, 18, 19}
     # the window keeps the weight syncs of its steps

@@ -4,7 +4,9 @@
 enum errors as `Unsupported value`, unknown fields as `unknown field "PATH"`
 and CEL rules with their message. `check_documents` reports the same problems
 for the same input, one line each, so a file that passes here is accepted by a
-cluster with the CRD installed (and the other way round).
+cluster with the CRD installed (and the other way round); a CEL rule's line leaves
+out the apiserver's `Invalid value: "object": ` (the object is no value a user
+wrote): `FIELD: MESSAGE`.
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ def _describe(err: dict[str, Any]) -> str:
         return (f"{field}: Invalid value: {json.dumps(got)}: {field} in body must be of type "
                 f"{_EXPECTED_TYPE[kind]}: {json.dumps(got)}")
     if kind == "rule":  # a cross-field rule raised during parsing (not deferred)
-        return f"{field}: Invalid value: \"object\": {err['msg']}"
+        return f"{field}: {err['msg']}"
     return f"{field}: Invalid value: {_quote(value)}: {err['msg']}"
 
 
@@ -272,7 +274,7 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
         return problems
     for failure in rule_failures(job, ""):
         field = failure.field or "<nil>"
-        problems.append(Problem(index, f'{field}: Invalid value: "object": {failure.rule.message}',
+        problems.append(Problem(index, f"{field}: {failure.rule.message}",
                                 failure.rule.hint(failure.obj)))
     return problems
 

@@ -10,6 +10,8 @@ import typer
 from .app import JOB_FILE, app, load_job, local_job, print_version
 
 DEFAULT_CRD_PATH = Path("crds/rljob.yaml")
+# `rljob render`'s Redis password unless --fresh-secret: the same text every time
+RENDER_PASSWORD = "rendered-placeholder"
 
 
 @app.command()
@@ -91,6 +93,10 @@ def render(
     file: Path = JOB_FILE,
     namespace: str = typer.Option(None, "--namespace", "-n",
                                   help="Namespace of the objects (default: the file's, or default)."),
+    fresh_secret: bool = typer.Option(
+        False, "--fresh-secret", help="A new random Redis password in the Secret, as the "
+        "operator makes one. Without it the Secret holds the fixed placeholder "
+        f"{RENDER_PASSWORD!r}, so two renders of one file are the same text."),
 ) -> None:
     """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
     from ..api.builders import build_all, new_password, to_yaml
@@ -102,7 +108,8 @@ def render(
     if not job.metadata.name:
         typer.echo(f"{file}: metadata.name is required to render the job's objects", err=True)
         raise typer.Exit(1)
-    typer.echo(to_yaml(build_all(job, new_password())), nl=False)
+    password = new_password() if fresh_secret else RENDER_PASSWORD
+    typer.echo(to_yaml(build_all(job, password)), nl=False)
 
 
 @app.command()
@@ -123,7 +130,8 @@ def run(
                                     "(the trainer computes on a parked rollout's cores, a "
                                     "rollout on a waiting trainer's); hf engine, torch "
                                     "trainer. Off by default: on the tiny model it costs "
-                                    "more than it gives (README, Performance)."),
+                                    "more than it gives (docs/benchmarks.md, \"Lending an "
+                                    "idle core\")."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
     import signal
@@ -166,7 +174,7 @@ def run(
         console.print(f"not applied on this machine (cluster only): {', '.join(ignored)}",
                       soft_wrap=True)
     view = RunView(runner, job, console, 0 if resume else job.spec.model.warmup_steps,
-                   time.monotonic(), wide)
+                   time.monotonic(), wide, resumed=bool(resume))
 
     class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exception` eats it
         pass

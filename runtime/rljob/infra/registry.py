@@ -7,10 +7,12 @@ loaded the first time its name is asked for; `module:attribute` names an
 importable one directly, and `path/to/file.py:attribute` one in a file (a relative
 path is read from the job file's directory: preflight.resolve_paths). A registry
 checks what it is given (a subclass of its base, or a callable), refuses a second
-thing under a taken name, and names the choices when asked for one it does not have."""
+thing under a taken name, and names the choices when asked for one it does not have
+(the closest first, as "did you mean", where one is close)."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -75,9 +77,14 @@ class Registry(Generic[T]):
             return self._load(ep)
         if ":" in name:
             return self._import(name)
-        raise ValueError(f"{self.field} {name!r} is not available here: use one of "
-                         f"{', '.join(self.names())}, module:attribute or "
+        raise ValueError(f"{self.field} {name!r} is not available here{self.suggest(name)}: "
+                         f"use one of {', '.join(self.names())}, module:attribute or "
                          "path/to/file.py:attribute")
+
+    def suggest(self, name: str) -> str:
+        """' (did you mean "x"?)' where `name` is close to one of the names, else ''."""
+        close = difflib.get_close_matches(name, self.names(), n=1, cutoff=0.75)
+        return f' (did you mean "{close[0]}"?)' if close else ""
 
     def _import(self, name: str) -> T:
         """`module:attribute` or `path/to/file.py:attribute`, imported (not

@@ -119,8 +119,10 @@ def run_panels(spans: list[Span], name: str, ratio: float, window: int = 3
         for label, chosen in (("first steps", steps[:window]),
                               ("steady state", steps[-window:])):
             part = [s for s in spans if chosen[0] <= s.step <= chosen[-1]]
-            panels.append((f"{name}: {label} (steps {chosen[0]}-{chosen[-1]}), bubble ratio "
-                           f"{bubble_ratio(part):.0%}", part))
+            # numbered from 1, as the live table and metrics.jsonl number them (a span's
+            # step t is the (t+1)-th)
+            panels.append((f"{name}: {label} (steps {chosen[0] + 1}-{chosen[-1] + 1}), "
+                           f"bubble ratio {bubble_ratio(part):.0%}", part))
     return panels
 
 

@@ -61,7 +61,8 @@ def get_reward(name: str, base: Path | None = None) -> RewardFn:
     """The reward function `name` names; a relative file is read from `base`."""
     if ":" not in name:
         if name not in REWARDS:
-            raise ValueError(f"unknown reward {name!r}: use one of {REWARDS.names()}, "
+            raise ValueError(f"unknown reward {name!r}{REWARDS.suggest(name)}: use one of "
+                             f"{REWARDS.names()}, "
                              "'module:function' or 'path/to/reward.py:function'")
         return REWARDS.get(name)
     module_name, func_name = name.rsplit(":", 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import numpy as np
 import torch
@@ -102,11 +103,13 @@ def warmup_reporter(run: RunDir | None):
     """`warm_up`'s report as the run directory's warmup.json (None: nowhere)."""
     if run is None:
         return None
+    begun = time.monotonic()
 
     def report(step: int, steps: int, loss: float) -> None:
         tmp = run.warmup_progress.with_name(run.warmup_progress.name + PARTIAL)
-        try:
-            tmp.write_text(json.dumps({"step": step, "of": steps, "loss": loss}))
+        try:  # seconds: since the warm-up began, for the time it has left
+            tmp.write_text(json.dumps({"step": step, "of": steps, "loss": loss,
+                                       "seconds": round(time.monotonic() - begun, 2)}))
             tmp.replace(run.warmup_progress)
         except OSError as exc:  # progress only: the warm-up goes on
             log.debug("warm-up progress not written: %s", exc)

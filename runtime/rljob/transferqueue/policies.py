@@ -120,7 +120,7 @@ def claim_policy(cls: type[ClaimPolicy]) -> type[ClaimPolicy]:
 
 def get_claim_policy(name: str) -> ClaimPolicy:
     if name not in CLAIM_POLICIES and ":" not in name:
-        raise ValueError(f"unknown claim policy {name!r}: use one of "
+        raise ValueError(f"unknown claim policy {name!r}{CLAIM_POLICIES.suggest(name)}: use one of "
                          f"{', '.join(CLAIM_POLICIES.names())}")
     cls = CLAIM_POLICIES.get(name)
     if cls not in _INSTANCES:

@@ -30,6 +30,8 @@ ALGORITHMS = {"grpo": ("grpo", False), "ppo": ("gae", True)}
 
 
 class AlgorithmSpec(ApiModel):
+    """The RL objective: algorithm, group size, losses and optimizer."""
+
     name: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm.")
     group_size: int | None = Field(
         None, ge=1, le=1024,
@@ -230,6 +232,8 @@ class AlgorithmSpec(ApiModel):
 
 
 class WorkflowSpec(ApiModel):
+    """How rollout and training overlap: the mode, the staleness bound and weight updates."""
+
     mode: Literal["sync", "periodic", "async"] = Field(
         "async",
         description="sync: generate then train; periodic: on-policy producer/consumer "

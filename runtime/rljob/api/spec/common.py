@@ -26,11 +26,17 @@ DEFAULT_IMAGE = "rljob/runtime:0.1.0"
 
 
 class ComputeResources(ApiModel):
-    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
-    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN)
+    """A container's CPU and memory: requests = limits."""
+
+    cpu: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN,
+                            description="CPU quantity (e.g. 500m, 2); unset: none.")
+    memory: str | None = Field(None, max_length=32, pattern=QUANTITY_PATTERN,
+                               description="Memory quantity (e.g. 512Mi, 4Gi); unset: none.")
 
 
 class HcclSpec(ApiModel):
+    """HCCL's environment for the Ascend collectives (accelerator.type ascend)."""
+
     socket_ifname: str | None = Field(
         None, max_length=64, description="HCCL_SOCKET_IFNAME, e.g. eth0."
     )
@@ -44,6 +50,8 @@ class HcclSpec(ApiModel):
 
 
 class AcceleratorSpec(ApiModel):
+    """Where the workers compute: the device kind, the resource and the nodes."""
+
     type: Literal["cpu", "ascend", "gpu"] = Field("cpu", description="Device kind.")
     resource_name: str | None = Field(
         None,

@@ -16,6 +16,8 @@ REWARD_PATTERN = (r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-
 
 
 class ModelSpec(ApiModel):
+    """The policy to train and its tokenizer."""
+
     path: str = Field(
         min_length=1,
         max_length=512,
@@ -50,14 +52,19 @@ class ModelSpec(ApiModel):
 
 
 class DatasetSpec(ApiModel):
+    """The prompts (and their answers, for the reward)."""
+
     path: str = Field(
         min_length=1, max_length=512, description="JSONL or Parquet file of prompts."
     )
     format: Literal["auto", "jsonl", "parquet"] = Field(
         "auto", description="File format; auto picks by file extension."
     )
-    prompt_key: str = Field("prompt", min_length=1, max_length=128)
-    answer_key: str = Field("answer", min_length=1, max_length=128)
+    prompt_key: str = Field("prompt", min_length=1, max_length=128,
+                            description="The record's key holding the prompt.")
+    answer_key: str = Field("answer", min_length=1, max_length=128,
+                            description="The record's key holding the answer the reward "
+                            "checks against.")
     pvc: str | None = Field(
         None,
         max_length=253,
@@ -67,6 +74,8 @@ class DatasetSpec(ApiModel):
 
 
 class RewardSpec(ApiModel):
+    """How a response is scored."""
+
     name: str = Field(
         "exact_match",
         max_length=1024,

@@ -22,7 +22,10 @@ from .workers import RolloutSpec, TrainerSpec
 
 
 class RedisSpec(ApiModel):
-    image: str = Field("redis:7.2", min_length=1, max_length=512)
+    """The TransferQueue's Redis storage units."""
+
+    image: str = Field("redis:7.2", min_length=1, max_length=512,
+                       description="Image of each storage unit (a Redis 7 server).")
     resources: ComputeResources = Field(
         default_factory=lambda: ComputeResources(cpu="1", memory="4Gi"),
         description="Requests and limits of each storage unit.",
@@ -40,6 +43,8 @@ class RedisSpec(ApiModel):
 
 
 class TransferQueueSpec(ApiModel):
+    """The TransferQueue: its controller, its storage units and their leases."""
+
     storage_units: int = Field(
         1, ge=1, le=64, description="Redis storage units; rows shard over them by index."
     )
@@ -64,13 +69,17 @@ class TransferQueueSpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
+    """How the job's pods are scheduled: scheduler, queue and priority."""
+
     scheduler_name: str | None = Field(
         None, max_length=63, pattern=DNS_LABEL_PATTERN, description="e.g. volcano."
     )
     queue: str | None = Field(
         None, max_length=63, pattern=DNS_LABEL_PATTERN, description="Volcano queue."
     )
-    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    priority_class_name: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PriorityClass of every pod of the job.")
 
     rules = (
         Rule(
@@ -83,6 +92,8 @@ class SchedulingSpec(ApiModel):
 
 
 class RunPolicySpec(ApiModel):
+    """Restarts, deadline and clean-up of the job."""
+
     backoff_limit: int = Field(
         3, ge=0, le=1000, description="Trainer gang restarts before the job fails."
     )
@@ -95,6 +106,8 @@ class RunPolicySpec(ApiModel):
 
 
 class WandbSpec(ApiModel):
+    """Weights & Biases logging."""
+
     project: str = Field(..., min_length=1, max_length=128,
                          description="Weights & Biases project of the job's runs.")
     entity: str | None = Field(None, min_length=1, max_length=128,
@@ -109,6 +122,8 @@ class WandbSpec(ApiModel):
 
 
 class LoggingSpec(ApiModel):
+    """Where each step's figures go besides metrics.jsonl."""
+
     tensorboard: bool = Field(
         True, description="TensorBoard event files of every step in the run directory's "
         "tensorboard/ (in the pods: beside the checkpoints, with trainer.checkpointPvc).")

@@ -12,6 +12,8 @@ from .common import DNS_SUBDOMAIN_PATTERN, AcceleratorSpec, ComputeResources
 
 
 class AutoscalingSpec(ApiModel):
+    """Elastic rollout replicas: scale out when generation lags training by more than one more replica would save."""
+
     enabled: bool = Field(
         False,
         description="Add a rollout replica when generation lags training by more than "
@@ -46,6 +48,8 @@ class AutoscalingSpec(ApiModel):
 
 
 class McpServerSpec(ApiModel):
+    """An MCP server whose tools the episodes may call (over stdio)."""
+
     name: str = Field(..., min_length=1, max_length=63,
                       description="The server's name, for messages and metrics.")
     command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
@@ -73,8 +77,11 @@ class McpServerSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
+    """The rollout replicas: engine, sampling, episodes and scaling."""
+
     replicas: int = Field(1, ge=1, le=1024, description="Rollout replicas (scale subresource).")
-    min_replicas: int = Field(1, ge=1, le=1024)
+    min_replicas: int = Field(1, ge=1, le=1024,
+                              description="Lower bound for the autoscaler's scale-in.")
     max_replicas: int | None = Field(
         None, ge=1, le=1024, description="Upper bound for kubectl scale and the autoscaler."
     )
@@ -103,8 +110,10 @@ class RolloutSpec(ApiModel):
         "(rollout/memory.py; 0.94 for Qwen2.5-7B with tensorParallel 4 on a 64 GB 910B). "
         "Not used on CPU.",
     )
-    temperature: float = Field(1.0, gt=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature; the "
+                               "trainer's log-probs use the same distribution.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the smallest set "
+                         "of tokens whose probability reaches topP.")
     accelerator: AcceleratorSpec | None = Field(
         None, description="The rollout replicas' own accelerator (type, resourceName, "
         "nodeSelector, hccl), in place of spec.accelerator: rollout and training on "
@@ -216,11 +225,15 @@ class RolloutSpec(ApiModel):
 
 
 class ParallelismSpec(ApiModel):
+    """Model parallelism of the trainer (megatron engine)."""
+
     tp: int = Field(1, ge=1, le=64, description="Tensor-parallel size.")
     pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel size.")
 
 
 class TrainerSpec(ApiModel):
+    """The trainer gang: engine, size, checkpoints and micro-batching."""
+
     num_nodes: int = Field(1, ge=1, le=4096, description="Trainer pods (one per node).")
     npus_per_node: int = Field(
         1, ge=1, le=64, description="Accelerators per trainer pod (processes per node on CPU)."
@@ -278,7 +291,7 @@ class TrainerSpec(ApiModel):
     def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
         """The order in force in workflow `mode` with `rollout.dispatch` (auto resolved:
         arrival where `rljob bench optimisations` measures it faster than slot order,
-        periodic mode with skew-aware dispatch; the figure is in the README)."""
+        periodic mode with skew-aware dispatch; the figure is in docs/benchmarks.md)."""
         if self.micro_batch_order != "auto":
             return self.micro_batch_order
         return "arrival" if mode == "async" or dispatch == "skew_aware" else "slot"
