@@ -287,6 +287,32 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     assert "is not held" in log or "no longer in the table" in log, log[-2000:]
     assert "rollout-0 exited" not in run.events()  # it dropped the work and went on
 
+def test_ctrl_c_in_the_warm_up_stops_the_run_within_seconds(tmp_path):
+    """Ctrl-C before the first RL step: the trainer leaves its warm-up between two
+    steps, every worker goes, and the run says there is nothing to resume."""
+    job_file = make_job(tmp_path, "int-warmup")
+    doc = yaml.safe_load(job_file.read_text())
+    doc["spec"]["model"]["warmupSteps"] = 5000  # minutes of warm-up, were it not stopped
+    job_file.write_text(yaml.safe_dump(doc))
+    run = Run(job_file, tmp_path / "run")
+    progress = run.run_dir / "warmup.json"
+    deadline = time.monotonic() + 180
+    while not (progress.exists() and progress.read_text().strip()):
+        assert run.proc.poll() is None, run.output()
+        assert time.monotonic() < deadline, "the warm-up never reported\n" + run.output()
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(120) == 130, run.output()
+    took = time.monotonic() - t0
+    out = run.output()
+    assert "before the first RL step" in out and "--resume" not in out, out
+    assert not worker_pids(run.name, run.run_dir)
+    assert "stopped in the warm-up at step" in (run.run_dir / "logs/trainer-0.log").read_text()
+    # the other workers wait on the trainer; none holds the stop up by seconds
+    assert took < 20, f"{took:.1f}s from Ctrl-C to the end\n{out}"
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
                                       (signal.SIGHUP, 129)])
 def test_an_interrupted_run_stops_everything_checkpoints_and_resumes(tmp_path, sig, code):

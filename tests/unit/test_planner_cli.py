@@ -11,9 +11,25 @@ from tests.cases import EXAMPLES, REPO
 
 
 
-def rljob(*args):
+def rljob(*args, env=None):
     return subprocess.run([sys.executable, "-m", "rljob", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+                          cwd=REPO, timeout=300, env=env)
+
+
+def test_plan_fits_the_terminal_and_gives_a_pipe_whole_rows():
+    import os
+    import re
+
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    job = str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml")
+    for columns in (80, 100):  # a terminal of that width (rich reads TTY_COMPATIBLE)
+        out = rljob("plan", job, env=dict(os.environ, TTY_COMPATIBLE="1", COLUMNS=str(columns)))
+        assert out.returncode == 0, out.stderr
+        lines = ansi.sub("", out.stdout).splitlines()
+        assert max(len(x) for x in lines) <= columns, out.stdout
+        assert "…" not in out.stdout  # wrapped, not cut
+    piped = rljob("plan", job).stdout  # not a terminal: every row on one line
+    assert any(x.strip().startswith("as specified") for x in piped.splitlines()), piped
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -196,8 +196,13 @@ def run(
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
         status = 128 + signum
-        console.print(f"interrupted ({signal.Signals(signum).name}): stopping; the trainer "
-                      "checkpoints what it trained")
+        if view.this_run() or resume:
+            console.print(f"interrupted ({signal.Signals(signum).name}): stopping; the "
+                          "trainer checkpoints what it trained")
+        else:
+            console.print(f"interrupted ({signal.Signals(signum).name}) before the first RL "
+                          "step: stopping (nothing trained to checkpoint; run it again to "
+                          "start over)")
     except (JobFailed, RuntimeError, TimeoutError) as exc:
         status = 1
         console.print(f"[red]run failed[/red]: {exc}")

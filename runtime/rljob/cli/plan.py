@@ -172,16 +172,22 @@ def _print_plan(job, model, out: dict, cross: str | None) -> None:
 
 
 def _print_table(title: str, columns, rows, width: int) -> None:
-    """A right-aligned rich table, at least `width` wide (a pipe gets it whole)."""
+    """A right-aligned rich table: on a terminal as wide as the terminal (headers and
+    the title wrap, figures never do); elsewhere at least `width` wide, so a pipe or a
+    log gets each row whole on one line."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    console = Console()
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for col in columns:
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(*row)
-    Console(width=max(Console().width, width)).print(table)
+    if not console.is_terminal:
+        console = Console(width=max(console.width, width))
+    console.print(table)
 
 
 @app.command()

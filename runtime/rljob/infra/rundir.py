@@ -66,7 +66,7 @@ class RunDir:
 
     @property
     def warmup_progress(self) -> Path:
-        """The supervised warm-up's progress ({"step", "of", "loss"}), for the live view."""
+        """The supervised warm-up's progress ({"step", "of", "loss", "seconds"}), for the live view."""
         return self.root / "warmup.json"
 
     @property

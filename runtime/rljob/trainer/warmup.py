@@ -22,10 +22,15 @@ from .batch import make_batch
 log = logging.getLogger("rljob.trainer")
 
 
-def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
+class WarmupStopped(Exception):
+    """`stop` was set during the warm-up (SIGTERM): nothing trained to checkpoint yet."""
+
+
+def warm_up(policy, tok, spec: RLJobSpec, report=None, stop=None) -> float:
     """Supervised steps on prompt → answer (teacher forcing) for random-init models (a
     row's `demonstration`, when it has one: a demonstrated episode, its tool calls and
-    their results); `report(step, steps, loss)` hears every tenth step and the last."""
+    their results); `report(step, steps, loss)` hears every tenth step and the last.
+    `stop` (an Event) set ends it between two steps with WarmupStopped."""
     steps = spec.model.warmup_steps
     if steps == 0:
         return 0.0
@@ -40,6 +45,8 @@ def warm_up(policy, tok, spec: RLJobSpec, report=None) -> float:
     batch = 64
     loss = torch.tensor(0.0)
     for step in range(1, steps + 1):
+        if stop is not None and stop.is_set():
+            raise WarmupStopped(f"stopped in the warm-up at step {step - 1}/{steps}")
         picked = rng.choice(len(examples), size=batch)[policy.data_rank::policy.data_world]
         prompts = [prompt_ids(tok, examples[i].prompt, tools) for i in picked]
         taught = [target_ids(tok, chat, examples[i], eos_ends_turns) for i in picked]

@@ -54,7 +54,7 @@ from .report import Reporter, critic_metrics, off_policy_figures, step_metrics
 from .sinks import open_sinks
 from .source import Sample, StepSource, Stopped, data_parallel_shard
 from .step import micro_step
-from .warmup import warm_up, warmup_reporter
+from .warmup import WarmupStopped, warm_up, warmup_reporter
 
 log = logging.getLogger("rljob.trainer")
 
@@ -123,7 +123,8 @@ class TrainerWorker:
         if self.start == 0 and ref_state is None:
             with self.spans.span("train", -1), computing(self.cores):
                 warm_loss = warm_up(self.policy, self.tok, spec,
-                                    warmup_reporter(self.run_dir) if rank == 0 else None)
+                                    warmup_reporter(self.run_dir) if rank == 0 else None,
+                                    self.stop)
             if rank == 0 and spec.model.warmup_steps:
                 log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps,
                          warm_loss)
@@ -351,6 +352,8 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
                            resume, max_steps, metrics_port, local_rank)
     try:
         worker.setup().run()
+    except WarmupStopped as exc:  # SIGTERM before the first RL step: nothing to keep
+        log.info("%s: exiting, no RL step trained, no checkpoint", exc)
     finally:
         worker.close()
 
