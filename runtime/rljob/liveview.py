@@ -69,17 +69,26 @@ class RunView:
             self.warm()), style="italic")
         # the header above, not as the table's title (a title as wide as the terminal
         # widens every column): the table is as wide as its figures, 80 columns fit
+        episodic = spec.rollout.episodic
         t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True,
-                  caption="stale: staleness mean/max; Tgen, Ttrain in seconds")
-        for col in COLUMNS + (tuple(c for c, _, _ in progress.WIDE) if self.wide else ()):
+                  caption="stale: staleness mean/max; Tgen, Ttrain in seconds"
+                  + ("; turns: an episode's mean; calls: tool calls/failed"
+                     if episodic else ""))
+        # an episodic job's two columns take the smoothed reward's place (the header
+        # above has it), so the table still fits 80 columns
+        columns = (tuple(c for c in COLUMNS if c != "smooth") + progress.EPISODE
+                   if episodic else COLUMNS)
+        for col in columns + (tuple(c for c, _, _ in progress.WIDE) if self.wide else ()):
             t.add_column(col, justify="right", no_wrap=True)
         smooth = progress.smoothed([m["reward_mean"] for m in ms])
         for m, r in list(zip(ms, smooth))[-8:]:
-            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}", f"{r:.3f}",
+            t.add_row(f"{m['step']}/{runner.steps}", f"{m['reward_mean']:.3f}",
+                      *(() if episodic else (f"{r:.3f}",)),
                       progress._num(m.get("loss"), ".4f"), progress._num(m.get("kl"), ".4f"),
                       f"{m['staleness_mean']:.2f}/{m['staleness_max']}",
                       f"{m['tokens_per_second']:.0f}", f"{m['gen_seconds']:.2f}",
                       f"{m['train_seconds']:.2f}",
+                      *(progress.episode_cells(m) if episodic else ()),
                       *(progress.wide_cells(m) if self.wide else ()))
         lines = progress.alerts(ms) + runner.events
         return Group(title, t, *(Text(e, style="yellow") for e in lines[-4:]))

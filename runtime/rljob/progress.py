@@ -66,6 +66,19 @@ WIDE = (("clipped", "clip", ".3f"), ("IS w mean", "is_weight_mean", ".3f"),
         ("ESS", "is_ess", ".3f"), ("mismatch", "logp_mismatch_mean", ".1e"))
 
 
+# an episodic job's columns (rollout.environment): mean model turns an episode, and the
+# step's tool calls with those that failed (a tool's error or a call not parsed)
+EPISODE = ("turns", "calls")
+
+
+def episode_cells(m: dict) -> list[str]:
+    """A step's EPISODE figures ("-" where the step has none)."""
+    if m.get("turns_mean") is None:
+        return ["-", "-"]
+    failed = (m.get("tool_errors") or 0) + (m.get("malformed_calls") or 0)
+    return [f"{m['turns_mean']:.1f}", f"{m.get('tool_calls', 0)}/{failed}"]
+
+
 def wide_cells(m: dict) -> list[str]:
     """A step's WIDE figures, formatted ("-" where the step has none)."""
     return [_num(m.get(key), fmt) for _, key, fmt in WIDE]
@@ -77,6 +90,9 @@ def step_line(metrics: list[dict], total: int, elapsed: float, wide: bool = Fals
     reward = smoothed([x["reward_mean"] for x in metrics])[-1]
     extra = "".join(f" · {name} {cell}" for (name, _, _), cell in zip(WIDE, wide_cells(m))
                     ) if wide else ""
+    if m.get("turns_mean") is not None:
+        turns, calls = episode_cells(m)
+        extra = f" · turns {turns} · tool calls/failed {calls}" + extra
     return (f"step {m['step']}/{total} · reward {m['reward_mean']:.3f} (smoothed {reward:.3f})"
             f" · loss {_num(m.get('loss'), '.4f')} · kl {_num(m.get('kl'), '.4f')}"
             f" · staleness {m['staleness_mean']:.2f}/{m['staleness_max']}"

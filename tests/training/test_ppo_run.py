@@ -5,6 +5,8 @@ from the critic's checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 import yaml
 
@@ -48,6 +50,12 @@ def test_ppo_streams_its_critic_and_periodic_equals_sync(tmp_path):
         assert all(m["value_loss"] is None or m["value_loss"] > 0 for m in ms)
         log = (run / "logs" / "trainer-0.log").read_text()
         assert "critic: step 3 value loss" in log
+        # the critic's work is on the trainer's row of the timeline, a span a step each
+        spans = (run / "spans" / "trainer-0.jsonl").read_text().splitlines()
+        kinds = [json.loads(x) for x in spans]
+        learnt = sorted(k["step"] for k in kinds if k["kind"] == "value-update")
+        assert learnt == [0, 1, 2], kinds
+        assert {k["step"] for k in kinds if k["kind"] == "value"} >= {0, 1, 2}
     assert [m["reward_mean"] for m in metrics(runs["sync"])] == \
         [m["reward_mean"] for m in metrics(runs["periodic"])]
 

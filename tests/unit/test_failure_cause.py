@@ -214,3 +214,37 @@ def test_a_resumed_run_says_and_sums_up_only_its_own_steps(tmp_path):
     summary = out.getvalue().splitlines()[-2]
     assert summary.startswith("2 steps (41-42) in ")
     assert "mean reward 0.500 → 0.700" in summary
+
+
+def test_an_episodic_job_shows_turns_and_tool_calls_in_80_columns():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from rljob import progress
+    from rljob.liveview import RunView
+
+    class Runner:
+        run_dir, steps, restarts, events = None, 300, {}, []
+
+        def metrics(self):
+            return [dict(step=i, reward_mean=0.41234, loss=-0.01234, kl=0.00123,
+                         staleness_mean=0.75, staleness_max=1, tokens_per_second=123456.0,
+                         gen_seconds=12.34, train_seconds=23.45, time=100.0 + i,
+                         turns_mean=2.375, turns_max=4, tool_calls=49, tool_errors=2,
+                         malformed_calls=3) for i in range(290, 300)]
+
+    job = RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "calc"},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl"}, "rollout": {"environment": "calculator"}}})
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=True, color_system=None)
+    console.print(RunView(Runner(), job, console, 0, time.monotonic()).render())
+    lines = out.getvalue().splitlines()
+    assert max(len(x) for x in lines) <= 80 and "…" not in out.getvalue()
+    assert any("turns" in x and "calls" in x for x in lines)
+    assert any("299/300" in x and "2.4" in x and "49/5" in x for x in lines)
+    line = progress.step_line(Runner().metrics(), 300, elapsed=5)
+    assert " · turns 2.4 · tool calls/failed 49/5 · " in line

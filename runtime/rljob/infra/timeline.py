@@ -14,11 +14,15 @@ from pathlib import Path
 from .rundir import RunDir
 
 COLORS = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
-          "reference": "#DD8452", "weight-sync": "#8172B2", "tool": "#CCB974"}
+          "reference": "#DD8452", "weight-sync": "#8172B2", "tool": "#CCB974",
+          "value": "#64B5CD", "value-update": "#8C8C8C"}
 # drawn as a thin bar at the foot of its worker's row: a tool call runs inside an
 # episode's generate span
 THIN = ("tool",)
-WORK = ("generate", "train", "optimizer", "reference")
+# drawn as a thin bar at the top of its worker's row: ppo's critic scores and learns in
+# a thread of the trainer, beside the policy's own spans
+TOP = ("value", "value-update")
+WORK = ("generate", "train", "optimizer", "reference", "value", "value-update")
 
 
 @dataclass
@@ -149,8 +153,9 @@ def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
                 bars = [(s.start - t0, s.end - s.start) for s in spans
                         if s.worker == w and s.kind == kind and s.start - t0 < horizon]
                 if bars:
-                    ax.broken_barh(bars, (y - 0.4, 0.25) if kind in THIN else (y - 0.4, 0.8),
-                                   facecolors=color, label=kind)
+                    lane = ((y - 0.4, 0.25) if kind in THIN else (y + 0.15, 0.25)
+                            if kind in TOP else (y - 0.4, 0.8))
+                    ax.broken_barh(bars, lane, facecolors=color, label=kind)
         ax.set_yticks(range(len(workers)), workers)
         ax.set_xlim(0, horizon)
         ax.set_title(heading, fontsize=10)

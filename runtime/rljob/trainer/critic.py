@@ -42,6 +42,7 @@ import torch
 
 from ..api.spec import RLJobSpec
 from ..infra.rundir import PARTIAL, RunDir, step_of
+from ..infra.timeline import SpanLog
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import LeaseKeeper, ride_out, warn
 from ..transferqueue.dataplane import Batch
@@ -124,8 +125,10 @@ class Critic:
 
     def __init__(self, spec: RLJobSpec, model: ValueModel, device, tq: TransferQueueClient,
                  pad_id: int, run: RunDir | None, version: int = 0,
-                 opt_state: dict | None = None):
+                 opt_state: dict | None = None, spans: SpanLog | None = None):
         self.spec, self.model, self.device, self.tq = spec, model.to(device), device, tq
+        # on the trainer's row of the timeline (the critic is a thread of its process)
+        self.spans = spans or SpanLog(None, "critic")
         self.reads = critic_reads(spec)
         self.pad_id, self.run, self.version = pad_id, run, version
         algo = spec.algorithm
@@ -145,7 +148,8 @@ class Critic:
     # ---- life ------------------------------------------------------------------
     @classmethod
     def restore(cls, spec: RLJobSpec, lm: torch.nn.Module, device, tq: TransferQueueClient,
-                pad_id: int, run: RunDir | None, start: int, resume: bool) -> Critic:
+                pad_id: int, run: RunDir | None, start: int, resume: bool,
+                spans: SpanLog | None = None) -> Critic:
         """With `resume`: from the newest critic checkpoint of a version at most the
         trainer's step `start`; else (or without one) a fresh head on `lm` (the
         policy's weights). It starts at the trainer's step if that is further on (a
@@ -159,7 +163,7 @@ class Critic:
             model.load_state_dict(ck["model"])
             version, opt_state = ck["version"], ck["optimizer"]
             log.info("critic: resumed at version %d from %s", version, found)
-        return cls(spec, model, device, tq, pad_id, run, max(version, start), opt_state)
+        return cls(spec, model, device, tq, pad_id, run, max(version, start), opt_state, spans)
 
     def start(self, steps: int) -> Critic:
         self._thread = threading.Thread(target=self._run, args=(steps,), name="rljob-critic",
@@ -192,7 +196,8 @@ class Critic:
         """Score every sample of step t with critic t, then learn from them (→ t + 1)."""
         scored: dict[int, dict] = {}  # slot → what the update needs
         for batch, rows in self.waiting.pop(t, []):
-            scored.update(self._score(batch, rows))
+            with self.spans.span("value", t):
+                scored.update(self._score(batch, rows))
         while len(scored) < self.n:
             if self._stop.is_set():
                 raise _Stopped
@@ -202,13 +207,16 @@ class Critic:
                 by_step[row.partition].append(i)
             for p, rows in sorted(by_step.items()):
                 if p == t:
-                    scored.update(self._score(batch, rows))
+                    with self.spans.span("value", t):
+                        scored.update(self._score(batch, rows))
                 elif p > t:  # leased until its step comes
                     self.waiting[p].append((batch, rows))
                 else:  # made again after its step was learnt from: scored, not learnt
-                    self._score(batch, rows)
+                    with self.spans.span("value", p):
+                        self._score(batch, rows)
                     self._ack(batch, [batch.rows[i].index for i in rows])
-        self._learn(t, [scored[s] for s in sorted(scored)])
+        with self.spans.span("value-update", t):
+            self._learn(t, [scored[s] for s in sorted(scored)])
 
     def _claim(self) -> Batch:
         while True:

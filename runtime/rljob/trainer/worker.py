@@ -150,7 +150,7 @@ class TrainerWorker:
             if spec.algorithm.critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
-                                            self.steps, self.resume)
+                                            self.steps, self.resume, self.spans)
             self.reporter = Reporter(self.consumer.tq, self.name,
                                      open_sinks(spec, self.run_dir, self.start, self.prom))
         self.version = self.checkpointed = self.start
@@ -364,7 +364,8 @@ def drain(tensors) -> None:
         pass
 
 
-def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps, resume):
+def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps, resume,
+                  spans=None):
     """ppo: the critic (critic.py) on this rank's device, from the policy's weights
     (`state`: Hugging Face names, after warm-up) or its own checkpoint."""
     from .critic import Critic
@@ -372,6 +373,6 @@ def _start_critic(spec, tok, state, torch_device, tq_address, run, start, steps,
     lm = build_model(spec.model, tok, seed=spec.algorithm.seed, dtype=torch.float32)
     lm.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     critic = Critic.restore(spec, lm, torch_device, TransferQueueClient(tq_address),
-                            tok.pad_token_id, run, start=start, resume=resume)
+                            tok.pad_token_id, run, start=start, resume=resume, spans=spans)
     log.info("critic: scoring from step %d on %s", critic.version + 1, torch_device)
     return critic.start(steps)
