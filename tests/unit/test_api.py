@@ -73,10 +73,23 @@ def test_models_enforce_the_same_rules(case):
 
 def test_several_rule_failures_are_all_reported():
     doc = minimal()
-    doc["spec"]["algorithm"] = {"groupSize": 1, "globalBatchSize": 3, "microBatchSize": 2}
+    doc["spec"]["algorithm"] = {"groupSize": 1}
+    doc["spec"]["workflow"] = {"mode": "sync", "maxStaleness": 2}
     doc["spec"]["scheduling"] = {"queue": "q"}
     problems = [p.text for p in check_document(doc)]
-    assert len(problems) == 3, problems
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.algorithm.groupSize", "spec.workflow.maxStaleness", "spec.scheduling.queue"]
+
+
+def test_a_rule_that_reads_a_field_already_said_wrong_is_not_said_too():
+    doc = minimal()  # 16 prompts × 1 does not divide into micro-batches of 32 either
+    doc["spec"]["algorithm"] = {"groupSize": 1, "promptsPerStep": 16,
+                                "samplesPerMicroBatch": 32}
+    problems = [p.text for p in check_document(doc)]
+    assert len(problems) == 1 and problems[0].startswith("spec.algorithm.groupSize: "), problems
+    doc["spec"]["algorithm"]["groupSize"] = 3  # a fault of its own: said
+    problems = [p.text for p in check_document(doc)]
+    assert [p.split(":")[0] for p in problems] == ["spec.algorithm.samplesPerMicroBatch"]
 
 
 @pytest.mark.parametrize(

@@ -221,7 +221,8 @@ def test_validate_reports_the_rest_beside_unknown_fields_and_each_bad_input(tmp_
     lines = [line.removeprefix(f"{job}: ") for line in out.stderr.strip().splitlines()]
     assert lines[0] == 'unknown field "spec.algorithm.learningRate" (did you mean "lr"?)'
     assert lines[1] == ("spec.algorithm.groupSize: algorithm.groupSize must be at least 2 when "
-                        "algorithm.name is grpo")
+                        "algorithm.name is grpo (group-relative advantages need two or more "
+                        "responses per prompt)")
     assert lines[2].startswith(f"model.path: {tmp_path / 'models/nothere'} is not a directory")
     assert lines[3] == (f"dataset.path: '{tmp_path / 'data/d.jsonl'}' line 3 has no key "
                         "'answer' (the first row has it): every row needs dataset.promptKey "

@@ -272,11 +272,25 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
             seen = {p.text for p in problems}
             problems += [p for p in check_document(rest, index) if p.text not in seen]
         return problems
+    failed: set[tuple[str, str]] = set()  # (object path, field) of a failure said
     for failure in rule_failures(job, ""):
+        if knock_on(failure, failed):
+            continue
         field = failure.field or "<nil>"
         problems.append(Problem(index, f"{field}: {failure.rule.message}",
                                 failure.rule.hint(failure.obj)))
+        if failure.rule.field_path:
+            failed.add((failure.path, failure.rule.field_path.lstrip(".")))
     return problems
+
+
+def knock_on(failure, failed: set[tuple[str, str]]) -> bool:
+    """Whether `failure`'s rule reads a field a failure already said sits on (pure):
+    `groupSize: 1` breaks grpo's rule and then the micro-batch rule that divides by
+    it; fixing the first mends the second, so only the first is said."""
+    return any(path == failure.path and re.search(rf"\bself\.{re.escape(name)}\b",
+                                                  failure.rule.cel)
+               for path, name in failed)
 
 
 def without_unknown(doc: dict, unknown: list[dict]) -> dict:
