@@ -37,9 +37,10 @@ class RunView:
         self.resumed = resumed
         self.wall_started = time.time() - (time.monotonic() - started)
 
-    def this_run(self) -> list[dict]:
-        """The steps this run trained (a resumed run's earlier ones left out)."""
-        ms = self.runner.metrics()
+    def this_run(self, ms: list[dict] | None = None) -> list[dict]:
+        """The steps this run trained (a resumed run's earlier ones left out) of `ms`
+        (default: the run's metrics, read now)."""
+        ms = self.runner.metrics() if ms is None else ms
         return [m for m in ms if m["time"] >= self.wall_started] if self.resumed else ms
 
     def warm(self) -> dict | None:
@@ -63,7 +64,7 @@ class RunView:
         ms = runner.metrics()
         title = Text(progress.header(
             f"{self.job.metadata.name} · {spec.workflow.mode} · {spec.rollout.replicas} "
-            f"rollout · {spec.trainer.world_size} trainer rank(s)", self.this_run(),
+            f"rollout · {spec.trainer.world_size} trainer rank(s)", self.this_run(ms),
             runner.steps,
             self.warmup, time.monotonic() - self.started, sum(runner.restarts.values()),
             self.warm()), style="italic")

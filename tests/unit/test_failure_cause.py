@@ -103,6 +103,14 @@ def test_rljob_run_names_the_fields_only_a_cluster_applies():
     assert cluster_only_fields(same) == []
 
 
+def _tiny_job(name: str = "quickstart", **spec) -> RLJob:
+    """A job of the tiny random model, for the live view's tests."""
+    return RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
+        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "d.jsonl"}, **spec}})
+
+
 def test_the_live_table_fits_an_80_column_terminal():
     import io
     import time
@@ -122,10 +130,7 @@ def test_the_live_table_fits_an_80_column_terminal():
                          gen_seconds=12.34, train_seconds=23.45, time=100.0 + i)
                     for i in range(290, 300)]
 
-    job = RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
-        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
-                 "dataset": {"path": "d.jsonl"}}})
+    job = _tiny_job()
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=True, color_system=None)
     console.print(RunView(Runner(), job, console, 0, time.monotonic()).render())
@@ -156,10 +161,7 @@ def test_the_resume_command_and_the_outputs_are_never_wrapped(tmp_path):
         def resume_step(self):
             return 12
 
-    job = RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
-        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
-                 "dataset": {"path": "d.jsonl"}}})
+    job = _tiny_job()
     out = io.StringIO()  # a log file: rich's 80 columns, no terminal
     console = Console(file=out, width=80)
     file = tmp_path / "examples" / "quickstart.yaml"
@@ -192,10 +194,7 @@ def test_a_resumed_run_says_and_sums_up_only_its_own_steps(tmp_path):
         def resume_step(self):
             return 0
 
-    job = RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "quickstart"},
-        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
-                 "dataset": {"path": "d.jsonl"}}})
+    job = _tiny_job()
     out = io.StringIO()
     runner = Runner()
     view = RunView(runner, job, Console(file=out, width=80), 0, time.monotonic() - 10,
@@ -235,10 +234,7 @@ def test_an_episodic_job_shows_turns_and_tool_calls_in_80_columns():
                          turns_mean=2.375, turns_max=4, tool_calls=49, tool_errors=2,
                          malformed_calls=3) for i in range(290, 300)]
 
-    job = RLJob.model_validate({
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "calc"},
-        "spec": {"model": {"path": "random:x", "tokenizer": "builtin:char"},
-                 "dataset": {"path": "d.jsonl"}, "rollout": {"environment": "calculator"}}})
+    job = _tiny_job("calc", rollout={"environment": "calculator"})
     out = io.StringIO()
     console = Console(file=out, width=80, force_terminal=True, color_system=None)
     console.print(RunView(Runner(), job, console, 0, time.monotonic()).render())
