@@ -163,4 +163,34 @@ INVALID = [
             'unknown field "spec.rollout.replica"'),
     Invalid("reward-with-space", {"spec": {"reward": {"name": "my reward"}}},
             'spec.reward.name: Invalid value: "my reward": spec.reward.name in body should match'),
+    Invalid("override-takes-a-selector-label",
+            {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "metadata": {
+                "labels": {"rljob.dev/role": "rollout"}}}]}},
+            'spec.podTemplateOverrides[0].metadata.labels: Invalid value: "object": keys under '
+            "rljob.dev/ and app.kubernetes.io/{name,instance,component,part-of,managed-by} "
+            "are the operator's labels (its selectors); use another key"),
+    Invalid("override-takes-a-volume-name",
+            {"spec": {"podTemplateOverrides": [{"roles": ["rollout"], "spec": {
+                "volumes": [{"name": "dshm", "emptyDir": {}}]}}]}},
+            'spec.podTemplateOverrides[0].spec.volumes: Invalid value: "object": job, models, '
+            "data, dshm, checkpoints, ascend-driver, ascend-dcmi, npu-smi, ascend-install-info "
+            "are the operator's volume names; name yours otherwise"),
+    Invalid("override-sets-the-rank",
+            {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "container": {
+                "env": [{"name": "RANK", "value": "3"}]}}]}},
+            'spec.podTemplateOverrides[0].container.env: Invalid value: "object": RLJOB_* and '
+            "the variables the operator sets (MASTER_ADDR, RANK, WORLD_SIZE, POD_NAME, ...) "
+            "are its own; use another name"),
+    Invalid("override-sidecar-on-the-metrics-port",
+            {"spec": {"podTemplateOverrides": [{"roles": ["rollout"], "spec": {"containers": [
+                {"name": "side", "image": "busybox", "ports": [{"containerPort": 9090}]}]}}]}},
+            'spec.podTemplateOverrides[0].spec.containers: Invalid value: "object": ports '
+            "50051, 50052, 29500, 9090, 9091, 6379 are the operator's; serve on another port"),
+    Invalid("override-mounts-a-missing-volume",
+            {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "container": {
+                "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}}]}},
+            'spec.podTemplateOverrides[0].spec.volumes: Invalid value: "object": every '
+            "volumeMounts[].name must be a volume of the override's spec.volumes"),
+    Invalid("managed-by-without-a-domain", {"spec": {"managedBy": "multikueue"}},
+            'spec.managedBy: Invalid value: "multikueue": spec.managedBy in body should match'),
 ]

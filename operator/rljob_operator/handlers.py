@@ -21,7 +21,7 @@ import kopf
 from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
-from rljob.contract import LIVE_PROFILE_SKIP
+from rljob.contract import LIVE_PROFILE_SKIP, OPERATOR_MANAGER
 
 from . import metrics
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
@@ -332,9 +332,16 @@ def to_job(body: kopf.Body) -> RLJob:
     return builders.with_runtime_image(job, os.environ.get("RLJOB_RUNTIME_IMAGE"))
 
 
+def managed_here(spec, **_) -> bool:
+    """Whether this operator runs the job: its spec.managedBy is unset or the
+    operator's own (another controller's jobs get no handler at all)."""
+    return (spec or {}).get("managedBy") in (None, OPERATOR_MANAGER)
+
+
 def register(registry: kopf.OperatorRegistry, operator: Operator, interval: float) -> None:
     """Attach the handlers to `registry` (the timer's interval is fixed here)."""
-    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry,
+               when=managed_here)
 
     @kopf.on.create(**res, id="create")
     def on_create(body, **_):

@@ -26,6 +26,31 @@ REDIS_PORT = 6379
 # environment
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a URL)
 
+# what a role's podTemplate may not touch in the pods the operator builds (its
+# containers, volumes, mount paths, ports, environment and labels); a unit test checks
+# that every pod the builders make stays within these names
+OWN_CONTAINERS = ("trainer", "rollout", "transferqueue", "driver", "redis", "preflight")
+OWN_VOLUMES = ("job", "models", "data", "dshm", "checkpoints", "ascend-driver",
+               "ascend-dcmi", "npu-smi", "ascend-install-info")
+OWN_MOUNT_PATHS = ("/etc/rljob", "/models", "/data", "/dev/shm", "/checkpoints",
+                   "/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
+                   "/etc/ascend_install.info")
+OWN_PORTS = (TQ_PORT, WEIGHTS_PORT, MASTER_PORT, METRICS_PORT, DRIVER_METRICS_PORT, REDIS_PORT)
+OWN_ENV_PREFIX = "RLJOB_"
+OWN_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "RANK", "WORLD_SIZE",
+           "NPROC_PER_NODE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "POD_NAME", "POD_NAMESPACE",
+           "PYTHONUNBUFFERED", "REDISCLI_AUTH", "WANDB_API_KEY", "HCCL_IF_IP",
+           "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_SOCKET_IFNAME",
+           "GLOO_SOCKET_IFNAME", "HCCL_IF_BASE_PORT")
+OWN_KEY_PREFIX = "rljob.dev/"  # labels and annotations
+OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+              "app.kubernetes.io/component", "app.kubernetes.io/part-of",
+              "app.kubernetes.io/managed-by")
+OWN_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/queue-name")
+# spec.managedBy: unset or this value, the operator reconciles the job; another
+# controller's name (e.g. kueue.x-k8s.io/multikueue) leaves it to that controller
+OPERATOR_MANAGER = "rljob.dev/operator"
+
 # the live profile the trainer reports to the controller for the operator's autoscaler:
 # the record of a trainer life's last LIVE_PROFILE_STEPS steps, its first
 # LIVE_PROFILE_SKIP (start-up: compilation, the first weights) aside, so the first

@@ -46,7 +46,8 @@ CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSecon
                 "rollout.resources", "rollout.autoscaling", "trainer.resources",
                 "trainer.checkpointPvc", "transferQueue.storageUnits", "transferQueue.redis",
                 "transferQueue.resources", "transferQueue.driverResources",
-                "accelerator.resourceName", "accelerator.nodeSelector", "accelerator.hccl")
+                "accelerator.resourceName", "accelerator.nodeSelector", "accelerator.hccl",
+                "podTemplateOverrides", "managedBy")
 
 
 def cluster_only_fields(job: RLJob) -> list[str]:

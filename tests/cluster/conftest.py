@@ -33,9 +33,17 @@ def crd_installed(cluster):
     from tests.cluster.controlplane import REPO
 
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/rljobs.rljob.dev")
-    return cluster
+    # `kubectl wait` fails at once while the CRD has no conditions yet: poll until
+    # Established
+    deadline = time.monotonic() + 60
+    while True:
+        out = cluster.kubectl("get", "crd/rljobs.rljob.dev", "-o",
+                              'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                              check=False)
+        if out.stdout.strip() == "True":
+            return cluster
+        assert time.monotonic() < deadline, f"the RLJob CRD is not Established: {out}"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -186,6 +186,32 @@ def test_journey_ready_restart_no_duplicates_gang_restart_delete(operator, insta
              what="children garbage-collected")
 
 
+def test_a_job_another_controller_manages_is_left_to_it(operator, installed, ns):
+    """spec.managedBy names another controller (MultiKueue's): the operator creates
+    nothing for the job and writes nothing to it, not even kopf's bookkeeping."""
+    cluster = installed
+    doc = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    doc["metadata"]["name"] = "elsewhere"
+    doc["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    # a job of its own, created after it: once that one has its children and the
+    # operator's timer has run twice more, the other one had its turns
+    path = REPO / "examples" / "quickstart.yaml"
+    cluster.kubectl("-n", ns, "apply", "-f", str(path))
+    want = expected_children(path, ns)
+    wait_for(lambda: children(cluster, ns, "quickstart") == want, 30, what="children")
+    ticks = _timer_count(operator)
+    wait_for(lambda: _timer_count(operator) >= ticks + 2, 30, what="two timer reconciles")
+    assert children(cluster, ns, "elsewhere") == set()
+    job = get_json(cluster, "-n", ns, "get", "rljob", "elsewhere")
+    assert "status" not in job
+    assert not job["metadata"].get("finalizers")
+    assert not [k for k in job["metadata"].get("annotations", {}) if k.startswith("rljob.dev")]
+    events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
+                             "involvedObject.name=elsewhere").stdout
+    assert "elsewhere" not in events
+
+
 def _timer_count(op: OperatorProcess) -> float:
     m = re.search(r'rljob_operator_reconciles_total\{trigger="timer"\} ([0-9.e+]+)', op.metrics())
     return float(m.group(1)) if m else 0.0

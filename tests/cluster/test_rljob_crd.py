@@ -122,3 +122,30 @@ def test_trainer_shape_is_immutable_while_running(crd_installed, ns):
     crd_installed.kubectl("-n", ns, "patch", "rljob", "run", "--type=merge",
                           "-p", json.dumps({"spec": {"trainer": {"numNodes": 3}}}))
     assert get_json(crd_installed, ns, "run")["spec"]["trainer"]["numNodes"] == 3
+
+
+def test_managed_by_is_immutable(crd_installed, ns):
+    doc = minimal("mb")
+    doc["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    crd_installed.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    for change in ({"managedBy": "rljob.dev/operator"}, {"managedBy": None}):
+        out = crd_installed.kubectl("-n", ns, "patch", "rljob", "mb", "--type=merge", "-p",
+                                    json.dumps({"spec": change}), check=False)
+        assert out.returncode != 0, change
+        assert "spec.managedBy is immutable" in out.stderr
+    assert get_json(crd_installed, ns, "mb")["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+
+
+def test_pod_template_overrides_are_stored_as_written(crd_installed, ns):
+    """Kubernetes objects in an override (a volume's source, affinity, a sidecar's
+    command) pass the schema untouched; the apiserver's defaults are the models'."""
+    from tests.unit.test_pod_overrides import OVERRIDES
+
+    doc = minimal("ovr")
+    doc["spec"]["podTemplateOverrides"] = OVERRIDES
+    crd_installed.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    stored = get_json(crd_installed, ns, "ovr")["spec"]
+    assert stored == RLJob.model_validate(doc).spec.to_wire()
+    assert stored["podTemplateOverrides"][0]["spec"]["affinity"] == OVERRIDES[0]["spec"]["affinity"]
+    assert stored["podTemplateOverrides"][0]["spec"]["containers"][0]["command"] == [
+        "sleep", "infinity"]

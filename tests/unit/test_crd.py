@@ -42,6 +42,8 @@ def _schema_at(schema, wire_path):
     node = schema
     for part in wire_path.split(".")[1:]:
         node = node["properties"][part]
+        if node["type"] == "array":  # a list's rules are its items'
+            node = node["items"]
     return node
 
 

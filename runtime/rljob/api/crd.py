@@ -94,7 +94,7 @@ class _Converter:
             raise ValueError(f"schema node without a type: {node}")
         out["type"] = node["type"]
         for key in ("format", "enum", "pattern", "minLength", "maxLength", "minItems",
-                    "maxItems", "minimum", "maximum"):
+                    "maxItems", "minProperties", "maxProperties", "minimum", "maximum"):
             if key in node:
                 out[key] = node[key]
         # JSON Schema 2020-12 exclusive bounds are numbers; OpenAPI v3.0 uses booleans.
@@ -120,6 +120,8 @@ class _Converter:
             extra = node.get("additionalProperties")
             if isinstance(extra, dict):
                 out["additionalProperties"] = self.convert(extra)
+            elif extra is True:  # a Kubernetes object passed through as written
+                out["x-kubernetes-preserve-unknown-fields"] = True
             if model is not None and issubclass(model, ApiModel) and model.rules:
                 out["x-kubernetes-validations"] = [r.x_kubernetes_validation() for r in model.rules]
         elif node["type"] == "array":

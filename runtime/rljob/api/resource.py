@@ -80,7 +80,14 @@ TRAINER_IMMUTABLE = Rule(
     or pair[0].spec.suspend
     or pair[1].spec.trainer == pair[0].spec.trainer,
 )
-TRANSITION_RULES = (TRAINER_IMMUTABLE,)
+MANAGED_BY_IMMUTABLE = Rule(
+    cel="(has(self.spec.managedBy) ? self.spec.managedBy : '') == "
+    "(has(oldSelf.spec.managedBy) ? oldSelf.spec.managedBy : '')",
+    message="spec.managedBy is immutable: delete the job and create it with the other "
+    "controller's name",
+    check=lambda pair: pair[1].spec.managed_by == pair[0].spec.managed_by,
+)
+TRANSITION_RULES = (TRAINER_IMMUTABLE, MANAGED_BY_IMMUTABLE)
 
 
 def transition_failures(old: RLJob, new: RLJob) -> list[Rule]:

@@ -290,3 +290,50 @@ def _requests(res, memory_limit: str) -> dict:
 
 def volcano(job: RLJob) -> bool:
     return job.spec.scheduling.scheduler_name == "volcano"
+
+
+def _wire(items) -> list[dict]:
+    return [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in items]
+
+
+def with_overrides(job: RLJob, role: str, meta: dict, pod_spec: dict,
+                   own: tuple[str, ...]) -> None:
+    """Add the job's podTemplateOverrides naming `role`, in order (`_with_override`)."""
+    for override in job.spec.overrides_for(role):
+        _with_override(meta, pod_spec, override, own)
+
+
+def _with_override(meta: dict, pod_spec: dict, template, own: tuple[str, ...]) -> None:
+    """Add one podTemplateOverride (spec/pods.py) to a pod's metadata and spec, in place:
+    labels, annotations, node selector (its keys over accelerator.nodeSelector's),
+    tolerations, affinity, volumes, sidecars, init containers (before the operator's),
+    image pull secrets, service account and scheduling gates; its `container` env and
+    mounts go to the containers named in `own` (init containers included: the trainer's
+    preflight reads what the trainer reads). The spec's rules keep the operator's own
+    names out of it, so nothing here overwrites them."""
+    t, s = template, template.spec
+    if t.metadata.labels:
+        meta.setdefault("labels", {}).update(t.metadata.labels)
+    if t.metadata.annotations:
+        meta.setdefault("annotations", {}).update(t.metadata.annotations)
+    if s.node_selector:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **s.node_selector}
+    for key, items in (("tolerations", s.tolerations), ("volumes", s.volumes),
+                       ("containers", s.containers), ("imagePullSecrets", s.image_pull_secrets),
+                       ("schedulingGates", s.scheduling_gates)):
+        if items:
+            pod_spec[key] = [*pod_spec.get(key, []), *_wire(items)]
+    if s.init_containers:
+        pod_spec["initContainers"] = [*_wire(s.init_containers),
+                                      *pod_spec.get("initContainers", [])]
+    if s.affinity:
+        pod_spec["affinity"] = s.affinity
+    if s.service_account_name:
+        pod_spec["serviceAccountName"] = s.service_account_name
+    env, mounts = _wire(t.container.env), _wire(t.container.volume_mounts)
+    for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+        if c["name"] in own:
+            if env:
+                c["env"] = [*c.get("env", []), *env]
+            if mounts:
+                c["volumeMounts"] = [*c.get("volumeMounts", []), *mounts]

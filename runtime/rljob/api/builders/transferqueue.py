@@ -42,6 +42,7 @@ from .common import (
     selector,
     tq_name,
     weights_address,
+    with_overrides,
 )
 
 
@@ -131,6 +132,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
             "spec": {"accessModes": ["ReadWriteOnce"],
                      "resources": {"requests": {"storage": tq.redis.storage_size}}},
         }]
+    with_overrides(job, "storage", spec["template"]["metadata"], pod_spec, ("redis",))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(job, redis_name(name), "storage"), "spec": spec}
 
@@ -190,6 +192,14 @@ def build_tq_deployment(job: RLJob) -> dict:
         "resources": _requests(tq.driver_resources, memory_limit="4Gi"),
         "securityContext": _restricted(),
     }
+    template_meta = {"labels": labels(name, "transferqueue")}
+    pod_spec = {
+        "containers": [controller, driver],
+        "volumes": vols,
+        "securityContext": _non_root_pod(),
+        "enableServiceLinks": False,
+    }
+    with_overrides(job, "transferqueue", template_meta, pod_spec, ("transferqueue", "driver"))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(job, tq_name(name), "transferqueue"),
@@ -198,14 +208,6 @@ def build_tq_deployment(job: RLJob) -> dict:
             # never two controllers for one table
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector(name, "transferqueue")},
-            "template": {
-                "metadata": {"labels": labels(name, "transferqueue")},
-                "spec": {
-                    "containers": [controller, driver],
-                    "volumes": vols,
-                    "securityContext": _non_root_pod(),
-                    "enableServiceLinks": False,
-                },
-            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }

@@ -43,6 +43,7 @@ from .common import (
     trainer_pod_name,
     volcano,
     weights_address,
+    with_overrides,
 )
 
 
@@ -157,10 +158,10 @@ def build_trainer_pod(job: RLJob, rank: int, restarts: int = 0,
     _scheduling(job, spec, "trainer")
     if volcano(job):
         annotations[VOLCANO_GROUP_ANNOTATION] = trainer_name(name)
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": _meta(job, trainer_pod_name(name, rank), "trainer",
-                              {LABEL_RANK: str(rank)}, annotations),
-            "spec": spec}
+    meta = _meta(job, trainer_pod_name(name, rank), "trainer", {LABEL_RANK: str(rank)},
+                 annotations)
+    with_overrides(job, "trainer", meta, spec, ("trainer", PREFLIGHT_CONTAINER))
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def build_rollout_pod(job: RLJob, index: int) -> dict:
@@ -196,7 +197,7 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
     annotations = None
     if volcano(job) and job.spec.scheduling.queue:
         annotations = {VOLCANO_QUEUE_ANNOTATION: job.spec.scheduling.queue}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": _meta(job, rollout_pod_name(name, index), "rollout",
-                              {LABEL_REPLICA: str(index)}, annotations),
-            "spec": spec}
+    meta = _meta(job, rollout_pod_name(name, index), "rollout", {LABEL_REPLICA: str(index)},
+                 annotations)
+    with_overrides(job, "rollout", meta, spec, ("rollout",))
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

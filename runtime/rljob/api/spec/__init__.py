@@ -6,7 +6,7 @@ enforced by these models with the same messages.
 
 One module per part: common.py (patterns, accelerator, compute resources),
 inputs.py (model, dataset, reward), algorithm.py (algorithm, workflow),
-workers.py (rollout, trainer), job.py (RLJobSpec and the job-wide sections).
+workers.py (rollout, trainer), pods.py (podTemplateOverrides), job.py (RLJobSpec and the job-wide sections).
 """
 
 from .algorithm import ALGORITHMS, CRITIC_FIELDS, AlgorithmSpec, WorkflowSpec
@@ -31,6 +31,7 @@ from .job import (
     TransferQueueSpec,
     WandbSpec,
 )
+from .pods import PodTemplateOverride
 from .workers import AutoscalingSpec, McpServerSpec, ParallelismSpec, RolloutSpec, TrainerSpec
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "LoggingSpec",
     "ModelSpec",
     "ParallelismSpec",
+    "PodTemplateOverride",
     "RLJobSpec",
     "RedisSpec",
     "RewardSpec",

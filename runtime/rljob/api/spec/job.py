@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from rljob.contract import OPERATOR_MANAGER
+
 from ..base import ApiModel, Rule
 from .algorithm import AlgorithmSpec, WorkflowSpec
 from .common import (
@@ -18,7 +20,12 @@ from .common import (
     ComputeResources,
 )
 from .inputs import DatasetSpec, ModelSpec, RewardSpec
+from .pods import PodTemplateOverride
 from .workers import RolloutSpec, TrainerSpec
+
+# a domain-prefixed path, as Kubernetes' Job.spec.managedBy
+MANAGED_BY_PATTERN = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                      r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class RedisSpec(ApiModel):
@@ -151,6 +158,29 @@ class RLJobSpec(ApiModel):
         description="Runtime image of the TransferQueue controller, rollout and trainer pods.",
     )
     suspend: bool = Field(False, description="Delete the job's pods, keeping its data and status.")
+    pod_template_overrides: list[PodTemplateOverride] = Field(
+        default_factory=list, max_length=8,
+        description="Additions to the pods of some roles, in order (labels, annotations, "
+        "node selector, tolerations, affinity, volumes, sidecars and init containers, "
+        "image pull secrets, service account, scheduling gates, the roles' containers' "
+        "environment and mounts). The operator's own containers, volumes, mount paths, "
+        "ports, environment variables and labels may not be changed.")
+    managed_by: str | None = Field(
+        None, max_length=63, pattern=MANAGED_BY_PATTERN,
+        description=f"The controller that runs this job. Unset or {OPERATOR_MANAGER}: this "
+        "operator. Another controller's name (e.g. kueue.x-k8s.io/multikueue, which runs "
+        "the job on a worker cluster and mirrors its status here) leaves the job to that "
+        "controller: this operator creates nothing for it and writes nothing to it. "
+        "Immutable.")
+
+    @property
+    def managed_here(self) -> bool:
+        """Whether this operator runs the job (`managedBy` unset or its own)."""
+        return self.managed_by in (None, OPERATOR_MANAGER)
+
+    def overrides_for(self, role: str) -> list[PodTemplateOverride]:
+        """The podTemplateOverrides naming `role` (a rljob.dev/role label), in order."""
+        return [o for o in self.pod_template_overrides if role in o.roles]
 
     def accelerator_for(self, role: str) -> AcceleratorSpec:
         """The accelerator of `role` (rollout, trainer): its own section, else the job's."""
