@@ -190,6 +190,11 @@ def terminal_outcome(job: RLJob, obs: Observed, now: datetime) -> tuple[Outcome 
                     f"trainer rank(s) {failed_ranks} failed after {restarts} gang "
                     f"restart(s) (runPolicy.backoffLimit {spec.run_policy.backoff_limit})"), False
         return None, True
+    if lost_ranks(job, obs) and not spec.suspend:
+        # a rank's pod went (deleted, evicted) while its peers run: they cannot go on
+        # without it, and a rank that came back alone would join a gang at another
+        # step; the whole gang restarts from the checkpoint, as after a failure
+        return None, True
     if (deadline and obs.started is not None and not spec.suspend
             and (now - obs.started).total_seconds() >= deadline):
         return ("Failed", "DeadlineExceeded",
@@ -197,12 +202,26 @@ def terminal_outcome(job: RLJob, obs: Observed, now: datetime) -> tuple[Outcome 
     return None, False
 
 
-def _gang_restart_event(obs: Observed, restarts: int, limit: int) -> Event:
-    failed_ranks = sorted(_int_label(p, builders.LABEL_RANK) for p in obs.trainers
+def lost_ranks(job: RLJob, obs: Observed) -> list[int]:
+    """The ranks of a gang of several whose pods of the current generation are being
+    deleted (by someone else: the operator deletes only pods of older generations, or
+    all of them to suspend) (pure). None for a gang of one, whose pod simply comes back
+    from the checkpoint. Seen while the pods terminate (their grace period), before
+    the names are free again."""
+    if job.spec.trainer.num_nodes < 2:
+        return []
+    return sorted(_int_label(p, builders.LABEL_RANK) for p in obs.by_role.get("trainer", [])
+                  if deleting(p) and _gang_generation(p) == str(obs.restarts))
+
+
+def _gang_restart_event(job: RLJob, obs: Observed, restarts: int, limit: int) -> Event:
+    failed_ranks = sorted(_int_label(p, builders.LABEL_RANK) for p in obs.current_restart
                           if pod_phase(p) == "Failed")
+    what = (f"trainer rank(s) {failed_ranks} failed" if failed_ranks else
+            f"the pod(s) of trainer rank(s) {lost_ranks(job, obs)} went")
     return Event("Warning", "TrainerGangRestart",
-                 f"trainer rank(s) {failed_ranks} failed: restarting the whole gang "
-                 f"from its last checkpoint ({restarts}/{limit})")
+                 f"{what}: restarting the whole gang from its last checkpoint "
+                 f"({restarts}/{limit})")
 
 
 def finished_pods(job: RLJob, obs: Observed, completed: datetime, now: datetime,
@@ -386,7 +405,8 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     failed, succeeded = obs.failed, obs.succeeded
     if gang_restart:
         restarts += 1
-        out.events.append(_gang_restart_event(obs, restarts, spec.run_policy.backoff_limit))
+        out.events.append(_gang_restart_event(job, obs, restarts,
+                                               spec.run_policy.backoff_limit))
     if outcome is not None:
         cond, reason, message = outcome
         completed = now

@@ -287,6 +287,8 @@ class Node:
     with_dns: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     images: dict[str, str] = field(default_factory=dict)  # short name -> image reference
+    archives: dict[str, Path] = field(default_factory=dict)  # short name -> its archive
+    _last_import: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     before: HostState | None = None
     ports: dict[str, int] = field(default_factory=dict)
@@ -397,6 +399,8 @@ class Node:
                 json.dumps(m) for m in coredns_manifests(self.images["coredns"], self.dns_ip)))
         self._wait("node Ready", self.node_ready, deadline - time.monotonic())
         self.timings["ready"] = time.monotonic() - t0
+        self._wait("the imported images in the kubelet's node status", self._images_seen,
+                   deadline - time.monotonic())
         self._wait("kube-proxy healthy", self._proxy_healthy, deadline - time.monotonic())
         if self.with_dns:
             self._wait("CoreDNS available", self._dns_available, deadline - time.monotonic())
@@ -493,6 +497,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 shutil.rmtree(rootfs)
             oci.import_archive(archive, self.socket)
             self.images[name] = ref
+            self.archives[name] = archive
+        self._last_import = time.monotonic()
+
+    def _images_seen(self) -> bool:
+        """Whether the kubelet lists the imported images (it reads them from the CRI
+        plugin). An import that raced the CRI plugin's start once left the plugin
+        without the pause image on a loaded machine, and every pod sandbox then failed;
+        an image it does not list is imported again (an update the running plugin
+        sees), at most every 10 s."""
+        node = self.api_get(f"/api/v1/nodes/{self.name}")
+        listed = {n for image in node["status"].get("images", []) for n in image["names"]}
+        missing = [name for name, ref in self.images.items() if ref not in listed]
+        if missing and time.monotonic() - self._last_import > 10:
+            for name in missing:
+                oci.import_archive(self.archives[name], self.socket)
+            self._last_import = time.monotonic()
+        return not missing
 
     def _start_node_components(self) -> None:
         plane, w = self.plane, self.workdir

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -37,9 +38,18 @@ def images_on_node(node_cluster):
                          cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-4000:]
     built = time.monotonic() - t0
+    archives = [line.split() for line in out.stdout.splitlines()]
+    # an import into a nearly full disk ends in the kubelet's disk-pressure eviction,
+    # which deletes images (the pod sandbox's too) and every pod fails: say so first
+    disk = shutil.disk_usage(node_cluster.workdir)
+    need = sum(2.2 * Path(a).stat().st_size for _, a in archives) + 0.01 * disk.total + 2**31
+    if disk.free < need:
+        pytest.fail(f"{disk.free / 2**30:.1f} GiB free on the disk of {node_cluster.workdir}; "
+                    f"importing the images needs about {need / 2**30:.1f} GiB (content, "
+                    "unpacked layers, and the kubelet evicts below 1 % free): free some "
+                    "space (old ~/.cache/rljob entries, /tmp) and run again")
     refs = {}
-    for line in out.stdout.splitlines():
-        ref, archive = line.split()
+    for ref, archive in archives:
         t1 = time.monotonic()
         oci.import_archive(archive, node_cluster.socket)
         refs[ref] = time.monotonic() - t1
@@ -83,8 +93,11 @@ def operator_release(node_cluster, images_on_node):
     helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
          "--set", "reconcileInterval=2", "--set", "logFormat=plain")
     try:
-        plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
-                      "--timeout=180s", timeout=200)
+        out = plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
+                            "--timeout=180s", timeout=200, check=False)
+        assert out.returncode == 0, f"the operator is not Ready: {out.stderr}\n" + _debug(
+            plane, OPERATOR_NS) + plane.kubectl("-n", OPERATOR_NS, "describe", "pods",
+                                                check=False).stdout[-3000:]
         print(f"\noperator Ready {time.monotonic() - t0:.0f}s after helm install")
         yield plane
     finally:
@@ -524,9 +537,12 @@ def _tq_stats(plane, ns: str, job: str):
 @pytest.mark.timeout(2400)
 def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, namespace,
                                                            tmp_path):
-    """The cluster quickstart with Redis on its own volume (persistence: true) and a
-    checkpoint every 2 steps. Mid-run, one after another: the operator's own pod, a
-    rollout pod, the trainer pod, the TransferQueue pod and the Redis pod are deleted.
+    """The cluster quickstart with Redis on its own volume (persistence: true), a
+    checkpoint every 2 steps, a trainer gang of two ranks (two pods, data parallel over
+    gloo) and a podTemplateOverride on the workers (a label, a volume and its mount, an
+    environment variable, a native sidecar). Mid-run, one after another: the operator's
+    own pod, a rollout pod, trainer rank 1's pod (the whole gang restarts from the
+    checkpoint), the TransferQueue pod and the Redis pod are deleted.
     The job still succeeds; the TransferQueue counts every row acked by the trainer
     exactly once; every step trained its own prompts; staleness never exceeded its
     bound; after the operator's restart there is never a duplicate child. Prints each
@@ -542,7 +558,15 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     spec = doc["spec"]
     steps, k = 70, spec["workflow"]["maxStaleness"]
     spec["algorithm"]["maxSteps"] = steps
-    spec["trainer"] = {"checkpointPvc": "checkpoints", "checkpointEvery": 2}
+    spec["trainer"] = {"checkpointPvc": "checkpoints", "checkpointEvery": 2, "numNodes": 2}
+    spec["podTemplateOverrides"] = [{
+        "roles": ["trainer", "rollout"], "metadata": {"labels": {"team": "rl"}},
+        "spec": {"volumes": [{"name": "scratch", "emptyDir": {}}],
+                 "initContainers": [{"name": "keepalive", "image": spec["image"],
+                                     "command": ["sleep", "infinity"],
+                                     "restartPolicy": "Always"}]},
+        "container": {"env": [{"name": "SCRATCH", "value": "/scratch"}],
+                      "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}}]
     spec["transferQueue"]["leaseSeconds"] = 5
     spec["transferQueue"]["redis"].update(persistence=True, storageSize="1Gi")
     spec["runPolicy"] = {"ttlSecondsAfterFinished": 600}
@@ -561,7 +585,7 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     of = f"rljob.dev/name={name},rljob.dev/role="
     faults = [("operator", OPERATOR_NS, "app.kubernetes.io/name=rljob-operator", None),
               ("rollout", ns, of + "rollout", f"{name}-rollout-0"),
-              ("trainer", ns, of + "trainer", None),
+              ("trainer", ns, of + "trainer", f"{name}-trainer-1"),
               ("transferqueue", ns, of + "transferqueue", None),
               ("redis", ns, of + "storage", None)]
     watch = Watch(plane, ns, name)
@@ -576,6 +600,18 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
 
     def on_poll(job: dict) -> None:
         progress = job.get("status", {}).get("progress", {})
+        if "override" not in state and watch.step() >= 2:
+            # the override on a running trainer pod: its sidecar started, its variable
+            # and mount in the trainer's container
+            pod = json.loads(plane.kubectl("get", "pod", f"{name}-trainer-0", "-n", ns,
+                                           "-o", "json").stdout)
+            env = plane.kubectl("exec", "-n", ns, f"{name}-trainer-0", "-c", "trainer", "--",
+                                "sh", "-c", "printenv SCRATCH && test -w /scratch && echo w",
+                                check=False)
+            state["override"] = (pod["metadata"]["labels"].get("team"),
+                                 {c["name"]: c.get("started") for c in
+                                  pod["status"].get("initContainerStatuses", [])},
+                                 env.stdout.split())
         if progress.get("step"):
             staleness_seen.append(progress.get("stalenessMax", 0))
         now = time.monotonic()
@@ -606,7 +642,7 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
             state["next"] += 1
         if state["next"] > 0:  # from the operator's restart on
             pods = _live_pods(plane, ns, name)
-            want = {"rollout": spec["rollout"]["replicas"], "trainer": 1, "transferqueue": 1,
+            want = {"rollout": spec["rollout"]["replicas"], "trainer": 2, "transferqueue": 1,
                     "storage": 1}
             if any(len(pods.get(role, [])) > n for role, n in want.items()):
                 duplicates.append(pods)
@@ -621,6 +657,12 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
         f"not every fault was injected and recovered from: {recoveries}; steps seen (s, step): " \
         f"{[(round(t), s) for t, s, _ in watch.steps]}"
     assert not duplicates, duplicates[:3]
+    label, started, env = state["override"]
+    assert (label, started.get("keepalive"), env) == ("rl", True, ["/scratch", "w"]), \
+        state["override"]
+    events = plane.kubectl("get", "events", "-n", ns, "--field-selector",
+                           "involvedObject.kind=RLJob").stdout
+    assert "the pod(s) of trainer rank(s) [1] went" in events, events[-2000:]
 
     # every row the driver released was trained exactly once: the train task acked
     # exactly a step's samples per step (rows are acked when a checkpoint holds them)

@@ -525,3 +525,39 @@ def test_the_clean_up_leaves_a_workloads_pods_to_go_with_it():
     assert not owned_by_a_workload(pod({"kind": "RLJob", "name": "x", "controller": True}))
     assert not owned_by_a_workload(pod())
     assert not owned_by_a_workload(pod({"kind": "ReplicaSet", "name": "y"}))  # not its controller
+
+
+def test_a_rank_whose_pod_went_restarts_the_whole_gang_of_several():
+    """Two ranks: rank 1's pod deleted mid-run. Rank 0 is not left running beside a
+    lone new rank 1: the gang restarts (every rank from the checkpoint)."""
+    j = job(nodes=2, backoff=3)
+    status = {"startTime": "2026-01-01T00:00:00Z", "progress": {"step": 12},
+              "trainer": {"restarts": 0}}
+    pods = everything_ready(j)
+    pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # kubectl delete pod
+    assert pods[1]["metadata"]["name"] == "quickstart-trainer-1"
+    p = plan(j, status, pods, T0, 1)
+    assert p.status["trainer"]["restarts"] == 1
+    assert "quickstart-trainer-0" in p.delete
+    # the ranks come back once their old pods are gone
+    assert not [o for o in p.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer"]
+    # while they terminate, nothing more happens (they are the old gang's)
+    old = [pod(b.build_trainer_pod(j, r, 0), deleting=True) for r in range(2)]
+    waiting = plan(j, {**status, "trainer": {"restarts": 1}}, old + pods[2:], T0, 1)
+    assert waiting.status["trainer"]["restarts"] == 1 and not waiting.create
+    [event] = [e for e in p.events if e.reason == "TrainerGangRestart"]
+    assert "the pod(s) of trainer rank(s) [1] went" in event.message
+    # once the old rank 0 is gone, both ranks come back, resuming
+    rest = pods[2:]
+    again = plan(j, {**status, "trainer": {"restarts": 1}}, rest, T0, 1)
+    made = [o for o in again.create if o["metadata"]["labels"]["rljob.dev/role"] == "trainer"]
+    assert sorted(o["metadata"]["name"] for o in made) == ["quickstart-trainer-0",
+                                                           "quickstart-trainer-1"]
+    assert all("--resume" in o["spec"]["containers"][0]["command"] for o in made)
+    assert again.status["trainer"]["restarts"] == 1
+    # a gang of one: its pod comes back alone, no restart
+    one = job(nodes=1)
+    solo = everything_ready(one)
+    solo[0]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert plan(one, status, solo, T0, 1).status["trainer"]["restarts"] == 0
+    assert plan(one, status, solo[1:], T0, 1).status["trainer"]["restarts"] == 0
