@@ -21,7 +21,7 @@ import kopf
 from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
-from rljob.contract import LIVE_PROFILE_SKIP, OPERATOR_MANAGER
+from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
 
 from . import metrics
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
@@ -335,7 +335,7 @@ def to_job(body: kopf.Body) -> RLJob:
 def managed_here(spec, **_) -> bool:
     """Whether this operator runs the job: its spec.managedBy is unset or the
     operator's own (another controller's jobs get no handler at all)."""
-    return (spec or {}).get("managedBy") in (None, OPERATOR_MANAGER)
+    return operator_manages((spec or {}).get("managedBy"))
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator, interval: float) -> None:

@@ -63,6 +63,11 @@ PREFLIGHT_CONTAINER = "preflight"
 EXIT_PROBLEMS = 3
 
 
+def operator_manages(managed_by: str | None) -> bool:
+    """Whether this operator runs a job whose spec.managedBy is `managed_by` (pure)."""
+    return managed_by in (None, OPERATOR_MANAGER)
+
+
 def listen_address(port: int) -> str:
     """A server's listen address on every interface (pure)."""
     return f"0.0.0.0:{port}"

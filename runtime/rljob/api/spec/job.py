@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rljob.contract import OPERATOR_MANAGER
+from rljob.contract import OPERATOR_MANAGER, operator_manages
 
 from ..base import ApiModel, Rule
 from .algorithm import AlgorithmSpec, WorkflowSpec
@@ -176,7 +176,7 @@ class RLJobSpec(ApiModel):
     @property
     def managed_here(self) -> bool:
         """Whether this operator runs the job (`managedBy` unset or its own)."""
-        return self.managed_by in (None, OPERATOR_MANAGER)
+        return operator_manages(self.managed_by)
 
     def overrides_for(self, role: str) -> list[PodTemplateOverride]:
         """The podTemplateOverrides naming `role` (a rljob.dev/role label), in order."""
