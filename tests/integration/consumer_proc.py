@@ -27,8 +27,10 @@ def main() -> None:
             for idx, payload in zip(batch.indices, batch.data["payload"]):
                 assert int(payload[0]) == idx  # the row's own data came back
             if n == args.hang_on_batch:
-                with open(args.marker, "w") as m:
+                # written whole, then renamed: the test never reads half a list
+                with open(args.marker + ".tmp", "w") as m:
                     m.write(",".join(map(str, batch.indices)))
+                os.replace(args.marker + ".tmp", args.marker)
                 time.sleep(3600)  # "training" until killed
             time.sleep(args.train_seconds)
             log.write("".join(f"{i}\n" for i in batch.indices))
