@@ -98,6 +98,10 @@ def test_calculator_evaluates_arithmetic_and_refuses_the_rest():
     assert "not arithmetic" in calc("__import__('os').system('true')").error
     assert "exponent" in calc("9 ** 9 ** 9").error
     assert "division by zero" in calc("1 / 0").error
+    # a negative number's root is complex: refused, so no later operator meets it
+    assert "not a real number" in calc("(-8) ** 0.5").error
+    assert "not a real number" in calc("(-8) ** 0.5 % 3").error
+    assert "not a real number" in calc("1 // (-1) ** .5").error
 
 
 def test_a_bad_program_in_an_episode_is_that_episodes_error_observation():

@@ -32,8 +32,10 @@ def test_the_agentic_example_runs_episodes_with_the_calculator(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 2 and (run / "final" / "model.safetensors").exists()
+    errors = [line for log in (run / "logs").glob("rollout-*.log")
+              for line in log.read_text().splitlines() if "environment error" in line]
     for m in steps:
-        assert m["samples"] == 32 and m["episode_errors"] == 0
+        assert m["samples"] == 32 and m["episode_errors"] == 0, errors
         assert m["tool_calls"] > 0 and m["observation_tokens"] > 0, m
         assert 1 <= m["turns_mean"] <= m["turns_max"] <= 3
         assert m["response_length"] <= 40  # maxNewTokens caps the whole episode

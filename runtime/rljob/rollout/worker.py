@@ -249,6 +249,10 @@ class RolloutWorker:
         if episodes:
             self.metrics.count_episodes([episode_record(e) for e in episodes],
                                         [len(e.response_ids) for e in episodes])
+            errors = [e.error for e in episodes if e.error]
+            if errors:  # an environment that raised: its episode ended there
+                log.warning("%d of %d episodes of step %d ended on an environment error: %s",
+                            len(errors), len(episodes), step, "; ".join(sorted(set(errors))[:3]))
 
     def beyond_bound(self, batch: Batch) -> bool:
         """Whether the batch's step is beyond what the weights this replica holds may

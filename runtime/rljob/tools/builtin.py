@@ -18,9 +18,9 @@ MAX_DIGITS = 100
 
 
 def evaluate(expression: str) -> int | float:
-    """The value of an arithmetic expression (numbers, + - * / // % **, parentheses);
-    a ValueError for anything else, a power past MAX_EXPONENT or a result past
-    MAX_DIGITS digits (pure)."""
+    """The value of an arithmetic expression of real numbers (numbers, + - * / // % **,
+    parentheses); a ValueError for anything else, a power past MAX_EXPONENT, a result
+    past MAX_DIGITS digits or one that is not real (a negative number's root) (pure)."""
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
@@ -36,6 +36,8 @@ def evaluate(expression: str) -> int | float:
             if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
                 raise ValueError(f"exponent {right} is over {MAX_EXPONENT}")
             out = _BINARY[type(node.op)](left, right)
+            if isinstance(out, complex):
+                raise ValueError(f"not a real number: {ast.unparse(node)[:40]!r}")
             if isinstance(out, int) and len(str(abs(out))) > MAX_DIGITS:
                 raise ValueError(f"a result over {MAX_DIGITS} digits")
             return out
