@@ -205,18 +205,20 @@ def _check_length_predictor(spec, problems: list[str]) -> None:
         problems.append(f"rollout.lengthPredictor: {exc}")
 
 
-def _check_environment(spec, examples, tok, problems: list[str]) -> None:
+def _check_environment(spec, examples, tok, problems: list[str]) -> list[dict] | None:
     """An environment resolves and starts on the dataset's first row; the model's
-    chat template, where it has one, can write the environment's replies."""
+    chat template, where it has one, can write the environment's replies. Returns the
+    schemas the job's prompts announce (its tools, resolved once here: an MCP server
+    is asked for its tools once), None for none or where they do not resolve."""
     if not spec.rollout.episodic:
         if spec.rollout.tools or spec.rollout.mcp_servers:
             field = "rollout.tools" if spec.rollout.tools else "rollout.mcpServers"
             problems.append(f"{field}: a single_turn job calls no tool: set "
                             "rollout.environment to tools (or your environment)")
-        return
+        return None
     if spec.rollout.environment == "tools" and not (spec.rollout.tools
                                                     or spec.rollout.mcp_servers):
-        return  # the spec's rule says so (rollout.tools)
+        return None  # the spec's rule says so (rollout.tools)
     from .environments import environment_factory
     from .environments.chat import ChatTemplateError, ChatTurns
     from .tools.catalog import job_tools
@@ -226,7 +228,7 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
         tools = job_tools(spec.rollout)
     except (ValueError, ToolServerError) as exc:
         problems.append(str(exc))
-        return
+        return None
     schemas = [t.schema for t in tools] or None
     if tok is not None:
         try:
@@ -241,7 +243,7 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
     except ValueError as exc:
         problems.append(str(exc) if str(exc).startswith("rollout.toolParser")
                         else f"rollout.environment: {exc}")
-        return
+        return schemas
     if examples:
         e = examples[0]
         try:
@@ -249,6 +251,7 @@ def _check_environment(spec, examples, tok, problems: list[str]) -> None:
         except Exception as exc:  # noqa: BLE001 - a user's environment, one line
             problems.append(f"rollout.environment: {name} fails to start on the dataset's "
                             f"first row: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    return schemas
 
 
 def _check_announced(tok, tools, problems: list[str]) -> None:
@@ -291,15 +294,12 @@ def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
             "embedding; use the tokenizer saved with the checkpoint")
 
 
-def _check_context(spec, context: int, tok, examples, problems: list[str]) -> None:
-    """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
+def _check_context(spec, context: int, tok, examples, tools: list[dict] | None,
+                   problems: list[str]) -> None:
+    """The longest prompt plus rollout.maxNewTokens fits the model's positions (the
+    prompts as they announce `tools`, the job's tool schemas)."""
     from .inputs.data import prompt_ids
-    from .tools.catalog import announced
 
-    try:  # the tools the prompts announce count too (their errors are said above)
-        tools = announced(spec.rollout) if spec.rollout.episodic else None
-    except Exception:  # noqa: BLE001
-        tools = None
     longest = max(len(prompt_ids(tok, e.prompt, tools))
                   for e in examples[:PROMPTS_CHECKED])
     need = longest + spec.rollout.max_new_tokens
@@ -355,10 +355,10 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
                 if volumes_here or not spec.dataset.pvc else None)
     _check_reward(spec, examples, problems)
     _check_length_predictor(spec, problems)
-    _check_environment(spec, examples, tok, problems)
+    tools = _check_environment(spec, examples, tok, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
-        _check_context(spec, context, tok, examples, problems)
+        _check_context(spec, context, tok, examples, tools, problems)
     return problems
 
 

@@ -262,8 +262,18 @@ def test_validate_names_each_tools_mistake_in_one_line(tmp_path):
                     "path: random:models/tiny-chat\n    tokenizer: builtin:char") == [
         "rollout.tools: the tokenizer has no chat template to announce the tools with: "
         "use a chat model's tokenizer (model.tokenizer)"]
-    # the announcement is part of the prompt: the longest is 146 tokens of 256 positions
-    [long] = problems("maxNewTokens: 48", "maxNewTokens: 150")
+    # the announcement is part of the prompt: the longest is 146 tokens of 256 positions;
+    # the job's tools are resolved once for every check (an MCP server is asked once)
+    import rljob.tools.catalog as catalog
+
+    resolved = []
+    real = catalog.job_tools
+    catalog.job_tools = lambda rollout: resolved.append(rollout) or real(rollout)
+    try:
+        [long] = problems("maxNewTokens: 48", "maxNewTokens: 150")
+    finally:
+        catalog.job_tools = real
+    assert len(resolved) == 1
     assert long.startswith("rollout.maxNewTokens: 150 new tokens after the longest prompt "
                            "(146 tokens) need 296 positions")
 
