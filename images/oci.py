@@ -357,6 +357,13 @@ def verify_archive(path) -> dict:
     return {"names": [i["name"] for i in images], "images": images}
 
 
+def archive_images(path) -> list[tuple[str, str]]:
+    """(name, manifest digest) of each image of an archive, from its index alone."""
+    with tarfile.open(path, "r:") as tar:
+        index = json.loads(tar.extractfile("index.json").read())
+    return [(d["annotations"][NAME_ANNOTATION], d["digest"]) for d in index["manifests"]]
+
+
 def layer_members(path, name: str | None = None) -> list[tarfile.TarInfo]:
     """The entries of the (first, or the named image's) layer of an archive."""
     with tarfile.open(path, "r:") as tar:
