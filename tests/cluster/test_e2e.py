@@ -62,8 +62,11 @@ def images_on_node(node_cluster):
 
 
 def _rljob(plane, ns: str, job: str = JOB) -> dict:
-    out = plane.kubectl("get", "rljob", job, "-n", ns, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else {}
+    return plane.get(f"/apis/rljob.dev/v1alpha1/namespaces/{ns}/rljobs/{job}")
+
+
+def _pods(plane, ns: str, selector: str) -> list[dict]:
+    return plane.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=selector).get("items", [])
 
 
 def _condition(job: dict, kind: str) -> str:
@@ -240,8 +243,7 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
 
 
 def _pod(plane, ns: str, name: str) -> dict:
-    out = plane.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else {}
+    return plane.get(f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
 def _pod_ready(pod: dict) -> bool:
@@ -407,10 +409,7 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
         if time.monotonic() - looked[0] < 3:
             return
         looked[0] = time.monotonic()
-        pods = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l",
-                                        f"rljob.dev/name={name},rljob.dev/role=rollout",
-                                        "-o", "json").stdout)["items"]
-        for pod in pods:
+        for pod in _pods(plane, ns, f"rljob.dev/name={name},rljob.dev/role=rollout"):
             pod_name = pod["metadata"]["name"]
             if pod_name != f"{name}-rollout-0" and _pod_ready(pod):
                 joined.setdefault(pod_name, time.monotonic() - watch.t0)
@@ -512,10 +511,8 @@ def test_a_training_bound_job_gives_a_rollout_replica_back(operator_release, nam
 
 def _live_pods(plane, ns: str, job: str) -> dict[str, list[str]]:
     """The job's pods that are not being deleted, by role."""
-    out = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l", f"rljob.dev/name={job}",
-                                   "-o", "json").stdout)
     by_role: dict[str, list[str]] = {}
-    for p in out["items"]:
+    for p in _pods(plane, ns, f"rljob.dev/name={job}"):
         if not p["metadata"].get("deletionTimestamp"):
             by_role.setdefault(p["metadata"]["labels"]["rljob.dev/role"], []).append(
                 p["metadata"]["name"])
@@ -600,8 +597,7 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     duplicates: list[dict] = []
 
     def pods_of(namespace: str, selector: str) -> list[dict]:
-        return json.loads(plane.kubectl("get", "pods", "-n", namespace, "-l", selector,
-                                        "-o", "json").stdout)["items"]
+        return _pods(plane, namespace, selector)
 
     def on_poll(job: dict) -> None:
         progress = job.get("status", {}).get("progress", {})
