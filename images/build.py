@@ -85,6 +85,17 @@ redis-cli -s "$d/s" set k v >/dev/null
 test "$(redis-cli -s "$d/s" get k)" = v
 echo "redis-server $(redis-server --version | cut -d' ' -f3) serves as uid $(id -u)"
 """
+# rollout.mcpServers in a pod: the shipped MCP server (stdio) started, listed and called
+MCP_CHECK = """\
+from rljob.api.spec.workers import McpServerSpec
+from rljob.tools.mcp import close_all, server_for
+server = server_for(McpServerSpec(name="table", command=["python", "tools/table_server.py"]))
+tools = {t.name: t for t in server.tools()}
+result = tools["lookup"]({"city": "Avalon"})
+assert result.ok and result.output == "89", result
+close_all()
+print("the MCP server tools/table_server.py lists", sorted(tools), "and answers", result.output)
+"""
 OPERATOR_IMPORTS = """\
 import importlib, pkgutil, sys, rljob_operator
 for m in pkgutil.iter_modules(rljob_operator.__path__):
@@ -145,7 +156,8 @@ def images(version: str) -> dict[str, Image]:
                     ("python", "-c", TORCH_CHECK),
                     ("python", "-c", "import transformers, matplotlib, pyarrow, grpc, redis; "
                      "print('runtime imports ok')"),
-                    ("redis-server", "--version"), ("sh", "-c", REDIS_CHECK))),
+                    ("redis-server", "--version"), ("sh", "-c", REDIS_CHECK),
+                    ("python", "-c", MCP_CHECK))),
         "operator": Image(
             name="operator", tags=(f"rljob/operator:{version}",), flavor="operator",
             uid=10001, entrypoint=("rljob-operator",), exposed_ports=(8080, 9090),
