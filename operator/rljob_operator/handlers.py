@@ -23,10 +23,10 @@ from pydantic import ValidationError
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
 
-from . import metrics
+from . import metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
-from .kube import Kube
-from .reconcile import iso, new_scale, now_utc, parse_time, plan
+from .kube import Kube, NotInstalled
+from .reconcile import iso, new_scale, now_utc, parse_time, plan, role_of
 from .stats import ADDRESS_ANNOTATION, StatsClient
 
 # Keys of RLJob.status this operator owns (anything else is dropped on compare).
@@ -105,9 +105,13 @@ class Operator:
                           if k in STATUS_KEYS}
             generation = meta.get("generation")
             finished = bool(raw_status.get("completionTime"))
-            if not finished:
-                self._apply_children(job, state, generation, body)
             pods = self.kube.list_pods(ns, name)
+            queued = queue.queue_name(meta)
+            view, hold = None, False
+            if queued:  # Kueue admits it (queue.py)
+                job, hold, view = self._queue(body, job, raw_status, pods, state)
+            if not finished and not hold:
+                self._apply_children(job, state, generation, body)
 
             busy: dict[str, int] = {}
             auto = job.spec.rollout.autoscaling
@@ -129,7 +133,7 @@ class Operator:
                                         if k != "lastUpdatedTime"} != {
                             k: v for k, v in fresh.items() if k != "lastUpdatedTime"}:
                         progress = fresh
-                    if auto.enabled:
+                    if auto.enabled and not queued:  # under a queue: its admitted count
                         first = state.steps[0] if state.steps else None
                         state.steps = (stats.step if first is None or stats.step < first
                                        else first, stats.step)
@@ -139,7 +143,8 @@ class Operator:
 
             trusted = self._trusted(job, state) if auto.enabled else None
             p = plan(job, raw_status, pods, now_utc(), generation, busy,
-                     None if trusted is None else (trusted[0] is not None, *trusted[1:3]))
+                     None if trusted is None else (trusted[0] is not None, *trusted[1:3]),
+                     view)
             for obj in p.create:
                 if self.kube.create(obj):
                     metrics.CHILDREN.labels(obj["kind"]).inc()
@@ -159,6 +164,135 @@ class Operator:
             for e in p.events:
                 kopf.event(body, type=e.type, reason=e.reason, message=e.message)
             self._gauges(ns, name, job, status)
+
+    def _queue(self, body, job: RLJob, raw_status: dict, pods: list[dict],
+               state: JobState) -> tuple[RLJob, bool, tuple | None]:
+        """A queued job's step (`queue.decide`), applied: its Workload created, the
+        job started under its admission, stopped on an eviction, the quota given back,
+        the Workload finished. Returns the job as it runs (under its admission),
+        whether it must hold its children (never admitted yet) and what its status
+        shows of the queue (the Suspended condition's reason and message, and the
+        Workload's conditions)."""
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        qname = queue.queue_name(meta)
+        wl_name = queue.workload_name(name, uid)
+        try:
+            wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
+        except NotInstalled:
+            if "kueue" not in state.warned:
+                state.warned.add("kueue")
+                kopf.event(body, type="Warning", reason="QueueUnavailable",
+                           message=f"labelled {queue.QUEUE_LABEL}={qname}, but Kueue's "
+                                   "Workload API (kueue.x-k8s.io/v1beta2) is not served "
+                                   "here: install Kueue, or remove the label to run "
+                                   "without a queue")
+            return job, not raw_status.get("startTime"), (
+                "QueueUnavailable", "Kueue's Workload API is not installed", [])
+        previous = {c["type"]: c for c in raw_status.get("conditions") or []}
+        ended = next(((kind == "Succeeded", previous[kind].get("message", ""))
+                      for kind in ("Succeeded", "Failed")
+                      if previous.get(kind, {}).get("status") == "True"), None)
+        active = any(role_of(p) in ("trainer", "rollout") for p in pods)
+        step = queue.decide(wl, job.spec.suspend, active, ended)
+        annotation = (meta.get("annotations") or {}).get(queue.ADMISSION_ANNOTATION)
+        if step.action == "create":
+            if not job.spec.suspend:
+                self.kube.patch_job(ns, name, {"spec": {"suspend": True}})
+                job.spec.suspend = True
+            priority = None
+            pc = (meta.get("labels") or {}).get(queue.PRIORITY_LABEL)
+            if pc:
+                found = self.kube.get_custom(queue.GROUP, queue.VERSION,
+                                             "workloadpriorityclasses", pc)
+                if found is None:
+                    if f"priority:{pc}" not in state.warned:
+                        state.warned.add(f"priority:{pc}")
+                        kopf.event(body, type="Warning", reason="PriorityClassMissing",
+                                   message=f"{queue.PRIORITY_LABEL}={pc}: no such "
+                                           "WorkloadPriorityClass; create it or change "
+                                           "the label (the job waits)")
+                    return job, not raw_status.get("startTime"), (
+                        "PriorityClassMissing", f"no WorkloadPriorityClass {pc}",
+                        queue.mirrored_conditions(None))
+                priority = (pc, int(found.get("value", 0)))
+            wl = queue.build_workload(job, uid, qname, priority)
+            if self.kube.create_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl):
+                kopf.event(body, type="Normal", reason="Queued",
+                           message=f"waiting in LocalQueue {qname} (Workload {wl_name})")
+        elif step.action == "start":
+            flavors = {}
+            for f in sorted(queue.flavors_of(wl)):
+                flavors[f] = self.kube.get_custom(queue.GROUP, queue.VERSION,
+                                                  "resourceflavors", f) or {}
+            annotation = json.dumps(queue.admission(wl, flavors), sort_keys=True)
+            self.kube.patch_job(ns, name, {
+                "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
+                "spec": {"suspend": False}})
+            job.spec.suspend = False
+            cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
+            kopf.event(body, type="Normal", reason="Admitted",
+                       message=f"admitted by ClusterQueue {cq} (Workload {wl_name}): "
+                               f"started")
+        elif step.action == "stop":
+            self.kube.patch_job(ns, name, {
+                "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: None}},
+                "spec": {"suspend": True}})
+            job.spec.suspend, annotation = True, None
+            kopf.event(body, type="Warning", reason=step.reason or "Evicted",
+                       message=f"{step.message}: suspended (the trainer checkpoints, the "
+                               "TransferQueue stays)")
+        elif step.action == "release":
+            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns, wl_name, {
+                "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+                "status": queue.release_status(wl, step.reason, step.message,
+                                               iso(now_utc()))}, status=True)
+            kopf.event(body, type="Normal", reason="QuotaReleased",
+                       message=f"the job's pods are gone: its quota is given back and it "
+                               f"waits in LocalQueue {qname} again")
+        elif step.action == "finish":
+            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns, wl_name, {
+                "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
+                "status": queue.finished_status(wl, step.reason, step.message,
+                                                iso(now_utc()))}, status=True)
+        if step.action in ("finish", "done") and wl is not None and (
+                step.action == "finish"
+                or queue.RESOURCE_IN_USE in (wl["metadata"].get("finalizers") or [])):
+            self._drop_finalizer(ns, wl_name)
+        if job.spec.suspend and not raw_status.get("startTime"):
+            why = ("Queued", f"waiting for admission in LocalQueue {qname}")
+        elif job.spec.suspend:
+            why = ("Evicted", f"evicted by Kueue, waiting in LocalQueue {qname} again")
+        else:
+            why = ("Admitted", "")
+        return (queue.with_admission(job, annotation),
+                job.spec.suspend and not raw_status.get("startTime"),
+                (*why, queue.mirrored_conditions(wl)))
+
+    def _drop_finalizer(self, ns: str, wl_name: str, wl: dict | None = None) -> None:
+        """The Workload's finalizer removed (read again first: a status patch just
+        changed its resourceVersion)."""
+        wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
+        if wl is None:
+            return
+        finalizers = wl["metadata"].get("finalizers") or []
+        if queue.RESOURCE_IN_USE in finalizers:
+            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns, wl_name, {
+                "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"],
+                             "finalizers": [f for f in finalizers
+                                            if f != queue.RESOURCE_IN_USE]}})
+
+    def forget_workloads(self, ns: str, uid: str) -> None:
+        """A deleted job's Workloads lose their finalizer (the garbage collector then
+        deletes them with the job)."""
+        try:
+            wls = self.kube.list_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns,
+                                        f"{queue.JOB_UID_LABEL}={uid}")
+        except Exception as exc:  # noqa: BLE001 - Kueue absent: nothing to free
+            log.debug("%s: no Workloads to release: %s", ns, exc)
+            return
+        for wl in wls:
+            self._drop_finalizer(ns, wl["metadata"]["name"], wl)
 
     def _apply_children(self, job: RLJob, state: JobState, generation, body) -> None:
         applied_gen, applied_at = state.applied
@@ -363,6 +497,8 @@ def register(registry: kopf.OperatorRegistry, operator: Operator, interval: floa
     def on_delete(body, **_):
         meta = body["metadata"]
         operator.forget(meta["namespace"], meta["name"])
+        if queue.queue_name(meta):
+            operator.forget_workloads(meta["namespace"], meta["uid"])
 
     @kopf.on.probe(registry=registry, id="jobs")
     def probe(**_):

@@ -221,3 +221,70 @@ class Kube:
         """Through the scale subresource: the same path `kubectl scale` takes."""
         self.custom.patch_namespaced_custom_object_scale(
             GROUP, VERSION, namespace, PLURAL, name, {"spec": {"replicas": replicas}})
+
+    # ---- a queued job's Workload (queue.py) --------------------------------
+
+    def get_custom(self, group: str, version: str, plural: str, name: str,
+                   namespace: str | None = None) -> dict | None:
+        """A custom object (cluster-scoped without `namespace`); None when there is
+        none. `NotInstalled` when the apiserver does not serve its kind."""
+        try:
+            if namespace is None:
+                return self.custom.get_cluster_custom_object(group, version, plural, name)
+            return self.custom.get_namespaced_custom_object(group, version, namespace,
+                                                            plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                if not self._serves(group, version, plural):
+                    raise NotInstalled(f"{plural}.{group}/{version}") from None
+                return None
+            raise
+
+    def _serves(self, group: str, version: str, plural: str) -> bool:
+        try:
+            found = self.custom.get_api_resources(group, version)
+        except ApiException:
+            return False
+        return any(r.name == plural for r in found.resources or [])
+
+    def create_custom(self, group: str, version: str, plural: str, obj: dict) -> bool:
+        """Create a namespaced custom object unless it exists; True when created (no
+        discovery: a kind installed after the operator started is found)."""
+        try:
+            self.custom.create_namespaced_custom_object(
+                group, version, obj["metadata"]["namespace"], plural, obj)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    def patch_custom(self, group: str, version: str, plural: str, namespace: str, name: str,
+                     body: dict, status: bool = False) -> None:
+        """A merge patch of a namespaced custom object (or its status); a body with
+        metadata.resourceVersion fails with 409 if the object changed since."""
+        if status:
+            self.custom.patch_namespaced_custom_object_status(group, version, namespace,
+                                                              plural, name, body)
+        else:
+            self.custom.patch_namespaced_custom_object(group, version, namespace, plural,
+                                                       name, body)
+
+    def list_custom(self, group: str, version: str, plural: str, namespace: str,
+                    label_selector: str) -> list[dict]:
+        try:
+            return self.custom.list_namespaced_custom_object(
+                group, version, namespace, plural, label_selector=label_selector)["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
+
+    def patch_job(self, namespace: str, name: str, body: dict) -> None:
+        """A merge patch of an RLJob (its spec or metadata)."""
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                   body)
+
+
+class NotInstalled(Exception):
+    """The apiserver does not serve a kind the job needs (Kueue's Workload)."""

@@ -388,9 +388,12 @@ def transition_events(previous: dict[str, dict], conds: list[dict]) -> list[Even
 
 def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
          generation: int | None, busy: dict[str, int] | None = None,
-         profile: tuple[bool, str, str] | None = None) -> Plan:
+         profile: tuple[bool, str, str] | None = None,
+         queued: tuple[str, str, list[dict]] | None = None) -> Plan:
     """Compare what the job asks for with the pods that exist; say what to do:
-    the terminal state, the pods to create and delete, the status and events."""
+    the terminal state, the pods to create and delete, the status and events.
+    `queued` (a job Kueue admits, queue.py): why it is suspended (reason, message)
+    and the Workload's conditions its status mirrors."""
     spec = job.spec
     out = Plan()
     obs = observe(raw_status, pods)
@@ -434,6 +437,13 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     if profile is not None:  # (trusted, reason, message) of autoscaling's profile
         conds.insert(-1 if failed or succeeded else len(conds), _condition(
             obs.previous, "ProfileTrusted", *profile, generation, now))
+    if queued is not None:
+        reason, message, mirrored = queued
+        for c in conds:
+            if c["type"] == "Suspended" and spec.suspend and not finished:
+                c["reason"], c["message"] = reason, message
+        at = len(conds) - (1 if failed or succeeded else 0)
+        conds[at:at] = [{**c, "observedGeneration": generation} for c in mirrored]
     out.events += transition_events(obs.previous, conds)
     status["conditions"] = conds
     out.status = status

@@ -533,37 +533,47 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _image_ref(name: str) -> str:
         return f"rljob.local/{name}:test"
 
+    # the images packed from a binary of bin_dir: (file in the image, image config)
+    BINARY_IMAGES = {
+        "pause": ("/pause", {"entrypoint": ["/pause"]}),
+        "probe": ("/probe", {"entrypoint": ["/probe"]}),
+        "coredns": ("/coredns", {"entrypoint": ["/coredns"]}),
+        # Kueue's manager, as its release image runs it (/manager, a non-root user)
+        "kueue": ("/manager", {"entrypoint": ["/manager"], "user": "65532:65532"}),
+    }
+
     def _import_images(self) -> None:
-        """Packs (once per build of the binaries and version of oci.py: the archives
-        are cached next to the binaries) and imports the pause, probe and CoreDNS
-        images."""
-        specs = {
-            "pause": {"entrypoint": ["/pause"]},
-            "probe": {"entrypoint": ["/probe"]},
-            "coredns": {"entrypoint": ["/coredns"]},
-        }
-        packer = hashlib.sha256(Path(oci.__file__).read_bytes())
-        for name, config in specs.items():
-            binary = Path(os.path.realpath(self.bin_dir / name))
-            ref = oci.normalize_name(self._image_ref(name))
-            key = packer.copy()
-            key.update(json.dumps([ref, config]).encode())
-            archive = binary.parent.parent / "images" / f"{name}-{key.hexdigest()[:12]}.tar"
-            if not archive.exists():
-                rootfs = self.workdir / "rootfs" / name
-                for d in ("etc", "tmp", "dev", "proc", "sys"):
-                    (rootfs / d).mkdir(parents=True, exist_ok=True)
-                try:
-                    os.link(binary, rootfs / name)
-                except OSError:
-                    shutil.copy2(binary, rootfs / name)
-                oci.pack_rootfs(rootfs, ref, archive, config)
-                shutil.rmtree(rootfs)
-            if not self.has_image(archive):
-                oci.import_archive(archive, self.socket)
-            self.images[name] = ref
-            self.archives[name] = archive
+        """Packs and imports the pause, probe and CoreDNS images."""
+        for name in ("pause", "probe", "coredns"):
+            self.import_binary_image(name)
         self._last_import = time.monotonic()
+
+    def import_binary_image(self, name: str) -> str:
+        """Packs (once per build of the binary and version of oci.py: the archives are
+        cached next to the binaries) and imports the image of a binary of bin_dir
+        (`BINARY_IMAGES`); returns its reference."""
+        path, config = self.BINARY_IMAGES[name]
+        packer = hashlib.sha256(Path(oci.__file__).read_bytes())
+        binary = Path(os.path.realpath(self.bin_dir / name))
+        ref = oci.normalize_name(self._image_ref(name))
+        key = packer.copy()
+        key.update(json.dumps([ref, path, config]).encode())
+        archive = binary.parent.parent / "images" / f"{name}-{key.hexdigest()[:12]}.tar"
+        if not archive.exists():
+            rootfs = self.workdir / "rootfs" / name
+            for d in ("etc", "tmp", "dev", "proc", "sys"):
+                (rootfs / d).mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(binary, rootfs / path.lstrip("/"))
+            except OSError:
+                shutil.copy2(binary, rootfs / path.lstrip("/"))
+            oci.pack_rootfs(rootfs, ref, archive, config)
+            shutil.rmtree(rootfs)
+        if not self.has_image(archive):
+            oci.import_archive(archive, self.socket)
+        self.images[name] = ref
+        self.archives[name] = archive
+        return ref
 
     def _images_seen(self) -> bool:
         """Whether the kubelet lists the imported images (it reads them from the CRI
@@ -572,7 +582,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         an image it does not list is imported again (an update the running plugin
         sees), at most every 10 s."""
         node = self.api_get(f"/api/v1/nodes/{self.name}")
-        listed = {n for image in node["status"].get("images", []) for n in image["names"]}
+        listed = {n for image in node["status"].get("images") or []
+                  for n in image.get("names") or []}
         missing = [name for name, ref in self.images.items() if ref not in listed]
         if missing and time.monotonic() - self._last_import > 10:
             for name in missing:

@@ -5,6 +5,8 @@
 #                  etcd (etcd/), helm (helm/)
 #   node:          kubelet, kube-scheduler, kube-proxy (kube/), coredns (coredns/),
 #                  pause (pause/, the pod sandbox), probe (probe/, a test program)
+#   queue:         Kueue's manager (kueue/) and, as kueue-config, the manifests of
+#                  the same tag (its config/ folder: CRDs, RBAC, webhooks, manager)
 # Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
 # where <key> names the pinned versions and hashes that group's go.mod/go.sum/
@@ -26,6 +28,7 @@ kube_v="$(version_of k8s.io/kubernetes "$here/kube/go.mod")"
 etcd_v="$(version_of go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
 helm_v="$(version_of helm.sh/helm/v3 "$here/helm/go.mod")"
 coredns_v="$(version_of github.com/coredns/coredns "$here/coredns/go.mod")"
+kueue_v="$(version_of sigs.k8s.io/kueue "$here/kueue/go.mod")"
 go_v="$(go env GOVERSION)"
 kube_files=("$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/tools.go)
 cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.sum \
@@ -33,20 +36,30 @@ cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.su
 node_digest="$(digest_of "${kube_files[@]}" "$here"/coredns/go.mod "$here"/coredns/go.sum \
   "$here"/coredns/main.go "$here"/pause/go.mod "$here"/pause/main.go \
   "$here"/probe/go.mod "$here"/probe/main.go)"
+kueue_digest="$(digest_of "$here"/kueue/go.mod "$here"/kueue/go.sum "$here"/kueue/tools.go)"
 cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
+kueue_key="kueue-${kueue_v}_${go_v}_${kueue_digest}"
 node_key="node-k8s-${kube_v}_coredns-${coredns_v}_${go_v}_${node_digest}"
 root="${RLJOB_GOTOOLS_CACHE:-$HOME/.cache/rljob/gotools}"
 cp_bin="$root/$cp_key/bin"
 node_bin="$root/$node_key/bin"
-all_bin="$root/bin-$(printf '%s\n%s\n' "$cp_key" "$node_key" | sha256sum | cut -c1-12)"
+kueue_bin="$root/$kueue_key/bin"
+all_bin="$root/bin-$(printf '%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
+  | sha256sum | cut -c1-12)"
 cp_want=(kube-apiserver kube-controller-manager kubectl etcd helm)
 node_want=(kubelet kube-scheduler kube-proxy coredns pause probe)
+kueue_want=(kueue kueue-config)
 
-have_all() { # dir, names...
+have_all() { # dir, names... (the config folder counts as present when it holds the CRDs)
   local dir="$1"; shift
-  for b in "$@"; do [[ -x "$dir/$b" ]] || return 1; done
+  for b in "$@"; do
+    [[ (-f "$dir/$b" && -x "$dir/$b")
+       || -f "$dir/$b/components/crd/bases/kueue.x-k8s.io_workloads.yaml" ]] || return 1
+  done
 }
-if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}"; then echo "$all_bin"; exit 0; fi
+if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}" "${kueue_want[@]}"; then
+  echo "$all_bin"; exit 0
+fi
 
 mkdir -p "$root"
 exec 9>"$root/.lock"
@@ -94,9 +107,24 @@ if ! have_all "$node_bin" "${node_want[@]}"; then
   echo "node tools built in $((SECONDS - t)) s: $node_bin" >&2
 fi
 
+if ! have_all "$kueue_bin" "${kueue_want[@]}"; then
+  rm -rf "$kueue_bin.partial"; mkdir -p "$kueue_bin.partial"
+  t=$SECONDS
+  echo "building kueue $kueue_v" >&2
+  (cd "$here/kueue" && go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_v" \
+    -o "$kueue_bin.partial/kueue" sigs.k8s.io/kueue/cmd/kueue)
+  src="$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  cp -r "$src/config" "$kueue_bin.partial/kueue-config"
+  chmod -R u+w "$kueue_bin.partial/kueue-config"
+  rm -rf "$kueue_bin"; mv "$kueue_bin.partial" "$kueue_bin"
+  echo "kueue built in $((SECONDS - t)) s: $kueue_bin" >&2
+fi
+
 rm -rf "$all_bin.partial"; mkdir -p "$all_bin.partial"
 for b in "${cp_want[@]}"; do ln -s "$cp_bin/$b" "$all_bin.partial/$b"; done
 for b in "${node_want[@]}"; do ln -s "$node_bin/$b" "$all_bin.partial/$b"; done
+for b in "${kueue_want[@]}"; do ln -s "$kueue_bin/$b" "$all_bin.partial/$b"; done
 rm -rf "$all_bin"; mv "$all_bin.partial" "$all_bin"
 echo "binaries ready in $((SECONDS - start)) s: $all_bin" >&2
 echo "$all_bin"
