@@ -110,6 +110,8 @@ class Operator:
             view, hold = None, False
             if queued:  # Kueue admits it (queue.py)
                 job, hold, view = self._queue(body, job, raw_status, pods, state)
+                if hold:  # never admitted: no pod of it either
+                    job.spec.suspend = True
             if not finished and not hold:
                 self._apply_children(job, state, generation, body)
 
