@@ -426,12 +426,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
     """The per-step lines of RUN_DIR/metrics.jsonl (none yet: []).
 
     A trainer gang that restarted from a checkpoint trains the steps after it
-    again: the last line of a step is the one its weights came from."""
+    again: the last line of a step is the one its weights came from. A last line
+    without its newline is still being written (a live view reads while the trainer
+    appends): it is left for the next read."""
     path = RunDir(run_dir).metrics
     if not path.exists():
         return []
     by_step: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n")[:-1]:
         if line.strip():
             m = json.loads(line)
             by_step[m["step"]] = m

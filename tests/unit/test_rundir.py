@@ -41,3 +41,18 @@ def test_only_complete_checkpoints_count_in_step_order(tmp_path):
     run.metrics.write_text("{}\n")
     run.final.mkdir()
     assert run.outputs() == ["metrics.jsonl", "final/"]
+
+
+def test_a_metrics_line_still_being_written_is_left_for_the_next_read(tmp_path):
+    """A live view reads metrics.jsonl while the trainer appends: a last line without
+    its newline (half of a write) is not a step yet, and never a crash."""
+    import json
+
+    from rljob.local import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    whole = json.dumps({"step": 1, "reward_mean": 0.5}) + "\n"
+    path.write_text(whole + json.dumps({"step": 2, "reward_mean": 0.6})[:9])
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1]
+    path.write_text(whole + json.dumps({"step": 2, "reward_mean": 0.6}) + "\n")
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]

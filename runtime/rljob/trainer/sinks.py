@@ -118,7 +118,8 @@ class JsonlSink(StepSink):
 
     def __init__(self, path: Path, start: int):
         if path.exists():  # steps after the checkpoint are trained again: their lines go
-            kept = [line for line in path.read_text().splitlines()
+            # (a last line without its newline was torn by the life that ended)
+            kept = [line for line in path.read_text().split("\n")[:-1]
                     if line.strip() and json.loads(line)["step"] <= start]
             path.write_text("".join(line + "\n" for line in kept))
         self.file = open(path, "a")
