@@ -271,7 +271,7 @@ class Operator:
                 job.spec.suspend and not raw_status.get("startTime"),
                 (*why, queue.mirrored_conditions(wl)))
 
-    def _drop_finalizer(self, ns: str, wl_name: str, wl: dict | None = None) -> None:
+    def _drop_finalizer(self, ns: str, wl_name: str) -> None:
         """The Workload's finalizer removed (read again first: a status patch just
         changed its resourceVersion)."""
         wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
@@ -294,7 +294,7 @@ class Operator:
             log.debug("%s: no Workloads to release: %s", ns, exc)
             return
         for wl in wls:
-            self._drop_finalizer(ns, wl["metadata"]["name"], wl)
+            self._drop_finalizer(ns, wl["metadata"]["name"])
 
     def _apply_children(self, job: RLJob, state: JobState, generation, body) -> None:
         applied_gen, applied_at = state.applied
