@@ -26,7 +26,7 @@ from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
 from . import metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
 from .kube import Kube, NotInstalled
-from .reconcile import iso, new_scale, now_utc, parse_time, plan, role_of
+from .reconcile import iso, new_scale, now_utc, parse_time, plan, role_of, status_patch
 from .stats import ADDRESS_ANNOTATION, StatsClient
 
 # Keys of RLJob.status this operator owns (anything else is dropped on compare).
@@ -161,8 +161,9 @@ class Operator:
             status = p.status
             if progress:
                 status["progress"] = progress
-            if status != raw_status:
-                self.kube.patch_status(ns, name, status)
+            patch = status_patch(raw_status, status)
+            if patch:
+                self.kube.patch_status(ns, name, patch)
             for e in p.events:
                 kopf.event(body, type=e.type, reason=e.reason, message=e.message)
             self._gauges(ns, name, job, status)
@@ -237,10 +238,12 @@ class Operator:
                        message=f"admitted by ClusterQueue {cq} (Workload {wl_name}): "
                                f"started")
         elif step.action == "stop":
+            # the TransferQueue and storage units stay where they were admitted
+            annotation = queue.kept_through_eviction(annotation)
             self.kube.patch_job(ns, name, {
-                "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: None}},
+                "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
                 "spec": {"suspend": True}})
-            job.spec.suspend, annotation = True, None
+            job.spec.suspend = True
             kopf.event(body, type="Warning", reason=step.reason or "Evicted",
                        message=f"{step.message}: suspended (the trainer checkpoints, the "
                                "TransferQueue stays)")

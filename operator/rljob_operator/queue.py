@@ -34,10 +34,13 @@ RESOURCE_IN_USE = "kueue.x-k8s.io/resource-in-use"  # the Workload's finalizer
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta2", "workloads"
 API_VERSION = f"{GROUP}/{VERSION}"
 # the admission the job runs under, as the operator wrote it on start (JSON: role ->
-# nodeSelector, tolerations, labels, annotations); removed when the job is stopped
+# nodeSelector, tolerations, labels, annotations); an eviction keeps the part of the
+# roles that stay (STAYS)
 ADMISSION_ANNOTATION = "rljob.dev/admission"
 # the Workload's conditions the job's status mirrors (what a platform dashboard reads)
 MIRRORED = ("QuotaReserved", "Admitted")
+# the roles a suspended job keeps running: its table stays with them
+STAYS = ("transferqueue", "storage")
 
 
 def queue_name(meta: dict) -> str | None:
@@ -140,6 +143,15 @@ def admission(wl: dict, flavors: dict[str, dict]) -> dict[str, dict]:
             if update.get("tolerations"):
                 role.setdefault("tolerations", []).extend(update["tolerations"])
     return {r: {k: v for k, v in d.items() if v} for r, d in out.items()}
+
+
+def kept_through_eviction(written: str | None) -> str | None:
+    """What stays of the admission annotation (`written`) while an evicted job
+    waits: the placement of the roles a suspension keeps running (its TransferQueue
+    and storage units, `STAYS`), so their pods are not rebuilt (and the table lost)
+    because the admission went; None if nothing stays."""
+    kept = {r: a for r, a in json.loads(written or "{}").items() if r in STAYS and a}
+    return json.dumps(kept, sort_keys=True) if kept else None
 
 
 def with_admission(job: RLJob, written: str | None) -> RLJob:

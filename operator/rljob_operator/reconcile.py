@@ -65,6 +65,14 @@ def preflight_problems(pod: dict) -> str | None:
     return None
 
 
+def status_patch(seen: dict, status: dict) -> dict:
+    """The merge patch from the status a reconcile read (`seen`) to the one it
+    computed: only the keys it changed (a key it did not compute stays as it is). A
+    key it left as it read it is not written back, so a reconcile working from an
+    older copy of the object cannot put back a value a later one wrote (pure)."""
+    return {k: v for k, v in status.items() if seen.get(k) != v}
+
+
 def role_of(pod: dict) -> str:
     return pod.get("metadata", {}).get("labels", {}).get(builders.LABEL_ROLE, "")
 

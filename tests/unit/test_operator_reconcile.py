@@ -290,6 +290,20 @@ def test_status_progress_is_the_controllers_figures_rounded():
     assert {field for _, field, _ in PROGRESS} == fields
 
 
+def test_a_status_patch_writes_only_what_the_reconcile_changed():
+    """A reconcile that read an older copy of the job (progress at step 5, while a
+    later one wrote step 7) and changed only a condition must not write step 5 back."""
+    from rljob_operator.reconcile import status_patch
+
+    seen = {"progress": {"step": 5}, "conditions": [{"type": "Ready", "status": "False"}],
+            "startTime": "T0"}
+    computed = {**seen, "conditions": [{"type": "Ready", "status": "True"}]}
+    assert status_patch(seen, computed) == {"conditions": computed["conditions"]}
+    assert status_patch(seen, {**seen, "progress": {"step": 8}}) == {"progress": {"step": 8}}
+    assert status_patch(seen, seen) == {}
+    assert status_patch(seen, {"startTime": "T0"}) == {}  # a key not computed stays
+
+
 def _profile(spec):
     from rljob.planner.profile import measured_on
     from rljob.planner.profile import GenProfile, Profile, TrainProfile

@@ -86,6 +86,24 @@ def test_the_admission_puts_each_flavors_labels_and_tolerations_in_its_roles_pod
     assert queue.with_admission(_job(), None) == _job()
 
 
+def test_an_eviction_keeps_the_placement_of_the_roles_that_stay():
+    """The TransferQueue and its storage units run on through an eviction: their
+    pods' templates must not change (a changed template rebuilds the pods and, without
+    persistence, the table), so their part of the admission stays."""
+    host = {"kubernetes.io/hostname": "n1"}
+    written = json.dumps({r: {"nodeSelector": host}
+                          for r in ("transferqueue", "storage", "trainer", "rollout")})
+    kept = queue.kept_through_eviction(written)
+    assert json.loads(kept) == {"transferqueue": {"nodeSelector": host},
+                                "storage": {"nodeSelector": host}}
+    admitted, evicted = queue.with_admission(_job(), written), queue.with_admission(_job(), kept)
+    for build in (builders.build_tq_deployment, builders.build_redis_statefulset):
+        assert build(evicted) == build(admitted)
+    assert "nodeSelector" not in builders.build_trainer_pod(evicted, 0)["spec"]
+    assert queue.kept_through_eviction(None) is None
+    assert queue.kept_through_eviction(json.dumps({"trainer": {"nodeSelector": host}})) is None
+
+
 def test_each_step_follows_the_workloads_conditions():
     decide = queue.decide
     assert decide(None, False, False, None).action == "create"
