@@ -40,6 +40,11 @@ def main(
                                      help="Serve Prometheus /metrics on this port (0: off)."),
     workers: int = typer.Option(16, envvar="RLJOB_OPERATOR_WORKERS",
                                 help="Threads running reconciles."),
+    capacity_check: bool = typer.Option(
+        True, "--capacity-check/--no-capacity-check", envvar="RLJOB_OPERATOR_CAPACITY_CHECK",
+        help="Start a job (neither queued by Kueue nor gang-scheduled) only when all its "
+             "starting pods fit the nodes' free capacity together (reads nodes and pods "
+             "cluster-wide)."),
     log_level: str = typer.Option("INFO", envvar="RLJOB_OPERATOR_LOG_LEVEL"),
     log_format: str = typer.Option("json", envvar="RLJOB_OPERATOR_LOG_FORMAT",
                                    help="json (structured) or plain."),
@@ -61,7 +66,7 @@ def main(
         typer.echo(f"rljob-operator: {exc}", err=True)
         raise typer.Exit(2) from None
     _configure_logging(log_level, log_format, source, created)
-    registry = _registry(interval, workers, metrics_port)
+    registry = _registry(interval, workers, metrics_port, capacity_check)
     kopf.run(
         registry=registry,
         clusterwide=not namespace,
@@ -86,7 +91,7 @@ def _configure_logging(level: str, fmt: str, source: str, created: list[str]) ->
         log.info("created peering object(s): %s", ", ".join(created))
 
 
-def _registry(interval: float, workers: int, metrics_port: int):
+def _registry(interval: float, workers: int, metrics_port: int, capacity_check: bool = True):
     """The operator's handlers, its settings at start-up and its cluster login."""
     import kopf
     from prometheus_client import start_http_server
@@ -95,7 +100,7 @@ def _registry(interval: float, workers: int, metrics_port: int):
     from .kube import connection_info
 
     registry = kopf.OperatorRegistry()
-    register(registry, Operator(), interval)
+    register(registry, Operator(capacity_check=capacity_check), interval)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_):

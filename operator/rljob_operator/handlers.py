@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 
 import grpc
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
 
-from . import metrics, queue
+from . import capacity, metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
 from .kube import Kube, NotInstalled
 from .reconcile import iso, new_scale, now_utc, parse_time, plan, role_of, status_patch
@@ -65,8 +66,10 @@ class JobState:
 
 
 class Operator:
-    def __init__(self, kube: Kube | None = None, stats: StatsClient | None = None):
+    def __init__(self, kube: Kube | None = None, stats: StatsClient | None = None,
+                 capacity_check: bool = True):
         self._kube = kube
+        self.capacity_check = capacity_check  # capacity.py: a start waits for room
         self.stats = stats or StatsClient()
         self._jobs: dict[tuple[str, str], JobState] = {}
         self._jobs_lock = threading.Lock()
@@ -111,6 +114,12 @@ class Operator:
             if queued:  # Kueue admits it (queue.py)
                 job, hold, view = self._queue(body, job, raw_status, pods, state)
                 if hold:  # never admitted: no pod of it either
+                    job.spec.suspend = True
+            elif self.capacity_check and not pods and capacity.needs_check(
+                    job, False, bool(raw_status.get("startTime"))):
+                short = self._capacity_short(body, job, state)
+                if short:  # nothing of it until all of it fits
+                    hold, view = True, ("WaitingForCapacity", short, [])
                     job.spec.suspend = True
             if not finished and not hold:
                 self._apply_children(job, state, generation, body)
@@ -273,6 +282,25 @@ class Operator:
         return (queue.with_admission(job, annotation),
                 job.spec.suspend and not raw_status.get("startTime"),
                 (*why, queue.mirrored_conditions(wl)))
+
+    def _capacity_short(self, body, job: RLJob, state: JobState) -> str | None:
+        """Why the job's starting pods do not fit the nodes' free capacity together
+        (capacity.py), None when they do or the nodes cannot be read (the operator's
+        role lacks the cluster-wide reads: the job starts unchecked, said once)."""
+        try:
+            nodes = capacity.free_nodes(self.kube.list_nodes(), self.kube.list_live_pods())
+        except ApiException as exc:
+            if "capacity" not in state.warned:
+                state.warned.add("capacity")
+                log.warning("capacity check skipped: nodes and pods cannot be read (%s %s)",
+                            exc.status, exc.reason)
+            return None
+        short = capacity.place(capacity.job_demand(job), nodes)
+        if short and "capacity-wait" not in state.warned:  # one event a wait
+            state.warned.add("capacity-wait")
+            kopf.event(body, type="Warning", reason="WaitingForCapacity",
+                       message=f"waits to start: {short}")
+        return short
 
     def _drop_finalizer(self, ns: str, wl_name: str) -> None:
         """The Workload's finalizer removed (read again first: a status patch just

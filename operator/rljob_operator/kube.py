@@ -177,6 +177,15 @@ class Kube:
             namespace, label_selector=f"{builders.LABEL_NAME}={job}")
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
+    def list_nodes(self) -> list[dict]:
+        return self.api.sanitize_for_serialization(self.core.list_node().items)
+
+    def list_live_pods(self) -> list[dict]:
+        """Every pod of the cluster that has not ended (what holds node capacity)."""
+        pods = self.core.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed")
+        return self.api.sanitize_for_serialization(pods.items)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         try:
             self.core.delete_namespaced_pod(name, namespace)

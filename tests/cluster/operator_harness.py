@@ -72,7 +72,9 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, interval: float = 1.0,
                  args: tuple[str, ...] = ()):
         self.kubeconfig = kubeconfig
-        self.args = args
+        # these control planes have no node: no job would ever fit (capacity.py; its
+        # test runs on the node, tests/cluster/test_e2e.py)
+        self.args = ("--no-capacity-check", *args)
         self.log_path = log_path
         self.interval = interval
         self.proc: subprocess.Popen | None = None

@@ -49,6 +49,23 @@ def test_namespace_scope_grants_roles_only_where_it_watches(cluster):
     assert env["RLJOB_OPERATOR_NAMESPACES"] == "team-a team-b"
 
 
+def test_the_capacity_check_reads_nodes_and_pods_and_can_be_turned_off(cluster):
+    """capacityCheck (default on): list on nodes and pods cluster-wide, and the flag in
+    the operator's environment; off, neither."""
+    for args, on in (((), True), (("--set", "capacityCheck=false"), False)):
+        docs = render(cluster, *args)
+        discovery = next(d for d in docs if d["kind"] == "ClusterRole"
+                         and d["metadata"]["name"].endswith("-discovery"))
+        reads = [r for r in discovery["rules"] if r["apiGroups"] == [""]
+                 and "nodes" in r["resources"]]
+        assert (reads == [{"apiGroups": [""], "resources": ["nodes", "pods"],
+                           "verbs": ["list"]}]) is on, discovery["rules"]
+        dep = next(d for d in docs if d["kind"] == "Deployment")
+        env = {e["name"]: e.get("value")
+               for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RLJOB_OPERATOR_CAPACITY_CHECK"] == ("true" if on else "false")
+
+
 def test_cluster_scope_default_and_peering_replicas(cluster):
     docs = render(cluster)
     kinds = sorted(d["kind"] for d in docs)

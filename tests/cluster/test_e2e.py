@@ -841,3 +841,76 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
         assert train.acked == n * steps, (train, stats.rows)
     finally:
         kueue.uninstall(plane, image)
+
+
+def _node_free_cpu(plane, node: str) -> float:
+    """The node's allocatable CPU less the requests of the pods bound to it that have
+    not ended (the scheduler's arithmetic; operator/rljob_operator/capacity.py)."""
+    from rljob_operator import capacity
+
+    nodes = plane.get(f"/api/v1/nodes/{node}")
+    pods = plane.get("/api/v1/pods")["items"]
+    return capacity.free_nodes([nodes], pods)[0].free["cpu"]
+
+
+@pytest.mark.timeout(600)
+def test_a_job_larger_than_the_free_node_waits_whole_and_starts_when_room_frees(
+        operator_release, namespace, node_cluster):
+    """Neither Kueue nor a gang scheduler: a pod holds all of the node's free CPU but
+    0.3 core, and the quickstart (its TransferQueue, Redis and trainer's preflight ask
+    0.5) is applied. It creates nothing — no pod, no Service, not even its TransferQueue
+    holding part of the node — and says why: Suspended, reason WaitingForCapacity,
+    naming the pod that does not fit, and a WaitingForCapacity event. Once the other
+    pod goes, the job starts on its own (the operator checks again each reconcile)."""
+    plane = node_cluster.plane
+    ns, _ = namespace
+    # pods of earlier tests still going would free room during the test: wait them out
+    deadline = time.monotonic() + 180
+    while any(p["metadata"].get("deletionTimestamp")
+              for p in plane.get("/api/v1/pods")["items"]):
+        assert time.monotonic() < deadline, _debug(plane, ns)
+        time.sleep(1)
+    free = _node_free_cpu(plane, node_cluster.name)
+    hold = round(free - 0.3, 3)
+    assert hold > 0, f"the node has only {free} CPU free"
+    plane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": node_cluster.images["probe"], "imagePullPolicy": "Never",
+            "args": ["serve", ":8080"], "resources": {"requests": {"cpu": f"{hold}"}}}]}}))
+    doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc["metadata"] = {"name": "waits"}
+    doc["spec"]["model"]["warmupSteps"] = 0
+    doc["spec"]["trainer"] = {}
+    _apply(plane, ns, doc)
+    deadline = time.monotonic() + 60
+    while True:
+        job = _rljob(plane, ns, "waits")
+        conds = {c["type"]: c for c in job.get("status", {}).get("conditions", [])}
+        if conds.get("Suspended", {}).get("reason") == "WaitingForCapacity":
+            break
+        assert time.monotonic() < deadline, (job.get("status"), _debug(plane, ns))
+        time.sleep(1)
+    message = conds["Suspended"]["message"]
+    print(f"\nSuspended: {message}")
+    assert conds["Suspended"]["status"] == "True"
+    assert "do not fit" in message and node_cluster.name in message, message
+    time.sleep(3)  # a few reconciles (every 2 s here): still nothing of it
+    assert not _pods(plane, ns, "rljob.dev/name=waits"), "a waiting job holds no pod"
+    services = plane.get(f"/api/v1/namespaces/{ns}/services")["items"]
+    assert not services, [s["metadata"]["name"] for s in services]
+    events = plane.kubectl("get", "events", "-n", ns, "--field-selector",
+                           "involvedObject.name=waits").stdout
+    assert "WaitingForCapacity" in events, events
+
+    plane.kubectl("delete", "pod", "holder", "-n", ns, "--wait=false")
+    deadline = time.monotonic() + 120
+    while not _pods(plane, ns, "rljob.dev/name=waits,rljob.dev/role=transferqueue"):
+        assert time.monotonic() < deadline, (_rljob(plane, ns, "waits").get("status"),
+                                             _debug(plane, ns))
+        time.sleep(1)
+    deadline = time.monotonic() + 60
+    while _condition(_rljob(plane, ns, "waits"), "Suspended") != "False":
+        assert time.monotonic() < deadline, _rljob(plane, ns, "waits").get("status")
+        time.sleep(1)
+    plane.kubectl("delete", "rljob", "waits", "-n", ns, "--wait=false")

@@ -137,7 +137,15 @@ def test_ascend_job_gets_devices_mounts_hccl_and_volcano_gang():
     name = job.metadata.name
     pg = objs[("PodGroup", f"{name}-trainer")]
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert pg["spec"]["minMember"] == job.spec.trainer.num_nodes
+    # one gang: the trainer ranks and the minimum rollouts, their NPUs together
+    r = job.spec.rollout
+    assert pg["spec"]["minMember"] == job.spec.trainer.num_nodes + r.min_replicas
+    assert pg["spec"]["minResources"] == {"huawei.com/Ascend910": str(
+        job.spec.trainer.num_nodes * job.spec.trainer.npus_per_node
+        + r.min_replicas * r.npus_per_replica)}
+    rollout = objs[("Pod", f"{name}-rollout-0")]
+    assert rollout["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == f"{name}-trainer"
+    assert rollout["spec"]["schedulerName"] == "volcano"
     assert pg["spec"]["queue"] == job.spec.scheduling.queue
     trainer = objs[("Pod", f"{name}-trainer-0")]
     spec = trainer["spec"]

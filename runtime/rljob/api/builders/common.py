@@ -271,7 +271,7 @@ _SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 *
            "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
 
 
-def _quantity(q: str) -> float:
+def quantity(q: str) -> float:
     """A Kubernetes quantity as a number ("2Gi" -> 2147483648.0)."""
     for suffix in sorted(_SUFFIX, key=len, reverse=True):
         if q.endswith(suffix):
@@ -283,7 +283,7 @@ def _requests(res, memory_limit: str) -> dict:
     """A container's requests, and a memory limit of `memory_limit` or the request."""
     requests = {k: v for k, v in res.model_dump().items() if v is not None}
     limit = memory_limit
-    if "memory" in requests and _quantity(requests["memory"]) > _quantity(limit):
+    if "memory" in requests and quantity(requests["memory"]) > quantity(limit):
         limit = requests["memory"]
     return {"requests": requests, "limits": {"memory": limit}}
 

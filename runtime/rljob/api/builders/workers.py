@@ -54,17 +54,24 @@ def build_trainer_service(job: RLJob) -> dict:
 
 
 def build_pod_group(job: RLJob) -> dict:
-    """Volcano gang: every trainer rank is scheduled, or none is."""
-    name = job.metadata.name
-    spec: dict[str, Any] = {"minMember": job.spec.trainer.num_nodes}
-    if job.spec.scheduling.queue:
-        spec["queue"] = job.spec.scheduling.queue
-    if job.spec.scheduling.priority_class_name:
-        spec["priorityClassName"] = job.spec.scheduling.priority_class_name
-    resource = job.spec.accelerator_for("trainer").resource
-    if resource:
-        total = job.spec.trainer.num_nodes * job.spec.trainer.npus_per_node
-        spec["minResources"] = {resource: str(total)}
+    """Volcano gang: every trainer rank and the `rollout.minReplicas` replicas are
+    scheduled together, or none is (replicas beyond them join the group as room
+    allows: the autoscaler's)."""
+    name, spec_ = job.metadata.name, job.spec
+    spec: dict[str, Any] = {"minMember": spec_.trainer.num_nodes + spec_.rollout.min_replicas}
+    if spec_.scheduling.queue:
+        spec["queue"] = spec_.scheduling.queue
+    if spec_.scheduling.priority_class_name:
+        spec["priorityClassName"] = spec_.scheduling.priority_class_name
+    amounts: dict[str, int] = {}
+    for role, count in (("trainer", spec_.trainer.num_nodes * spec_.trainer.npus_per_node),
+                        ("rollout", spec_.rollout.min_replicas
+                         * spec_.rollout.npus_per_replica)):
+        resource = spec_.accelerator_for(role).resource
+        if resource:
+            amounts[resource] = amounts.get(resource, 0) + count
+    if amounts:
+        spec["minResources"] = {k: str(v) for k, v in amounts.items()}
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
             "metadata": _meta(job, trainer_name(name), "trainer"), "spec": spec}
 
@@ -195,8 +202,10 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
     }
     _scheduling(job, spec, "rollout")
     annotations = None
-    if volcano(job) and job.spec.scheduling.queue:
-        annotations = {VOLCANO_QUEUE_ANNOTATION: job.spec.scheduling.queue}
+    if volcano(job):  # one gang with the trainer ranks (build_pod_group)
+        annotations = {VOLCANO_GROUP_ANNOTATION: trainer_name(name)}
+        if job.spec.scheduling.queue:
+            annotations[VOLCANO_QUEUE_ANNOTATION] = job.spec.scheduling.queue
     meta = _meta(job, rollout_pod_name(name, index), "rollout", {LABEL_REPLICA: str(index)},
                  annotations)
     with_overrides(job, "rollout", meta, spec, ("rollout",))
