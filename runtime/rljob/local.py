@@ -32,6 +32,7 @@ import yaml
 from .api import RLJob
 from .contract import PASSWORD_ENV, worker_argv
 from .infra.cores import Layout, write_layout
+from .infra.device import CORES_ENV
 from .infra.devices import count as count_devices, device_plan, worker_env
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
@@ -110,6 +111,13 @@ def _die_with_parent(cpus: set[int] | None):
     return setup
 
 
+def pin_cores_default() -> bool:
+    """Whether `rljob run` pins its workers to cores: yes unless RLJOB_PIN_CORES says
+    0/false (several runs, or other work, share the machine: pinned, each run's
+    trainer would take the same first core)."""
+    return os.environ.get("RLJOB_PIN_CORES", "1").strip().lower() not in ("0", "false", "no")
+
+
 class JobFailed(RuntimeError):
     """A worker failed more often than runPolicy.backoffLimit allows."""
 
@@ -126,6 +134,9 @@ class LocalRun:
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
     lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
+    # each compute worker on cores of its own (cpus_for); off (RLJOB_PIN_CORES=0): it
+    # gets their count only, and the OS places it. Lending cores pins regardless.
+    pin_cores: bool = field(default_factory=lambda: pin_cores_default())
     _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
@@ -195,6 +206,9 @@ class LocalRun:
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
                    **worker_env(kind, self.devices.get(name, ())))
+        if not (self.pin_cores or self.lend_cores):  # placed by the OS, its count of threads
+            env[CORES_ENV] = threads
+            cpus = None
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = self.layout.log(name)
         self._life[name] = log.stat().st_size if log.exists() else 0

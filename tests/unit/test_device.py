@@ -67,3 +67,47 @@ def test_rljob_run_gives_busy_workers_blocks_of_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert [run.cpus_for(n) for n in ("trainer-0", "rollout-0", "rollout-1")] == [
         {0}, {1}, {0}]
+
+
+def test_without_pinning_a_worker_gets_its_count_of_cores_and_no_affinity(tmp_path,
+                                                                          monkeypatch):
+    """`rljob run --no-pin-cores` (RLJOB_PIN_CORES=0, what the test command's lanes
+    set): each worker's environment carries the count it would have been pinned to
+    (RLJOB_CORES, which cores_given honours), and it is not pinned; --lend-cores pins
+    regardless."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    from rljob.api import RLJob
+    from rljob.infra.device import cores_given
+    from rljob.local import LocalRun, pin_cores_default
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+                         .read_text())
+    job = RLJob.model_validate(doc)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    spawned = []
+
+    class Popen:
+        def __init__(self, args, env, preexec_fn, **_):
+            cells = [c.cell_contents for c in preexec_fn.__closure__ or ()]
+            spawned.append((env, next((c for c in cells if isinstance(c, set)), None)))
+
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    # trainer-0 and two rollouts over 8 cores: the trainer's block is 3 cores
+    for pin, lend, cores, affinity in ((True, False, None, {0, 1, 2}),
+                                       (False, False, "3", None),
+                                       (False, True, None, {0, 1, 2})):
+        LocalRun(job, tmp_path / f"{pin}{lend}", pin_cores=pin, lend_cores=lend)._spawn(
+            "trainer-0", ["worker", "trainer"])
+        env, pinned = spawned[-1]
+        assert (env.get("RLJOB_CORES"), pinned) == (cores, affinity)
+    monkeypatch.setenv("RLJOB_CORES", "4")
+    assert cores_given("/absent") == 4
+    monkeypatch.setenv("RLJOB_PIN_CORES", "0")
+    assert not pin_cores_default() and not LocalRun(job, tmp_path / "d").pin_cores
+    monkeypatch.setenv("RLJOB_PIN_CORES", "1")
+    assert pin_cores_default()

@@ -125,6 +125,13 @@ def run(
     wide: bool = typer.Option(False, "--wide", help="Show each step's off-policy figures "
                               "too: clipped share, importance weights (mean, max, capped "
                               "share, effective sample size) and the engine mismatch."),
+    pin_cores: bool = typer.Option(
+        True, "--pin-cores/--no-pin-cores", envvar="RLJOB_PIN_CORES",
+        help="Pin each trainer rank and rollout replica to cores of its own. Off: each "
+             "computes with as many threads as it would have cores, where the OS places "
+             "it: faster where several runs or other work share the machine (pinned, "
+             "each run's trainer takes the same first core). --lend-cores pins "
+             "regardless."),
     lend_cores: bool = typer.Option(False, "--lend-cores",
                                     help="A side that waits lends its cores to the other "
                                     "(the trainer computes on a parked rollout's cores, a "
@@ -158,7 +165,7 @@ def run(
     else:
         directory = run_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume),
-                      lend_cores=lend_cores)
+                      lend_cores=lend_cores, pin_cores=pin_cores)
     console = Console()
     console.print(f"run directory: {directory}")
     try:  # each trainer rank and rollout replica its own accelerators (infra/devices.py)

@@ -48,13 +48,19 @@ def activate(device: Device):
     return torch.device(device.name)
 
 
+CORES_ENV = "RLJOB_CORES"  # the cores `rljob run --no-pin-cores` gives a worker, by count
+
+
 def cores_given(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     """Cores this process may compute on: its CPU affinity (what `rljob run` pinned it
-    to), capped by a cgroup v2 CPU limit (a pod's `limits.cpu`)."""
+    to), or the count `rljob run --no-pin-cores` gave it (RLJOB_CORES), capped by a
+    cgroup v2 CPU limit (a pod's `limits.cpu`)."""
     import math
     import os
 
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if os.environ.get(CORES_ENV, "").isdigit():
+        n = min(n, max(1, int(os.environ[CORES_ENV])))
     try:
         quota, period = open(cpu_max).read().split()[:2]
         if quota != "max":
