@@ -400,8 +400,9 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
          queued: tuple[str, str, list[dict]] | None = None) -> Plan:
     """Compare what the job asks for with the pods that exist; say what to do:
     the terminal state, the pods to create and delete, the status and events.
-    `queued` (a job Kueue admits, queue.py): why it is suspended (reason, message)
-    and the Workload's conditions its status mirrors."""
+    `queued` (a job Kueue admits, queue.py, or one that waits for capacity,
+    capacity.py): why it is suspended (reason, message) and the Workload's conditions
+    its status mirrors (none for a capacity wait)."""
     spec = job.spec
     out = Plan()
     obs = observe(raw_status, pods)

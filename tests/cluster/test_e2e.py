@@ -687,6 +687,20 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     assert len(pods.get("transferqueue", [])) == 1 and len(pods.get("storage", [])) == 1, pods
 
 
+def _until_suspended(plane, ns: str, name: str, reason: str,
+                     timeout: float) -> tuple[dict, dict[str, dict]]:
+    """The job and its conditions by type, once its Suspended condition shows
+    `reason` (polled once a second; fails after `timeout` s with its status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _rljob(plane, ns, name)
+        conds = {c["type"]: c for c in job.get("status", {}).get("conditions", [])}
+        if conds.get("Suspended", {}).get("reason") == reason:
+            return job, conds
+        assert time.monotonic() < deadline, (job.get("status"), _debug(plane, ns))
+        time.sleep(1)
+
+
 def _uids(plane, ns: str, job: str) -> dict[str, str]:
     """The uids of a job's TransferQueue and storage pods, by name."""
     return {p["metadata"]["name"]: p["metadata"]["uid"]
@@ -757,14 +771,7 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
             time.sleep(1)
         _apply(plane, ns, second)
         # second waits: suspended, Queued, its Workload without quota
-        deadline = time.monotonic() + 120
-        while True:
-            job = _rljob(plane, ns, "second")
-            conds = {c["type"]: c for c in job.get("status", {}).get("conditions", [])}
-            if conds.get("Suspended", {}).get("reason") == "Queued":
-                break
-            assert time.monotonic() < deadline, job.get("status")
-            time.sleep(1)
+        job, conds = _until_suspended(plane, ns, "second", "Queued", 120)
         assert job["spec"]["suspend"] is True
         assert conds["QuotaReserved"]["status"] == "False", conds
         assert not _pods(plane, ns, "rljob.dev/name=second"), "a queued job holds no pods"
@@ -883,14 +890,7 @@ def test_a_job_larger_than_the_free_node_waits_whole_and_starts_when_room_frees(
     doc["spec"]["model"]["warmupSteps"] = 0
     doc["spec"]["trainer"] = {}
     _apply(plane, ns, doc)
-    deadline = time.monotonic() + 60
-    while True:
-        job = _rljob(plane, ns, "waits")
-        conds = {c["type"]: c for c in job.get("status", {}).get("conditions", [])}
-        if conds.get("Suspended", {}).get("reason") == "WaitingForCapacity":
-            break
-        assert time.monotonic() < deadline, (job.get("status"), _debug(plane, ns))
-        time.sleep(1)
+    _, conds = _until_suspended(plane, ns, "waits", "WaitingForCapacity", 60)
     message = conds["Suspended"]["message"]
     print(f"\nSuspended: {message}")
     assert conds["Suspended"]["status"] == "True"
