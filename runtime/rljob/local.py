@@ -37,6 +37,8 @@ from .infra.devices import count as count_devices, device_plan, worker_env
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
 
+VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their threads
+
 
 _PR_SET_PDEATHSIG = 1
 
@@ -208,6 +210,10 @@ class LocalRun:
                    **worker_env(kind, self.devices.get(name, ())))
         if not (self.pin_cores or self.lend_cores):  # placed by the OS, its count of threads
             env[CORES_ENV] = threads
+            # vLLM's CPU workers too: its automatic binding takes the first core of the
+            # process's affinity (0.32, utils/ompmultiprocessing.py), the same core for
+            # every unpinned engine on the machine; a setting of the user's own stays
+            env.setdefault(VLLM_BIND_ENV, "nobind")
             cpus = None
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = self.layout.log(name)

@@ -449,10 +449,12 @@ class Node:
     def _remove_containers(self) -> None:
         """Removes every container (and its snapshot) from containerd's metadata: the
         image store keeps images only. The CRI plugin's directories of removed pods
-        go with the next start (it removes those of containers it does not know)."""
+        go with the next start (it removes those of containers it does not know).
+        A store of the node's own goes with its work directory: its tasks are only
+        killed."""
+        self._kill_tasks()
         if self.root == self.workdir / "containerd" / "root":
             return
-        self._kill_tasks()
         try:
             for cid in self._ctr("containers", "ls", "-q").stdout.split():
                 self._ctr("containers", "delete", cid)
@@ -712,7 +714,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         for name in ("kube-scheduler", "kube-proxy", "kubelet"):
             self._stop_proc(name)
         if "containerd" in self.procs:
-            self._kill_tasks()
             self._remove_containers()
         self._stop_proc("containerd")
         self.procs.clear()

@@ -97,6 +97,7 @@ def test_without_pinning_a_worker_gets_its_count_of_cores_and_no_affinity(tmp_pa
             spawned.append((env, next((c for c in cells if isinstance(c, set)), None)))
 
     monkeypatch.setattr(subprocess, "Popen", Popen)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     # trainer-0 and two rollouts over 8 cores: the trainer's block is 3 cores
     for pin, lend, cores, affinity in ((True, False, None, {0, 1, 2}),
                                        (False, False, "3", None),
@@ -105,6 +106,10 @@ def test_without_pinning_a_worker_gets_its_count_of_cores_and_no_affinity(tmp_pa
             "trainer-0", ["worker", "trainer"])
         env, pinned = spawned[-1]
         assert (env.get("RLJOB_CORES"), pinned) == (cores, affinity)
+        # unpinned, vLLM's CPU workers are placed by the OS too (its own binding would
+        # put every engine on the first core); pinned, it binds within the worker's cores
+        assert env.get("VLLM_CPU_OMP_THREADS_BIND") == (None if pinned else "nobind")
+        assert env["OMP_NUM_THREADS"] == "3"
     monkeypatch.setenv("RLJOB_CORES", "4")
     assert cores_given("/absent") == 4
     monkeypatch.setenv("RLJOB_PIN_CORES", "0")
