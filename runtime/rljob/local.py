@@ -208,6 +208,7 @@ class LocalRun:
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
                    **worker_env(kind, self.devices.get(name, ())))
+        env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
         if not (self.pin_cores or self.lend_cores):  # placed by the OS, its count of threads
             env[CORES_ENV] = threads
             # vLLM's CPU workers too: its automatic binding takes the first core of the

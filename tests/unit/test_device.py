@@ -98,6 +98,7 @@ def test_without_pinning_a_worker_gets_its_count_of_cores_and_no_affinity(tmp_pa
 
     monkeypatch.setattr(subprocess, "Popen", Popen)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setenv("RLJOB_CORES", "1")  # the caller's own: a pinned worker ignores it
     # trainer-0 and two rollouts over 8 cores: the trainer's block is 3 cores
     for pin, lend, cores, affinity in ((True, False, None, {0, 1, 2}),
                                        (False, False, "3", None),
