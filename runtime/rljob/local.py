@@ -211,9 +211,10 @@ class LocalRun:
         env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
         if not (self.pin_cores or self.lend_cores):  # placed by the OS, its count of threads
             env[CORES_ENV] = threads
-            # vLLM's CPU workers too: its automatic binding takes the first core of the
-            # process's affinity (0.32, utils/ompmultiprocessing.py), the same core for
-            # every unpinned engine on the machine; a setting of the user's own stays
+            # vLLM's CPU workers too, with this count of threads: its automatic binding
+            # (0.32, utils/ompmultiprocessing.py) binds a thread to each core of the
+            # process's affinity but one, the same cores for every unpinned engine on
+            # the machine, whatever count the worker was given; a user's setting stays
             env.setdefault(VLLM_BIND_ENV, "nobind")
             cpus = None
         self.layout.logs.mkdir(parents=True, exist_ok=True)
