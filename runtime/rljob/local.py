@@ -2,7 +2,9 @@
 
 The same entrypoints as the pods: `rljob worker transferqueue`, `rljob worker
 trainer` (one per rank; DDP over gloo when there is more than one),
-`rljob worker rollout` (one per replica) and `rljob worker driver`. The run
+`rljob worker rollout` (one per replica) and `rljob worker driver`; the CPU ones
+forked from one parent that imported torch and transformers once
+(infra/forkserver.py; RLJOB_FORK_WORKERS=0: each a process of its own). The run
 directory gets job.yaml, metrics.jsonl, spans/, checkpoints/, final/ (weights),
 reward.png and timeline.png.
 
@@ -34,8 +36,10 @@ from .contract import PASSWORD_ENV, worker_argv
 from .infra.cores import Layout, write_layout
 from .infra.device import CORES_ENV
 from .infra.devices import count as count_devices, device_plan, worker_env
+from .infra.forkserver import ForkServer, ForkServerGone, Forked, preload_modules
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
+from .inputs.models import model_config
 
 VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their threads
 
@@ -117,7 +121,13 @@ def pin_cores_default() -> bool:
     """Whether `rljob run` pins its workers to cores: yes unless RLJOB_PIN_CORES says
     0/false (several runs, or other work, share the machine: pinned, each run's
     trainer would take the same first core)."""
-    return os.environ.get("RLJOB_PIN_CORES", "1").strip().lower() not in ("0", "false", "no")
+    return _env_on("RLJOB_PIN_CORES")
+
+
+def _env_on(name: str) -> bool:
+    """An on/off environment variable, on unless it says off as the command line's
+    flags read it (0, false, no, n, off, f)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "n", "off", "f")
 
 
 class JobFailed(RuntimeError):
@@ -131,14 +141,17 @@ class LocalRun:
     redis: list[str] = field(default_factory=list)
     max_steps: int | None = None
     resume: bool = False
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen | Forked] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
     lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
     # each compute worker on cores of its own (cpus_for); off (RLJOB_PIN_CORES=0): it
     # gets their count only, and the OS places it. Lending cores pins regardless.
-    pin_cores: bool = field(default_factory=lambda: pin_cores_default())
+    pin_cores: bool = field(default_factory=pin_cores_default)
+    # CPU workers forked from one pre-imported parent (infra/forkserver.py); off
+    # (RLJOB_FORK_WORKERS=0): each a process of its own, as in a pod
+    fork_workers: bool = field(default_factory=lambda: _env_on("RLJOB_FORK_WORKERS"))
     _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
@@ -146,6 +159,7 @@ class LocalRun:
     # where its life began
     _causes: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> (cause,
     # steps done) of its last failure
+    _forks: ForkServer | None = None  # the workers' pre-imported parent (start())
 
     @property
     def steps(self) -> int:
@@ -223,13 +237,45 @@ class LocalRun:
         out = open(log, "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
-        proc = subprocess.Popen([sys.executable, "-m", "rljob", *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent(cpus))
+        proc = self._fork(name, kind, args, env, log, cpus)
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, "-m", "rljob", *args], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_die_with_parent(cpus))
         out.close()
         self.procs[name] = proc
         self._args[name] = args
+        self.layout.pid_file(name).write_text(f"{proc.pid}\n")
         return proc
+
+    def _fork(self, name: str, kind: str, args: list[str], env: dict[str, str], log: Path,
+              cpus: set[int] | None) -> Forked | None:
+        """The worker forked from the run's fork server (infra/forkserver.py): the CPU
+        trainer ranks, hf replicas and driver, which import torch and transformers
+        (vLLM's engine and accelerators start in processes of their own). None: start
+        it the usual way."""
+        role = name.split("-")[0]
+        if self._forks is None or kind != "cpu" or role not in ("trainer", "rollout", "driver") \
+                or (role == "rollout" and self.job.spec.rollout.engine != "hf"):
+            return None
+        try:
+            return self._forks.spawn(args, env, log, cpus)
+        except ForkServerGone as exc:
+            self.event(f"{exc}: {name} and later workers start as processes of their own")
+            self._forks = None
+            return None
+
+    def _start_forkserver(self) -> None:
+        try:
+            config = model_config(self.job.spec.model)
+        except (OSError, ValueError):
+            config = None  # preflight says what is wrong with it
+        try:
+            self._forks = ForkServer(self.run_dir, preload_modules(
+                (config or {}).get("model_type")), self.layout.log("forkserver"))
+        except OSError as exc:
+            self.event(f"no fork server ({exc}): workers start as processes of their own")
+            self._forks = None
 
     @property
     def layout(self) -> RunDir:
@@ -255,6 +301,9 @@ class LocalRun:
         if not self.resume:  # an earlier run's reference is not this one's
             self.layout.reference.unlink(missing_ok=True)
         write_layout(self.run_dir, self.core_layout())
+        if self.fork_workers and self._forks is None:  # it imports while the
+            # transferqueue starts
+            self._start_forkserver()
         tq = self._spawn("transferqueue", tq_args)
         self._wait_listening(tq, "transferqueue")
         self._start_job(resume=self.resume)
@@ -418,6 +467,9 @@ class LocalRun:
         self._stop_workers(lambda n: n.startswith("trainer-"), timeout=60.0)
         self._stop_workers(lambda n: n != "transferqueue")
         self._stop_workers(lambda n: True)
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
 
     def purge_storage(self) -> None:
         """Delete this job's keys from its Redis units (a table nobody will read)."""
@@ -437,7 +489,7 @@ class LocalRun:
         return read_metrics(self.run_dir)
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+def _signal(proc: subprocess.Popen | Forked, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:

@@ -71,12 +71,13 @@ class Run:
             time.sleep(0.1)
 
     def worker(self, name: str) -> int:
-        """pid of a live worker process of this run (`transferqueue`, `rollout-0`, ...)."""
-        for pid in worker_pids(self.name, self.run_dir):
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if f"POD_NAME={name}".encode() in env:
-                return pid
-        raise AssertionError(f"no live {name} of {self.name}")
+        """pid of a live worker process of this run (`transferqueue`, `rollout-0`, ...):
+        the one logs/NAME.pid names (`rljob run` writes it at each start)."""
+        path = self.run_dir / "logs" / f"{name}.pid"
+        pid = int(path.read_text()) if path.exists() else None
+        if pid not in worker_pids(self.name, self.run_dir):
+            raise AssertionError(f"no live {name} of {self.name} (logs/{name}.pid: {pid})")
+        return pid
 
     def wait(self, timeout: float = 420) -> int:
         try:
@@ -96,7 +97,8 @@ class Run:
 
 def worker_pids(job_name: str, run_dir: Path) -> list[int]:
     """Live worker processes of a run (the transferqueue has the job name, the others
-    the run directory in their command line)."""
+    the run directory in their command line; those forked from the run's fork server,
+    and the server, have its command line, which names the run directory)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -105,8 +107,8 @@ def worker_pids(job_name: str, run_dir: Path) -> list[int]:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"worker" in cmd and (job_name.encode() in cmd
-                                 or any(str(run_dir).encode() in c for c in cmd)):
+        ours = job_name.encode() in cmd or any(str(run_dir).encode() in c for c in cmd)
+        if (b"worker" in cmd or b"rljob.infra.forkserver" in cmd) and ours:
             pids.append(int(entry.name))
     return pids
 

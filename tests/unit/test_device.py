@@ -92,6 +92,8 @@ def test_without_pinning_a_worker_gets_its_count_of_cores_and_no_affinity(tmp_pa
     spawned = []
 
     class Popen:
+        pid = 4242  # written to logs/NAME.pid
+
         def __init__(self, args, env, preexec_fn, **_):
             cells = [c.cell_contents for c in preexec_fn.__closure__ or ()]
             spawned.append((env, next((c for c in cells if isinstance(c, set)), None)))

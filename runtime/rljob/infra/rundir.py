@@ -3,6 +3,7 @@ the commands that read it (`rljob run --run-dir`, a pod's /checkpoints):
 
     job.yaml                   the resolved job (local runs)
     logs/NAME.log              each worker's output; logs/events.log the supervisor's
+    logs/NAME.pid              the pid of each worker's current life (local runs)
     metrics.jsonl              one line per trained step
     spans/WORKER.jsonl         each worker's timed spans (timeline.png's input)
     tensorboard/               TensorBoard event files
@@ -93,6 +94,9 @@ class RunDir:
 
     def log(self, name: str) -> Path:
         return self.logs / f"{name}.log"
+
+    def pid_file(self, name: str) -> Path:
+        return self.logs / f"{name}.pid"
 
     @property
     def events_log(self) -> Path:

@@ -1,0 +1,311 @@
+"""Workers forked from one parent that imported torch and transformers once.
+
+Each `rljob worker` of a local run imports torch and transformers before it does
+anything: about 8 s of a core each, most of a short job's CPU on a small machine
+(three such workers in a 3-step quickstart: 24 of its 39 CPU seconds). `rljob run`
+starts one fork server, `python -m rljob.infra.forkserver --run-dir DIR MODULE...`,
+which imports those modules once; each CPU worker is then a fork of it (its pages
+shared copy-on-write) that becomes the worker `python -m rljob ARGS` would have
+started: its own session, environment, log file (stdout and stderr), cores and
+death signal, then `rljob ARGS` run as the main module.
+
+The protocol is JSON lines: requests on the server's stdin
+({"id", "module", "argv", "env", "log", "cpus"}), answers on its stdout ({"id", "pid"} once
+forked, {"pid", "exit"} once the server reaped it: the exit code, -N for a signal,
+as `subprocess` gives it). The server's stdin closing ends it; its children get
+SIGTERM when it goes (PR_SET_PDEATHSIG), as they would when `rljob run` goes.
+
+What a fork cannot change: the OpenMP and BLAS libraries read their thread counts
+when they load, in the server (which loads them with 1 thread); a worker's count
+(OMP_NUM_THREADS) is set through torch.set_num_threads after the fork. A worker's
+/proc/PID/cmdline and /proc/PID/environ are the server's: `rljob run` writes each
+worker's pid to logs/NAME.pid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+# the server's own environment: the libraries it loads read these once
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "PYTHONUNBUFFERED": "1"}
+
+
+def preload_modules(model_type: str | None) -> list[str]:
+    """What the server imports (pure): torch, transformers' model classes and
+    generation, and the modeling module of the job's architecture where known."""
+    mods = ["torch", "torch.distributed", "transformers", "transformers.modeling_utils",
+            "transformers.generation", "transformers.models.auto.modeling_auto"]
+    if model_type and model_type.replace("_", "").isalnum():
+        mods.append(f"transformers.models.{model_type}.modeling_{model_type}")
+    return mods
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """This process gets `sig` when its parent goes (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    except (OSError, AttributeError):
+        pass
+
+
+# ---- the client: `rljob run` ------------------------------------------------------
+class ForkServerGone(RuntimeError):
+    """The fork server exited or did not answer: start workers the usual way."""
+
+
+class Forked:
+    """A worker forked by the server, with the part of subprocess.Popen that
+    `rljob run` uses (pid, args, poll, wait, returncode)."""
+
+    def __init__(self, pid: int, args: list[str]):
+        self.pid, self.args = pid, args
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._done.set()
+
+
+class ForkServer:
+    """Starts the server (it imports while the caller goes on) and forks workers
+    from it."""
+
+    def __init__(self, run_dir: Path, preload: list[str], log: Path):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as err:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "rljob.infra.forkserver", "--run-dir", str(run_dir),
+                 *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                env=dict(os.environ, **SERVER_ENV), start_new_session=True,
+                preexec_fn=die_with_parent)
+        self.pid = self._proc.pid
+        self._lock = threading.Lock()
+        self._next = 0
+        self._answers: dict[int, int] = {}
+        self._answered = threading.Condition(self._lock)
+        self._children: dict[int, Forked] = {}
+        self._early: dict[int, int] = {}  # pid -> exit code reported before its Forked
+        self._gone = False
+        threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            msg = json.loads(line)
+            with self._lock:
+                if "exit" in msg:
+                    child = self._children.pop(msg["pid"], None)
+                    if child is None:
+                        self._early[msg["pid"]] = msg["exit"]
+                    else:
+                        child._exited(msg["exit"])
+                else:
+                    self._answers[msg["id"]] = msg["pid"]
+                    self._answered.notify_all()
+        with self._lock:  # the server went: its children had their SIGTERM
+            self._gone = True
+            for child in self._children.values():
+                child._exited(-signal.SIGTERM)
+            self._children.clear()
+            self._answered.notify_all()
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path,
+              cpus: set[int] | None, timeout: float = 300, module: str = "rljob") -> Forked:
+        """Fork a worker running `python -m MODULE ARGV` (the server may still be
+        importing: it answers once it is done)."""
+        with self._lock:
+            if self._gone:
+                raise ForkServerGone("the fork server exited")
+            self._next += 1
+            rid = self._next
+            request = {"id": rid, "module": module, "argv": argv, "env": env,
+                       "log": str(log), "cpus": sorted(cpus) if cpus else None}
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError) as exc:
+                raise ForkServerGone(f"the fork server exited: {exc}") from exc
+            if not self._answered.wait_for(lambda: rid in self._answers or self._gone,
+                                           timeout):
+                raise ForkServerGone(f"the fork server did not answer in {timeout:.0f}s")
+            if rid not in self._answers:
+                raise ForkServerGone("the fork server exited")
+            child = Forked(self._answers.pop(rid), [module, *argv])
+            if child.pid in self._early:
+                child._exited(self._early.pop(child.pid))
+            else:
+                self._children[child.pid] = child
+            return child
+
+    def close(self, timeout: float = 10) -> None:
+        """End the server (its children, if any are left, get SIGTERM)."""
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# ---- the server -------------------------------------------------------------------
+def _send(msg: dict) -> None:
+    os.write(1, json.dumps(msg).encode() + b"\n")
+
+
+def serve(preload: list[str]) -> dict:
+    """Import `preload`, then fork a child for each request until stdin closes (then
+    exit). Returns only in a child: its request."""
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a module it lacks: the child imports its own
+            print(f"forkserver: not preloaded: {name}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    buf = b""
+    while True:
+        ready, _, _ = select.select([0, wake_r], [], [])
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+        _reap()
+        if 0 not in ready:
+            continue
+        data = os.read(0, 1 << 16)
+        if not data:
+            sys.exit(0)
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            request = json.loads(line)
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_r)
+                os.close(wake_w)
+                return request
+            _send({"id": request["id"], "pid": pid})
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def become(request: dict, server: int) -> None:
+    """In a fresh child: take on the worker's session, death signal, cores, log,
+    environment and thread count, and its command line."""
+    os.setsid()
+    die_with_parent()
+    if os.getppid() != server:  # the server went before the death signal was set
+        os._exit(1)
+    if request.get("cpus"):
+        os.sched_setaffinity(0, request["cpus"])
+    fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(max(1, int(threads)))
+    sys.argv = [sys.argv[0], *request["argv"]]
+
+
+def run_worker(module: str) -> None:
+    """Run `python -m MODULE ARGV` as the main module, then end as Python would, less its
+    finalization: the threads it left are joined, its atexit functions run and every
+    open file is flushed, but the modules (torch's among them: about 2 s of a core)
+    are not torn down one object at a time. Exits with the worker's status."""
+    import atexit
+    import gc
+    import io
+    import runpy
+    import traceback
+
+    code, interrupted = 0, False
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:  # noqa: BLE001 - as Python reports an uncaught exception
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # as multiprocessing's children do
+    atexit._run_exitfuncs()
+    # the types of Python's open files, by type() (isinstance would ask every object
+    # for its __class__, and some of torch's warn when asked)
+    files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    for obj in gc.get_objects():
+        if issubclass(type(obj), files):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    if interrupted:  # as Python ends on an uncaught KeyboardInterrupt: by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["--run-dir"]:  # names the run in `ps`; nothing else
+        args = args[2:]
+    server = os.getpid()
+    request = serve(args)
+    become(request, server)
+    run_worker(request.get("module", "rljob"))

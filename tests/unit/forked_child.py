@@ -1,0 +1,29 @@
+"""A child for tests/unit/test_forkserver.py: `python -m tests.unit.forked_child OUT
+[exit CODE | sleep | raise | open-file PATH]` writes what it sees of itself to OUT,
+then does what its arguments say."""
+
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+    out, *what = sys.argv[1:]
+    torch = sys.modules.get("torch")
+    with open(out, "w") as f:
+        json.dump({"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv[1:],
+                   "env": {k: os.environ.get(k) for k in ("POD_NAME", "OMP_NUM_THREADS")},
+                   "cpus": sorted(os.sched_getaffinity(0)),
+                   "threads": torch.get_num_threads() if torch else None,
+                   "preloaded": torch is not None}, f)
+    print("hello from the child")
+    if what[:1] == ["exit"]:
+        sys.exit(int(what[1]))
+    if what[:1] == ["sleep"]:
+        time.sleep(600)
+    if what[:1] == ["raise"]:
+        raise RuntimeError("the child failed")
+    if what[:1] == ["open-file"]:
+        # written, never flushed or closed: the exit flushes it
+        kept = open(what[1], "w")
+        kept.write("unflushed line\n")

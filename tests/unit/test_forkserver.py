@@ -1,0 +1,95 @@
+"""The fork server of `rljob run` (infra/forkserver.py), for real: a server that
+preloaded torch forks children that take on their own environment, session, log,
+cores and thread count, report their exit (codes and signals) and lose no write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rljob.infra.forkserver import ForkServer, ForkServerGone, preload_modules
+
+CHILD = "tests.unit.forked_child"
+
+
+def test_preload_modules_name_the_jobs_architecture_and_nothing_odd():
+    assert preload_modules("qwen2")[-1] == "transformers.models.qwen2.modeling_qwen2"
+    assert "torch" in preload_modules(None)
+    assert preload_modules("../x") == preload_modules(None)
+
+
+@pytest.fixture
+def server(tmp_path):
+    forks = ForkServer(tmp_path, ["torch"], tmp_path / "forkserver.log")
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
+def _spawn(server, tmp_path: Path, name: str, *what: str, cpus=None, threads: int = 1):
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, POD_NAME=name, OMP_NUM_THREADS=str(threads))
+    child = server.spawn([str(out), *what], env, tmp_path / f"{name}.log", cpus, module=CHILD)
+    return child, out
+
+
+def test_a_forked_child_is_the_worker_it_was_asked_for(server, tmp_path):
+    cpus = {sorted(os.sched_getaffinity(0))[-1]}
+    child, out = _spawn(server, tmp_path, "rollout-0", "exit", "0", cpus=cpus, threads=2)
+    assert child.wait(timeout=120) == 0
+    seen = json.loads(out.read_text())
+    assert seen["pid"] == child.pid and seen["sid"] == child.pid  # a session of its own
+    assert seen["env"] == {"POD_NAME": "rollout-0", "OMP_NUM_THREADS": "2"}
+    assert seen["cpus"] == sorted(cpus)
+    assert seen["preloaded"] and seen["threads"] == 2  # torch from the server, 2 threads
+    assert seen["argv"] == [str(out), "exit", "0"]
+    assert (tmp_path / "rollout-0.log").read_text() == "hello from the child\n"
+    assert child.pid != server.pid
+
+
+def test_exit_codes_signals_and_tracebacks_come_back_as_subprocess_gives_them(server, tmp_path):
+    code, _ = _spawn(server, tmp_path, "a", "exit", "3")
+    failed, _ = _spawn(server, tmp_path, "b", "raise")
+    sleeper, out = _spawn(server, tmp_path, "c", "sleep")
+    assert code.wait(timeout=120) == 3
+    assert failed.wait(timeout=120) == 1
+    assert "RuntimeError: the child failed" in (tmp_path / "b.log").read_text()
+    deadline = time.monotonic() + 60
+    while not out.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert sleeper.poll() is None
+    with pytest.raises(Exception, match="timed out"):
+        sleeper.wait(timeout=0.2)
+    os.killpg(sleeper.pid, signal.SIGKILL)
+    assert sleeper.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_childs_unclosed_file_is_written_when_it_exits(server, tmp_path):
+    child, _ = _spawn(server, tmp_path, "d", "open-file", str(tmp_path / "kept.txt"))
+    assert child.wait(timeout=120) == 0
+    assert (tmp_path / "kept.txt").read_text() == "unflushed line\n"
+
+
+def test_children_go_with_the_server_and_a_gone_server_says_so(server, tmp_path):
+    sleeper, out = _spawn(server, tmp_path, "e", "sleep")
+    deadline = time.monotonic() + 60
+    while not out.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(server.pid, signal.SIGKILL)
+    # the child had its death signal: reported as SIGTERM'd, and really gone
+    assert sleeper.wait(timeout=30) == -signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{sleeper.pid}").exists() and \
+            Path(f"/proc/{sleeper.pid}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the child outlived its server"
+        time.sleep(0.05)
+    with pytest.raises(ForkServerGone):
+        _spawn(server, tmp_path, "f", "exit", "0")
