@@ -115,6 +115,12 @@ def run(tp: int = 2, bucket_mb: int = 16, shape: dict | None = None) -> dict:
 
 
 def _measure(tp: int, bucket_mb: int, shape: dict | None) -> dict:
+    # the model's config, in a directory of its own that goes with the measurement
+    with tempfile.TemporaryDirectory(prefix="rljob-weight-memory-") as tmp:
+        return _measure_in(Path(tmp), tp, bucket_mb, shape)
+
+
+def _measure_in(tmp: Path, tp: int, bucket_mb: int, shape: dict | None) -> dict:
     import torch
 
     from rljob.api.spec import ModelSpec, RolloutSpec
@@ -126,7 +132,6 @@ def _measure(tp: int, bucket_mb: int, shape: dict | None) -> dict:
     cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
            "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
            "torch_dtype": "float32", **(shape or SHAPE)}
-    tmp = Path(tempfile.mkdtemp(prefix="rljob-weight-memory-"))
     (tmp / "config.json").write_text(json.dumps(cfg))
     spec = ModelSpec(path=f"random:{tmp}", tokenizer="builtin:char", dtype="float32")
     tok = load_tokenizer(spec)
