@@ -262,6 +262,7 @@ class LocalRun:
             return self._forks.spawn(args, env, log, cpus)
         except ForkServerGone as exc:
             self.event(f"{exc}: {name} and later workers start as processes of their own")
+            self._forks.close()
             self._forks = None
             return None
 
@@ -273,6 +274,7 @@ class LocalRun:
         try:
             self._forks = ForkServer(self.run_dir, preload_modules(
                 (config or {}).get("model_type")), self.layout.log("forkserver"))
+            self.layout.pid_file("forkserver").write_text(f"{self._forks.pid}\n")
         except OSError as exc:
             self.event(f"no fork server ({exc}): workers start as processes of their own")
             self._forks = None

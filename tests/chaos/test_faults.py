@@ -175,6 +175,25 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(tmp_path, victim):
     assert f"{victim} exited with -9" in run.events()
 
 
+def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
+    """The server the CPU workers are forked from (infra/forkserver.py) SIGKILLed
+    mid-run: its workers die with it; `rljob run` restarts them as processes of their
+    own (the trainer gang from its checkpoint) and every promise holds."""
+    run = Run(make_job(tmp_path, "kill-forkserver"), tmp_path / "run")
+    run.wait_step(3)
+    forked = {n: run.worker(n) for n in ("trainer-0", "rollout-0", "rollout-1", "driver")}
+    for name, pid in forked.items():  # forks: the server's command line
+        assert b"rljob.infra.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes(), name
+    os.kill(run.worker("forkserver"), signal.SIGKILL)
+    t = time.monotonic()
+    print(f"\nfork server SIGKILLed at step 3: next step after {recovery(run, 3, t):.1f}s")
+    check(run)
+    events = run.events()
+    assert "start as processes of their own" in events, events
+    for name in forked:
+        assert f"{name} exited with -9" in events, events
+
+
 def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_path):
     """workflow.weightUpdate interrupt on a generation-bound job (no warm-up: the
     random policy writes the 64 tokens it may; 4 prompts a step, so training is

@@ -1,14 +1,23 @@
 """A child for tests/unit/test_forkserver.py: `python -m tests.unit.forked_child OUT
-[exit CODE | sleep | raise | open-file PATH]` writes what it sees of itself to OUT,
-then does what its arguments say."""
+[exit CODE | sleep | raise | open-file PATH | stop-file PATH]` writes what it sees of
+itself to OUT, then does what its arguments say."""
 
 import json
 import os
+import signal
 import sys
 import time
 
 if __name__ == "__main__":
     out, *what = sys.argv[1:]
+    if what[:1] == ["stop-file"]:
+        # as the trainer does: SIGTERM stops it, it writes what it has, exits 0 (set
+        # before OUT is written: a test that saw OUT may signal it)
+        def stop(*_):
+            with open(what[1], "w") as f:
+                f.write("checkpointed\n")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
     torch = sys.modules.get("torch")
     with open(out, "w") as f:
         json.dump({"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv[1:],
@@ -20,6 +29,8 @@ if __name__ == "__main__":
     if what[:1] == ["exit"]:
         sys.exit(int(what[1]))
     if what[:1] == ["sleep"]:
+        time.sleep(600)
+    if what[:1] == ["stop-file"]:
         time.sleep(600)
     if what[:1] == ["raise"]:
         raise RuntimeError("the child failed")

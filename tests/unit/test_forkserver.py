@@ -60,10 +60,7 @@ def test_exit_codes_signals_and_tracebacks_come_back_as_subprocess_gives_them(se
     assert code.wait(timeout=120) == 3
     assert failed.wait(timeout=120) == 1
     assert "RuntimeError: the child failed" in (tmp_path / "b.log").read_text()
-    deadline = time.monotonic() + 60
-    while not out.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _started(out)
     assert sleeper.poll() is None
     with pytest.raises(Exception, match="timed out"):
         sleeper.wait(timeout=0.2)
@@ -77,18 +74,43 @@ def test_a_childs_unclosed_file_is_written_when_it_exits(server, tmp_path):
     assert (tmp_path / "kept.txt").read_text() == "unflushed line\n"
 
 
-def test_children_go_with_the_server_and_a_gone_server_says_so(server, tmp_path):
-    sleeper, out = _spawn(server, tmp_path, "e", "sleep")
+def _started(out: Path) -> None:
     deadline = time.monotonic() + 60
     while not out.exists():
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "the child never started"
         time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    path = Path(f"/proc/{pid}/stat")
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_sigterm_to_the_server_stops_each_child_as_its_own_sigterm_would(server, tmp_path):
+    """What `rljob run`'s going sends the server (its death signal): each child gets
+    SIGTERM and the server waits while it stops (a trainer checkpoints)."""
+    stopping, out = _spawn(server, tmp_path, "t", "stop-file", str(tmp_path / "stopped"))
+    plain, out2 = _spawn(server, tmp_path, "u", "sleep")
+    _started(out)
+    _started(out2)
+    os.kill(server.pid, signal.SIGTERM)
+    assert stopping.wait(timeout=60) == 0
+    assert (tmp_path / "stopped").read_text() == "checkpointed\n"
+    assert plain.wait(timeout=60) == -signal.SIGTERM
+    server._proc.wait(timeout=30)
+
+
+def test_children_die_with_a_killed_server_and_a_gone_server_says_so(server, tmp_path):
+    sleeper, out = _spawn(server, tmp_path, "e", "sleep")
+    _started(out)
     os.kill(server.pid, signal.SIGKILL)
-    # the child had its death signal: reported as SIGTERM'd, and really gone
-    assert sleeper.wait(timeout=30) == -signal.SIGTERM
+    # the child had its death signal: reported as killed, and really gone
+    assert sleeper.wait(timeout=30) == -signal.SIGKILL
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{sleeper.pid}").exists() and \
-            Path(f"/proc/{sleeper.pid}/stat").read_text().split()[2] != "Z":
+    while not _gone(sleeper.pid):
         assert time.monotonic() < deadline, "the child outlived its server"
         time.sleep(0.05)
     with pytest.raises(ForkServerGone):

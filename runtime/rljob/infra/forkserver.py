@@ -12,8 +12,12 @@ death signal, then `rljob ARGS` run as the main module.
 The protocol is JSON lines: requests on the server's stdin
 ({"id", "module", "argv", "env", "log", "cpus"}), answers on its stdout ({"id", "pid"} once
 forked, {"pid", "exit"} once the server reaped it: the exit code, -N for a signal,
-as `subprocess` gives it). The server's stdin closing ends it; its children get
-SIGTERM when it goes (PR_SET_PDEATHSIG), as they would when `rljob run` goes.
+as `subprocess` gives it). The server's stdin closing ends it. When `rljob run` goes
+however it goes, the server gets SIGTERM (PR_SET_PDEATHSIG), passes it on to each
+child and waits for them: the workers stop as they would had `rljob run` started them
+(the trainer checkpoints). A server that dies itself (SIGKILL, out of memory) takes
+its children with it by SIGKILL: to `rljob run` they are killed workers, which it
+restarts.
 
 What a fork cannot change: the OpenMP and BLAS libraries read their thread counts
 when they load, in the server (which loads them with 1 thread); a worker's count
@@ -122,10 +126,10 @@ class ForkServer:
                 else:
                     self._answers[msg["id"]] = msg["pid"]
                     self._answered.notify_all()
-        with self._lock:  # the server went: its children had their SIGTERM
+        with self._lock:  # the server died: its children had their SIGKILL
             self._gone = True
             for child in self._children.values():
-                child._exited(-signal.SIGTERM)
+                child._exited(-signal.SIGKILL)
             self._children.clear()
             self._answered.notify_all()
 
@@ -148,11 +152,14 @@ class ForkServer:
                 raise ForkServerGone(f"the fork server exited: {exc}") from exc
             if not self._answered.wait_for(lambda: rid in self._answers or self._gone,
                                            timeout):
+                # it goes (and its children with it, which their supervisor restarts):
+                # a request it read late would fork a worker nobody knows of
+                self._proc.kill()
                 raise ForkServerGone(f"the fork server did not answer in {timeout:.0f}s")
             if rid not in self._answers:
                 raise ForkServerGone("the fork server exited")
             child = Forked(self._answers.pop(rid), [module, *argv])
-            if child.pid in self._early:
+            if child.pid in self._early:  # it ended before its answer was read
                 child._exited(self._early.pop(child.pid))
             else:
                 self._children[child.pid] = child
@@ -174,12 +181,16 @@ class ForkServer:
 
 # ---- the server -------------------------------------------------------------------
 def _send(msg: dict) -> None:
-    os.write(1, json.dumps(msg).encode() + b"\n")
+    try:
+        os.write(1, json.dumps(msg).encode() + b"\n")
+    except BrokenPipeError:  # `rljob run` went: nobody to tell
+        pass
 
 
 def serve(preload: list[str]) -> dict:
     """Import `preload`, then fork a child for each request until stdin closes (then
-    exit). Returns only in a child: its request."""
+    exit) or SIGTERM comes (then pass it on to the children, wait for them and exit).
+    Returns only in a child: its request."""
     for name in preload:
         try:
             importlib.import_module(name)
@@ -190,9 +201,14 @@ def serve(preload: list[str]) -> dict:
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    terminated: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
     signal.set_wakeup_fd(wake_w)
+    children: set[int] = set()
     buf = b""
     while True:
+        if terminated:
+            _stop(children)
         ready, _, _ = select.select([0, wake_r], [], [])
         if wake_r in ready:
             while True:
@@ -201,7 +217,7 @@ def serve(preload: list[str]) -> dict:
                         break
                 except BlockingIOError:
                     break
-        _reap()
+        _reap(children)
         if 0 not in ready:
             continue
         data = os.read(0, 1 << 16)
@@ -216,28 +232,47 @@ def serve(preload: list[str]) -> dict:
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
                 return request
+            children.add(pid)
             _send({"id": request["id"], "pid": pid})
 
 
-def _reap() -> None:
+def _reap(children: set[int], block: bool = False) -> None:
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        children.discard(pid)
         _send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def _stop(children: set[int]) -> None:
+    """SIGTERM to each child's session (the worker and what it started), wait for
+    them all, exit."""
+    for pid in list(children):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:  # not yet in a session of its own
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    _reap(children, block=True)
+    sys.exit(0)
 
 
 def become(request: dict, server: int) -> None:
     """In a fresh child: take on the worker's session, death signal, cores, log,
     environment and thread count, and its command line."""
     os.setsid()
-    die_with_parent()
+    die_with_parent(signal.SIGKILL)  # the server passes a SIGTERM on; only its death
+    # without one reaches here
     if os.getppid() != server:  # the server went before the death signal was set
         os._exit(1)
     if request.get("cpus"):
