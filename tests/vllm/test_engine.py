@@ -314,12 +314,27 @@ def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engin
         prompts = [tok.encode(f"{i}+{2 * i}=") for i in range(16)]
         params = SamplingParams(n=4, max_new_tokens=120)
         engine.generate(prompts[:1], params)  # warm: the first forward is slow
+        # the update comes once tokens stream back (how many does not matter to the
+        # checks; a fixed sleep came before the first token on a loaded machine)
+        streamed = threading.Event()
+        generate = engine.llm.generate
+
+        def counting(*args, **kwargs):
+            async def stream():
+                async for out in generate(*args, **kwargs):
+                    if any(c.token_ids for c in out.outputs):
+                        streamed.set()
+                    yield out
+            return stream()
+
+        engine.llm.generate = counting
         futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
-        time.sleep(0.1)  # some tokens first; how many does not matter to the checks
+        assert streamed.wait(120), "no token streamed back in 120 s"
         engine.load_weights(new.state_dict(), 11)
         results = [f.result(timeout=300) for f in futures]
     finally:
         engine.interrupting = False
+        engine.llm.__dict__.pop("generate", None)
     midway = 0
     for prompt, (group, version, epoch) in zip(prompts, results):
         assert len(group) == 4 and (version, epoch) == group[0].versions[0][1:]
