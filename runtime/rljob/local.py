@@ -18,7 +18,6 @@ checkpoint. Every child dies with `rljob run` (PR_SET_PDEATHSIG), however it end
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -36,15 +35,13 @@ from .contract import PASSWORD_ENV, worker_argv
 from .infra.cores import Layout, write_layout
 from .infra.device import CORES_ENV
 from .infra.devices import count as count_devices, device_plan, worker_env
-from .infra.forkserver import ForkServer, ForkServerGone, Forked, preload_modules
+from .infra.forkserver import (ForkServer, ForkServerGone, Forked, die_with_parent,
+                               preload_modules)
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
 from .inputs.models import model_config
 
 VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their threads
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 # spec fields only the operator applies (pods, volumes, scheduling, cluster resources)
@@ -108,10 +105,7 @@ def failure_cause(log: str) -> str | None:
 def _die_with_parent(cpus: set[int] | None):
     """preexec_fn: the child gets SIGTERM when `rljob run` goes, however it goes."""
     def setup() -> None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            pass  # not Linux: the parent's signal handlers still stop every child
+        die_with_parent(signal.SIGTERM)
         if cpus:
             os.sched_setaffinity(0, cpus)
     return setup
@@ -234,15 +228,15 @@ class LocalRun:
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = self.layout.log(name)
         self._life[name] = log.stat().st_size if log.exists() else 0
-        out = open(log, "ab")
         # its own session: a terminal's Ctrl-C reaches `rljob run` only, which
         # stops the workers in order (the trainer checkpoints first)
         proc = self._fork(name, kind, args, env, log, cpus)
         if proc is None:
-            proc = subprocess.Popen([sys.executable, "-m", "rljob", *args], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent(cpus))
-        out.close()
+            with open(log, "ab") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "rljob", *args], env=env,
+                                        stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True,
+                                        preexec_fn=_die_with_parent(cpus))
         self.procs[name] = proc
         self._args[name] = args
         self.layout.pid_file(name).write_text(f"{proc.pid}\n")

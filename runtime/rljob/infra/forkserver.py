@@ -60,7 +60,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
-        pass
+        pass  # not Linux: `rljob run`'s signal handlers still stop every child
 
 
 # ---- the client: `rljob run` ------------------------------------------------------
