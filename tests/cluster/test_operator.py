@@ -331,8 +331,9 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
                          r'rljob="elastic"} 0\.1', operator.metrics())
         # the next decision asks for a gap 10 % above δ′: one just over δ′ does not scale
         gain2, _ = predicted_change(spec, 2, tgen2, profile)
+        assert gain2 > 0, f"the measured profile says a third replica saves nothing: {profile.gen}"
         wait_until_cooldown_passed(rljob)
-        feed(tgen2 - gain2 * 1.1 + 0.1, 3, gen=tgen2)
+        feed(tgen2 - gain2 * 1.05, 3, gen=tgen2)  # above δ′, under δ′ × 1.1
         assert rljob()["spec"]["rollout"]["replicas"] == 2
         above2 = tgen2 - gain2 * 1.1 - 0.3
         feed(above2, 2, gen=tgen2)

@@ -10,7 +10,8 @@ import pytest
 from rljob.api.spec import RLJobSpec
 from rljob.planner.cost import Workload, generation_time
 from rljob.planner.live import calls_profile, profile_from_records, train_profile, workload_lengths
-from rljob.planner.profile import GenProfile, Profile, TrainProfile, measured_on
+from rljob.planner.profile import (GenProfile, Profile, TrainProfile, measured_on,
+                                   non_decreasing)
 from rljob.workflow.timing import RECORD_CALLS, RECORD_LENGTHS, profile_record
 
 SPEC = RLJobSpec.model_validate({
@@ -36,6 +37,22 @@ def test_decode_steps_by_rows_and_the_prefill_per_token():
     assert calls_profile([concurrent], 64).ptl_seconds == [pytest.approx(0.1)]  # all 5 steps
     with pytest.raises(ValueError, match="no engine call with a decode step"):
         calls_profile([call(16, 1, 0.0)], 64)
+
+
+def test_a_larger_batch_measured_faster_is_pooled_and_one_more_replica_saves_time():
+    """On a busy machine a flat decode step's medians wobble (measured: 32 rows
+    11.05 ms, 64 rows 10.28 ms); the fit pools such a fall, so fewer rows per replica
+    never predicts a longer step and one more replica always saves the prefill's
+    share at least (a profile like this once gave δ′ = 0 at 2 → 3 replicas)."""
+    rows_ms = [(4, 9.67), (8, 9.48), (16, 9.89), (32, 11.05), (64, 10.28)]
+    gen = calls_profile([call(rows, 7, ms * 6 / 1000) for rows, ms in rows_ms], 256)
+    assert gen.ptl_seconds == pytest.approx([0.009575, 0.009575, 0.00989, 0.010665, 0.010665])
+    assert non_decreasing([3.0, 1.0, 2.0], [1, 1, 2]) == pytest.approx([2.0, 2.0, 2.0])
+    assert non_decreasing([1.0, 2.0, 2.0]) == [1.0, 2.0, 2.0]
+    gen.prefill_per_token = 0.23e-3
+    work = Workload(128, 6.0, 6.0, 6.5, group_size=8)
+    times = [generation_time(gen, work, r) for r in (1, 2, 3)]
+    assert times[0] > times[1] > times[2]
 
 
 def test_the_trainer_s_tokens_per_second_and_the_workload():

@@ -73,6 +73,19 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def non_decreasing(ys: list[float], weights: list[float] | None = None) -> list[float]:
+    """The non-decreasing sequence closest to `ys` in weighted least squares (pool
+    adjacent violators: a run that falls is replaced by its weighted mean) (pure)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for y, w in zip(ys, weights or [1.0] * len(ys)):
+        blocks.append([float(y), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
 @dataclass
 class GenProfile:
     """Per-token latency of one rollout instance versus its decode batch size."""
@@ -99,13 +112,18 @@ class GenProfile:
 
     @classmethod
     def from_samples(cls, samples: list[tuple[float, float]], max_batch_size: int) -> GenProfile:
-        """From live (batch size, per-token latency) reports: median per batch size."""
+        """From live (batch size, per-token latency) reports: median per batch size,
+        then the closest non-decreasing curve (`non_decreasing`): a decode step over
+        more rows does no less work, so a larger batch measured faster than a smaller
+        one is noise (a busy machine), and left in it would predict that fewer rows
+        per replica take longer — one more replica saving nothing, or costing time."""
         by_bs: dict[float, list[float]] = {}
         for bs, lat in samples:
             by_bs.setdefault(float(bs), []).append(float(lat))
         bss = sorted(by_bs)
         meds = [sorted(v)[len(v) // 2] for v in (by_bs[b] for b in bss)]
-        return cls(bss, meds, max_batch_size, "measured")
+        fitted = non_decreasing(meds, [len(by_bs[b]) for b in bss])
+        return cls(bss, fitted, max_batch_size, "measured")
 
     @classmethod
     def analytic(cls, hw: Hardware, model: ModelShape, tensor_parallel: int = 1,
