@@ -6,6 +6,7 @@ process group per replica, versions broadcast in buckets."""
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -368,3 +369,21 @@ def test_a_version_published_as_a_stream_is_served_whole(sender):
         assert_same(state, weights(7))
     finally:
         client.close()
+
+
+def test_a_joining_replica_waits_out_a_warm_up_longer_than_its_wait(sender):
+    """The trainer answers but publishes v0 only after its warm-up, here 2.5 s against
+    a 1 s wait (on a loaded 2-core machine a 270-step warm-up took 20 min, and the
+    replica used to give up at 10): the replica waits on and loads v0. A sender that
+    published, but not the version asked for, still ends the wait."""
+    address = f"127.0.0.1:{sender.port}"
+    threading.Timer(2.5, lambda: sender.publish(0, weights(0))).start()
+    engine = Engine()
+    t = time.monotonic()
+    assert WeightReceiver(address, "rollout-0", mode="async").load_latest(engine, wait=1.0) == 0
+    assert time.monotonic() - t >= 2.4 and engine.version == 0
+    assert_same(engine.state, weights(0))
+    # a sender that has published, but not the version asked for: the wait ends
+    late = WeightReceiver(address, "rollout-1", mode="async")
+    with pytest.raises(grpc.RpcError, match="version 5 not published within 1.0s"):
+        late.load_latest(Engine(), min_version=5, wait=1.0)

@@ -123,10 +123,28 @@ class WeightReceiver:
         return version
 
     def load_latest(self, engine, min_version: int = 0, wait: float = 600.0) -> int:
-        """Block until a version ≥ min_version is loaded (a replica joining the run)."""
-        version = self._update(engine, min_version, wait)
+        """Block until a version ≥ min_version is loaded (a replica joining the run).
+        A sender that answers but has published nothing yet (the trainer loads its
+        checkpoint or warms up, as long as that takes) is waited for again after each
+        `wait` s; an error of another kind, or a sender that does not answer, ends it."""
+        while True:
+            try:
+                version = self._update(engine, min_version, wait)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not self._unpublished():
+                    raise
+                log.info("the trainer has published no weights after %.0f s (loading or "
+                         "warming up): waiting on", wait)
         self.client.report(self.replica, version, self.epoch)
         return version
+
+    def _unpublished(self) -> bool:
+        """Whether the sender answers and has published no version yet."""
+        try:
+            return self.client.latest_info().version < 0
+        except grpc.RpcError:
+            return False
 
     def start_background(self, engine, heartbeat: float = 2.0) -> None:
         def report(version: int) -> None:

@@ -40,19 +40,33 @@ class Workflow:
         self.lengths = lengths  # skew-aware dispatch: a LengthModel (workflow/lengths.py)
         self.rule = ReleaseRule.of(spec)
 
-    def init_engines(self, timeout: float = 600.0) -> None:
+    def init_engines(self, timeout: float = 600.0, poll: float = 0.2) -> None:
+        """Register the job's tasks and wait until the trainer published its first
+        weights and a rollout replica loaded them. A trainer that answers but has
+        published nothing is still loading or warming up: it is waited for as long as
+        it answers (a warm-up takes what the machine gives it); `timeout` s bound a
+        trainer that does not answer, and the replicas' load after the publish."""
         self.tq.register(*tasks_for(self.spec))
         deadline = time.monotonic() + timeout
+        published = None
         while True:
             try:
                 status = self.weights.status()
                 if status.version >= 0 and status.replicas:
                     return
+                if status.version < 0:
+                    deadline = time.monotonic() + timeout
+                elif published is None:
+                    published = status.version
+                    deadline = time.monotonic() + timeout
             except grpc.RpcError:
-                pass  # the trainer is still starting (warm-up) or restarting
+                pass  # the trainer is still starting or restarting
             if time.monotonic() > deadline:
-                raise TimeoutError("no rollout replica reported loaded weights in time")
-            time.sleep(0.2)
+                raise TimeoutError(
+                    f"no rollout replica loaded weights v{published} within {timeout:.0f} s "
+                    "of their publish" if published is not None else
+                    f"the trainer's weight service did not answer for {timeout:.0f} s")
+            time.sleep(poll)
 
     def prepare_prompts(self, examples) -> dict[str, list]:
         """Step prompts rendered and tokenized, G rows per prompt (before release)."""
