@@ -302,46 +302,25 @@ def become(request: dict, server: int) -> None:
 
 def run_worker(module: str) -> None:
     """Run `python -m MODULE ARGV` as the main module, then end as Python would, less its
-    finalization: the threads it left are joined, its atexit functions run and every
-    open file is flushed, but the modules (torch's among them: about 2 s of a core)
-    are not torn down one object at a time. Exits with the worker's status."""
-    import atexit
-    import gc
-    import io
+    finalization (quickexit.end: torch's teardown is about 2 s of a core). Exits with
+    the worker's status."""
     import runpy
     import traceback
+
+    from .quickexit import end, exit_code
 
     code, interrupted = 0, False
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
+        code = exit_code(exc)
     except KeyboardInterrupt:
         traceback.print_exc()
         interrupted = True
     except BaseException:  # noqa: BLE001 - as Python reports an uncaught exception
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # type: ignore[attr-defined]  # as multiprocessing's children do
-    atexit._run_exitfuncs()
-    # the types of Python's open files, by type() (isinstance would ask every object
-    # for its __class__, and some of torch's warn when asked)
-    files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
-    for obj in gc.get_objects():
-        if issubclass(type(obj), files):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
-    if interrupted:  # as Python ends on an uncaught KeyboardInterrupt: by SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
+    end(code, interrupted)
 
 
 if __name__ == "__main__":
