@@ -41,6 +41,7 @@ from .infra.netutil import free_port
 from .infra.rundir import RunDir
 from .inputs.models import model_config
 
+DRIVER_GRACE_S = 10.0  # how long a driver may take to end once the trainer has
 VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their threads
 
 
@@ -154,6 +155,7 @@ class LocalRun:
     _causes: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> (cause,
     # steps done) of its last failure
     _forks: ForkServer | None = None  # the workers' pre-imported parent (start())
+    _trained_at: float | None = None  # when every trainer rank had exited 0
 
     @property
     def steps(self) -> int:
@@ -362,7 +364,12 @@ class LocalRun:
         now = time.monotonic()
         trainers = [n for n in self.procs if n.startswith("trainer-")]
         if trainers and all(self.procs[n].poll() == 0 for n in trainers):
-            return True
+            # the driver ends on its own once the last version is out (it logs what its
+            # ranker learned on the way): a few seconds' grace before it is stopped
+            self._trained_at = self._trained_at or now
+            driver = self.procs.get("driver")
+            return driver is None or driver.poll() is not None \
+                or now - self._trained_at > DRIVER_GRACE_S
         for name, proc in list(self.procs.items()):
             code = proc.poll()
             if code is None or name in self._pending:
