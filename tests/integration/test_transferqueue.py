@@ -186,6 +186,63 @@ def test_unacked_rows_return_after_the_lease_and_acked_never_do(redis_units):
         server.stop()
 
 
+def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, caplog):
+    """A consumer paused between its claim and its read (SIGSTOP, a starved process)
+    past its lease: another consumer got the rows, read and acked them, and the table
+    cleared their cells. Its claim_get then gives an empty batch and says why, where
+    it raised DATA_LOSS (and a rollout exited with it)."""
+    server = TQServer(redis_units, lease_seconds=1.0)
+    try:
+        with TransferQueueClient(server.address) as a, \
+                TransferQueueClient(server.address) as b:
+            a.register(DRIVER, TaskSpec("t", ["prompt"]))
+            a.put(0, prompts(4))
+            claim = a.claim
+
+            def claim_then_pause(task, count, **kwargs):
+                held = claim(task, count, **kwargs)
+                assert len(held.rows) == 4
+                deadline = time.monotonic() + 30
+                while not (other := b.claim("t", 4, min_count=4)).rows:  # the lease ran out
+                    assert time.monotonic() < deadline, "the rows never came back"
+                    time.sleep(0.1)
+                b.get(other, ["prompt"])
+                b.ack(other)
+                while True:  # the partition's cells are deleted in the background
+                    try:
+                        b.get(other, ["prompt"])
+                    except TransferQueueError:
+                        break
+                    assert time.monotonic() < deadline, "the acked rows' cells stayed"
+                    time.sleep(0.05)
+                return held
+
+            a.claim = claim_then_pause
+            with caplog.at_level("WARNING", logger="rljob.transferqueue"):
+                got = a.claim_get("t", 4, ["prompt"])
+            assert got.rows == [] and got.lease == ""
+            assert "dropped a claim of 4 rows of t" in caplog.text, caplog.text
+            assert "DATA_LOSS" in caplog.text and "is not held" in caplog.text, caplog.text
+            # a read that fails while the lease is held still raises, and its rows go
+            # back at once (not after the lease)
+
+            def claim_then_lose(task, count, **kwargs):
+                held = claim(task, count, **kwargs)
+                for r in redis_units:
+                    for key in r.client.keys(f"{a._data.job}:[0-9]*"):
+                        r.client.delete(key)
+                return held
+
+            a.claim = claim_then_lose
+            a.put(1, prompts(2))
+            with pytest.raises(TransferQueueError) as err:
+                a.claim_get("t", 2, ["prompt"])
+            assert err.value.code == grpc.StatusCode.DATA_LOSS
+            assert len(b.claim("t", 2, min_count=2, wait=0.5).rows) == 2
+    finally:
+        server.stop()
+
+
 def test_long_poll_claim_wakes_on_write(tq):
     with TransferQueueClient(tq.address) as c:
         c.register(DRIVER, TaskSpec("t", ["prompt"]))

@@ -8,6 +8,7 @@ through a `DataPlane` (dataplane.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +22,8 @@ from .policies import get_claim_policy
 from .schema import ColumnError, ColumnSpec, TaskSpec
 from .session import SyncSession
 from .wire import CLIENT_OPTIONS, POLICY_PB, task_to_pb
+
+log = logging.getLogger("rljob.transferqueue")
 
 RESERVE_BLOCK = 1024  # indices reserved per round trip by a writer
 _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
@@ -162,17 +165,24 @@ class TransferQueueClient:
         return batch
 
     def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
-        """Claim, then read the columns; rows whose cells cannot be read go back at once."""
+        """Claim, then read the columns; rows whose cells cannot be read go back at once.
+        A claim whose lease ran out before its read (the process paused or starved past
+        the lease: its rows went to another consumer, which may have finished and
+        cleared them) is dropped: an empty batch, and a warning that says so."""
         batch = self.claim(task, count, **kwargs)
         if not batch.rows:
             return batch
         try:
             return self.get(batch, columns)
-        except TransferQueueError:
+        except TransferQueueError as exc:
             try:
                 self.release(batch)
-            except TransferQueueError:
-                pass  # the lease expires instead
+            except TransferQueueError as gone:
+                if gone.code == grpc.StatusCode.FAILED_PRECONDITION:  # the lease is not held
+                    log.warning("dropped a claim of %d rows of %s before reading them (%s): %s",
+                                len(batch.rows), task, exc, gone.message)
+                    return Batch(task, "", [])
+                # else the lease expires instead
             raise
 
     def ack(self, batch: Batch, indices: Sequence[int] | None = None, wait: bool = True) -> int:
