@@ -1,8 +1,13 @@
 """A run that cannot make progress says why at once: the cause of a worker's
 failure from its log, the same cause twice ends the run, a summary without steps
-prints no nan."""
+prints no nan. And when a run is done: every trainer rank exited 0 and the driver
+has ended (it logs what its length ranker learned on its way out), or its grace is
+over."""
 
 from __future__ import annotations
+
+import subprocess
+import time
 
 import pytest
 
@@ -244,3 +249,47 @@ def test_an_episodic_job_shows_turns_and_tool_calls_in_80_columns():
     assert any("299/300" in x and "2.4" in x and "49/5" in x for x in lines)
     line = progress.step_line(Runner().metrics(), 300, elapsed=5)
     assert " · turns 2.4 · tool calls/failed 49/5 · " in line
+
+
+def _ended(code: int) -> subprocess.Popen:
+    proc = subprocess.Popen(["sh", "-c", f"exit {code}"])
+    proc.wait()
+    return proc
+
+
+def test_a_run_waits_for_its_driver_after_the_trainer(tmp_path):
+    run = _run(tmp_path)
+    driver = subprocess.Popen(["sleep", "30"])
+    try:
+        run.procs.update({"trainer-0": _ended(0), "driver": driver})
+        assert run.supervise() is False  # the driver is still logging its last lines
+        driver.terminate()
+        driver.wait()
+        assert run.supervise() is True
+    finally:
+        driver.kill()
+
+
+def test_a_driver_that_does_not_end_is_stopped_after_its_grace(tmp_path, monkeypatch):
+    monkeypatch.setattr("rljob.local.DRIVER_GRACE_S", 0.2)
+    run = _run(tmp_path)
+    driver = subprocess.Popen(["sleep", "30"])
+    try:
+        run.procs.update({"trainer-0": _ended(0), "trainer-1": _ended(0), "driver": driver})
+        assert run.supervise() is False
+        time.sleep(0.3)
+        assert run.supervise() is True
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_a_run_is_not_done_while_a_trainer_rank_runs(tmp_path):
+    run = _run(tmp_path)
+    rank = subprocess.Popen(["sleep", "30"])
+    try:
+        run.procs.update({"trainer-0": _ended(0), "trainer-1": rank, "driver": _ended(0)})
+        assert run.supervise() is False
+    finally:
+        rank.kill()
+        rank.wait()
