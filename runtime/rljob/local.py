@@ -41,7 +41,7 @@ from .infra.netutil import free_port
 from .infra.rundir import RunDir
 from .inputs.models import model_config
 
-DRIVER_GRACE_S = 10.0  # how long the driver may take to end after every trainer rank has
+DRIVER_GRACE_S = 10.0  # seconds the driver may take to end once every trainer rank exited
 VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their threads
 
 
