@@ -202,13 +202,14 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
     host_dir = volume("quickstart-checkpoints")
     plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
     watch = Watch(plane, ns, JOB)
-    # the example as the README applies it, but for its length: 60 steps show the
-    # learning; the checks below need a few steps shown, real staleness and tokens/s,
-    # the final weights and the clean-up (at 60 steps the test took 9 of the cluster
-    # tier's 50 minutes)
+    # the example as the README applies it, but for its length: 60 steps and a
+    # 200-step warm-up show the learning; the checks below need a few steps shown, real
+    # staleness and tokens/s, the final weights and the clean-up (at 60 steps the test
+    # took 9 of the cluster tier's 50 minutes); 20 warm-up steps as in the chaos tier
     doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
     assert doc["spec"]["algorithm"]["maxSteps"] == 60
     steps = doc["spec"]["algorithm"]["maxSteps"] = 16
+    doc["spec"]["model"]["warmupSteps"] = 20
     _apply(plane, ns, doc)
     succeeded = watch.until_succeeded(900)
     steps_seen = [(t, s, p.get("stalenessMean", 0.0), p.get("tokensPerSecond", 0.0))
