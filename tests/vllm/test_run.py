@@ -99,10 +99,10 @@ def test_bench_engines_prints_both_engines(tmp_path):
 def test_the_agentic_example_learns_on_vllm(tmp_path):
     """examples/agentic-calculator-vllm.yaml: episodes on vLLM (a request per turn on
     the episode's prefix, stopped at </calc>, the calculator answering in a thread
-    while the other episodes generate). Over its 60 steps the reward and the
-    calculator calls a step rise from the first 30 steps to the last 30; every step
+    while the other episodes generate). Over its 40 steps the reward and the
+    calculator calls a step rise from the first 20 steps to the last 20; every step
     has tool calls and observation tokens and no episode errors; each tool call is
-    a span on the timeline. Its 60 steps are the learning claim: the test stays long,
+    a span on the timeline. Its 40 steps are the learning claim: the test stays long,
     and its limit leaves room for a slow machine."""
     job = REPO / "examples" / "agentic-calculator-vllm.yaml"
     spec = yaml.safe_load(job.read_text())["spec"]
