@@ -576,8 +576,11 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     spec["podTemplateOverrides"] = [{
         "roles": ["trainer", "rollout"], "metadata": {"labels": {"team": "rl"}},
         "spec": {"volumes": [{"name": "scratch", "emptyDir": {}}],
+                 # a sidecar that ends on SIGTERM (`sleep` as its PID 1 would not: each
+                 # deleted pod would then wait out its 30 s grace period)
                  "initContainers": [{"name": "keepalive", "image": spec["image"],
-                                     "command": ["sleep", "infinity"],
+                                     "command": ["sh", "-c",
+                                                 "trap 'exit 0' TERM; while :; do sleep 1; done"],
                                      "restartPolicy": "Always"}]},
         "container": {"env": [{"name": "SCRATCH", "value": "/scratch"}],
                       "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}}]
