@@ -164,15 +164,21 @@ def redis_unit(tmp_path):
     server.stop()
 
 
-@pytest.mark.parametrize("victim", ["rollout-0", "driver", "trainer-0"])
-def test_a_killed_worker_is_restarted_and_the_job_finishes(tmp_path, victim):
-    run = Run(make_job(tmp_path, f"kill-{victim.split('-')[0]}"), tmp_path / "run")
-    run.wait_step(3)
-    os.kill(run.worker(victim), signal.SIGKILL)
-    t = time.monotonic()
-    print(f"\n{victim} SIGKILLed at step 3: next step after {recovery(run, 3, t):.1f}s")
+def test_killed_workers_are_restarted_and_the_job_finishes(tmp_path):
+    """rollout-0, the driver and trainer-0 SIGKILLed one after another (at steps 2, 4
+    and 6, each once the job had trained a step after the last fault): each is
+    restarted (the trainer from its checkpoint) and every promise holds for the run."""
+    run = Run(make_job(tmp_path, "kill-workers"), tmp_path / "run")
+    for at_step, victim in ((2, "rollout-0"), (4, "driver"), (6, "trainer-0")):
+        run.wait_step(at_step)
+        os.kill(run.worker(victim), signal.SIGKILL)
+        t = time.monotonic()
+        print(f"\n{victim} SIGKILLed at step {at_step}: next step after "
+              f"{recovery(run, at_step, t):.1f}s")
     check(run)
-    assert f"{victim} exited with -9" in run.events()
+    events = run.events()
+    for victim in ("rollout-0", "driver", "trainer-0"):
+        assert f"{victim} exited with -9" in events, events
 
 
 def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
@@ -219,25 +225,16 @@ def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_pa
     assert all(sum(m["staleness_tokens"].values()) == m["tokens"] for m in ms)
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis"])
-def test_a_killed_transferqueue_controller(tmp_path, backend, request):
-    extra = []
-    if backend == "redis":
-        unit = request.getfixturevalue("redis_unit")
-        extra = ["--redis", unit.url]
-    run = Run(make_job(tmp_path, f"kill-tq-{backend}"), tmp_path / "run", *extra)
+def test_a_killed_transferqueue_controller_on_memory_restarts_the_job(tmp_path):
+    """Its table was in its own memory: the job restarts from its checkpoint."""
+    run = Run(make_job(tmp_path, "kill-tq-memory"), tmp_path / "run")
     run.wait_step(3)
     os.kill(run.worker("transferqueue"), signal.SIGKILL)
     t = time.monotonic()
-    print(f"\ntransferqueue ({backend}) SIGKILLed at step 3: next step after "
+    print(f"\ntransferqueue (memory) SIGKILLed at step 3: next step after "
           f"{recovery(run, 3, t):.1f}s")
     check(run)
-    if backend == "redis":
-        # the table came back from its journal: no job restart
-        assert "transferqueue restarted with its table" in run.events()
-        assert unit.client.dbsize() == 0, unit.client.keys("*")[:10]
-    else:
-        assert "restarting the job from step" in run.events()
+    assert "restarting the job from step" in run.events()
 
 
 def test_redis_restarted_empty_restarts_the_job_from_its_checkpoint(tmp_path, redis_unit):
@@ -263,22 +260,31 @@ def test_redis_restarted_empty_restarts_the_job_from_its_checkpoint(tmp_path, re
         again.wait()
 
 
-def test_redis_with_its_append_only_file_comes_back_with_the_table(tmp_path):
-    """What the operator's StatefulSet runs: redis is SIGKILLed and restarted on its
-    append-only file; the controller finds its table and journal, no job restart."""
+def test_a_killed_controller_and_redis_on_its_append_only_file_keep_the_table(tmp_path):
+    """The table in Redis, as the operator runs it (a StatefulSet on its append-only
+    file): the controller SIGKILLed at step 2 finds its table and journal there; then
+    redis-server SIGKILLed at step 4 and restarted on its append-only file, and the
+    controller finds them again. No job restart."""
     unit = RedisServer(tmp_path, appendonly=True)
-    run = Run(make_job(tmp_path, "kill-redis-aof"), tmp_path / "run", "--redis", unit.url)
+    run = Run(make_job(tmp_path, "kill-tq-redis"), tmp_path / "run", "--redis", unit.url)
     try:
-        run.wait_step(3)
+        run.wait_step(2)
+        os.kill(run.worker("transferqueue"), signal.SIGKILL)
+        t = time.monotonic()
+        print(f"\ntransferqueue (redis) SIGKILLed at step 2: next step after "
+              f"{recovery(run, 2, t):.1f}s")
+        run.wait_step(4)
         unit.proc.kill()
         unit.proc.wait()
         t = time.monotonic()
         time.sleep(1.0)
         unit = RedisServer(tmp_path, appendonly=True, port=unit.port)
-        print(f"\nredis-server SIGKILLed at step 3, restarted on its AOF: next step after "
-              f"{recovery(run, 3, t):.1f}s")
+        print(f"redis-server SIGKILLed at step 4, restarted on its AOF: next step after "
+              f"{recovery(run, 4, t):.1f}s")
         check(run)
-        assert "restarting the job" not in run.events(), run.events()
+        events = run.events()
+        assert "transferqueue restarted with its table" in events, events
+        assert "restarting the job" not in events, events
         assert unit.client.dbsize() == 0, unit.client.keys("*")[:10]
     finally:
         unit.stop()

@@ -392,10 +392,13 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     name = "scaleout-cluster"
     doc = yaml.safe_load((REPO / "examples/scaleout-cluster.yaml").read_text())
     # one scale and its check (the example's second scale repeats the mechanism and took
-    # a third of the test's time): at most 2 replicas; 26 steps hold the live profile
-    # (step 4), the 4 samples of the gap, the new replica's start and the check's 4 steps
+    # a third of the test's time): at most 2 replicas; 19 steps hold the live profile
+    # (step 4), the 4 samples of the gap, the new replica's start and the check's 4
+    # steps (run alone: the scale at step 7, the new replica Ready at step 8, the check
+    # done by step 14), with 5 to spare for a slower machine; each step of one
+    # replica takes about 17 s here
     doc["spec"]["rollout"]["maxReplicas"] = 2
-    doc["spec"]["algorithm"]["maxSteps"] = 26
+    doc["spec"]["algorithm"]["maxSteps"] = 19
     max_steps = doc["spec"]["algorithm"]["maxSteps"]
     watch = Watch(plane, ns, name)
     record, scales = _scale_watch(watch)
@@ -488,6 +491,9 @@ def test_a_training_bound_job_gives_a_rollout_replica_back(operator_release, nam
     ns, _ = namespace
     name = "scalein-cluster"
     doc = yaml.safe_load((REPO / "examples/scalein-cluster.yaml").read_text())
+    # 15 of the example's 20 steps (each about 8 s here): run alone, the scale came at
+    # step 6 and its check's 3 steps were in by step 10; 5 to spare
+    doc["spec"]["algorithm"]["maxSteps"] = 15
     watch = Watch(plane, ns, name)
     record, scales = _scale_watch(watch)
     gone: dict[str, float] = {}
