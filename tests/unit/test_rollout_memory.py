@@ -107,3 +107,23 @@ def test_on_cpu_vllm_never_prefills_a_seeded_prompt_in_chunks():
     args = engine_args(model, RolloutSpec(engine="vllm", max_num_seqs=64), "cpu", 100, 0)
     assert args["enable_chunked_prefill"] is False
     assert args["max_num_batched_tokens"] >= 4096
+
+
+def test_a_one_worker_cpu_engine_starts_its_worker_in_process_and_a_users_setting_stays(
+        monkeypatch):
+    """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING while the engine starts: 0 then (its CPU
+    worker in the engine core's process), unset again after; a user's value is kept."""
+    import os
+
+    from rljob.rollout.vllm_engine import IN_PROCESS_ENV, _in_process_worker
+
+    monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
+    with _in_process_worker(True):
+        assert os.environ[IN_PROCESS_ENV] == "0"
+    assert IN_PROCESS_ENV not in os.environ
+    with _in_process_worker(False):  # tensor parallel, or an accelerator
+        assert IN_PROCESS_ENV not in os.environ
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
+    with _in_process_worker(True):
+        assert os.environ[IN_PROCESS_ENV] == "1"
+    assert os.environ[IN_PROCESS_ENV] == "1"

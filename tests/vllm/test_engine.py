@@ -174,6 +174,19 @@ def test_an_update_waits_for_the_groups_in_flight(engine, tok):
           f"reload {engine.reload_seconds * 1e3:.0f} ms")
 
 
+def test_a_one_worker_cpu_replica_runs_its_worker_in_the_engine_core(engine):
+    """No process of its own for the worker (docs/concepts/engines.md): the engine's
+    processes are its engine core alone, and this process's setting is as it was."""
+    import os
+
+    import psutil
+
+    titles = [" ".join(p.cmdline()) or p.name() for p in psutil.Process().children(recursive=True)]
+    assert any("EngineCore" in t for t in titles), titles
+    assert not any("Worker" in t for t in titles), titles
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+
+
 def test_a_broadcast_version_is_received_by_the_workers_and_loaded(engine, tok):
     """weightTransport collective: the engine's worker joins a weight group (gloo on
     CPU) with a real sender, receives each version's buckets and reloads them; the
