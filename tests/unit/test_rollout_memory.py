@@ -112,15 +112,24 @@ def test_on_cpu_vllm_never_prefills_a_seeded_prompt_in_chunks():
 def test_a_one_worker_cpu_engine_starts_its_worker_in_process_and_a_users_setting_stays(
         monkeypatch):
     """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING while the engine starts: 0 then (its CPU
-    worker in the engine core's process), unset again after; a user's value is kept."""
+    worker in the engine core's process, on the threads it was given), unset again
+    after; a user's value is kept."""
     import os
 
     from rljob.rollout.vllm_engine import IN_PROCESS_ENV, _in_process_worker
 
+    from rljob.infra.device import cores_given
+
     monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
-    with _in_process_worker(True):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with _in_process_worker(True):  # its threads: the mp executor's count, not vLLM's 1
         assert os.environ[IN_PROCESS_ENV] == "0"
-    assert IN_PROCESS_ENV not in os.environ
+        assert os.environ["OMP_NUM_THREADS"] == str(max(1, cores_given() - 1))
+    assert IN_PROCESS_ENV not in os.environ and "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # as `rljob run` sets it
+    with _in_process_worker(True):
+        assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert os.environ["OMP_NUM_THREADS"] == "3"
     with _in_process_worker(False):  # tensor parallel, or an accelerator
         assert IN_PROCESS_ENV not in os.environ
     monkeypatch.setenv(IN_PROCESS_ENV, "1")

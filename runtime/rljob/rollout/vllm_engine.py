@@ -151,20 +151,30 @@ def _in_process_worker(wanted: bool):
     vLLM's CPU platform (0.32, platforms/cpu.py:333-341) gives a one-worker engine a
     worker process of its own (the "mp" executor) unless VLLM_ENABLE_V1_MULTIPROCESSING
     is 0; AsyncLLM runs its engine core in a process of its own either way
-    (core_client.make_async_mp_client), so with 0 the worker runs there, on the
-    process's threads (OMP_NUM_THREADS, its affinity): one spawned process and one
-    import of vLLM fewer per replica (on a 2-core machine 18 s of CPU and 20 s of
-    start-up of 96 and 76; the same tokens and log-probs). The engine core reads the
-    setting when it is spawned; this process's is put back after. A user's own
-    setting stays."""
+    (core_client.make_async_mp_client), so with 0 the worker runs there: one spawned
+    process and one import of vLLM fewer per replica (on a 2-core machine 14 s of CPU
+    and 11 s of start-up). The engine core reads both settings when it is spawned;
+    this process's are put back after. Its threads: OMP_NUM_THREADS where set (`rljob
+    run` sets it), else as many as the mp executor's worker bound itself to: the cores
+    this process was given (its affinity, a pod's CPU limit) but one
+    (utils/ompmultiprocessing.py:43-50; the one left is this process's, which receives
+    the weights); without it vLLM would compute on one thread
+    (utils/torch_utils.py:270-300). A user's own VLLM_ENABLE_V1_MULTIPROCESSING stays,
+    and with it vLLM's own choice."""
     if not wanted or IN_PROCESS_ENV in os.environ:
         yield
         return
-    os.environ[IN_PROCESS_ENV] = "0"
+    from ..infra.device import cores_given
+
+    added = {IN_PROCESS_ENV: "0"}
+    if "OMP_NUM_THREADS" not in os.environ:
+        added["OMP_NUM_THREADS"] = str(max(1, cores_given() - 1))
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop(IN_PROCESS_ENV, None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def device_memory(accelerator: str) -> float | None:
