@@ -116,9 +116,8 @@ def test_a_one_worker_cpu_engine_starts_its_worker_in_process_and_a_users_settin
     after; a user's value is kept."""
     import os
 
-    from rljob.rollout.vllm_engine import IN_PROCESS_ENV, _in_process_worker
-
     from rljob.infra.device import cores_given
+    from rljob.rollout.vllm_engine import IN_PROCESS_ENV, _in_process_worker
 
     monkeypatch.delenv(IN_PROCESS_ENV, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -181,7 +181,8 @@ def test_a_one_worker_cpu_replica_runs_its_worker_in_the_engine_core(engine):
 
     import psutil
 
-    titles = [" ".join(p.cmdline()) or p.name() for p in psutil.Process().children(recursive=True)]
+    titles = [" ".join(p.cmdline()) or p.name()
+              for p in psutil.Process().children(recursive=True)]
     assert any("EngineCore" in t for t in titles), titles
     assert not any("Worker" in t for t in titles), titles
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
