@@ -83,7 +83,8 @@ def local_address(port: int) -> str:
 WORKER_FLAGS = {
     "transferqueue": ("listen", "job", "redis", "memory_units", "password_env",
                       "lease_seconds", "max_row_bytes", "metrics_port", "log_level"),
-    "driver": ("job", "tq", "weights", "run_dir", "start_step", "max_steps", "metrics_port"),
+    "driver": ("job", "tq", "weights", "run_dir", "start_step", "max_steps", "metrics_port",
+               "stay"),
     "rollout": ("job", "tq", "weights", "replica", "run_dir", "metrics_port"),
     "trainer": ("job", "tq", "weights_listen", "rank", "world_size", "master", "run_dir",
                 "resume", "max_steps", "metrics_port"),

@@ -236,13 +236,19 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
     gone: dict[str, float] = {}  # child -> seconds after success when it was gone
     left = first = _children(plane, ns)
     born: set[str] = set()  # children that appeared during the clean-up
+    tq_seen: list[tuple[bool, dict[str, int]]] = []  # the TQ pod: Ready, restarts
     while left and time.monotonic() < deadline:
         time.sleep(1)
+        tq_seen += _tq_pod_state(plane, ns, JOB)
         now = _children(plane, ns)
         gone.update({c: time.monotonic() - t1 for c in left if c not in now})
         born |= set(now) - set(first)
         left = now
     assert not left, left
+    # until its clean-up the finished job's TransferQueue pod stays Ready (its table
+    # and stats served), its driver idle, never restarted
+    assert len(tq_seen) >= 5, tq_seen
+    assert all(ready and not any(restarts.values()) for ready, restarts in tq_seen), tq_seen
     # owners go before their pods: the clean-up never starts a replacement pod
     assert not born, f"created during the clean-up: {sorted(born)}"
     print(f"children removed {time.monotonic() - t1:.0f}s after success: "
@@ -252,6 +258,15 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
 
 def _pod(plane, ns: str, name: str) -> dict:
     return plane.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def _tq_pod_state(plane, ns: str, job: str) -> list[tuple[bool, dict[str, int]]]:
+    """The job's TransferQueue pod, unless it is going: whether it is Ready and
+    each container's restart count."""
+    return [(_pod_ready(p), {c["name"]: c["restartCount"]
+                             for c in p["status"].get("containerStatuses", [])})
+            for p in _pods(plane, ns, f"rljob.dev/name={job},rljob.dev/role=transferqueue")
+            if not p["metadata"].get("deletionTimestamp")]
 
 
 def _pod_ready(pod: dict) -> bool:
@@ -543,7 +558,9 @@ def _tq_stats(plane, ns: str, job: str):
     pods = json.loads(plane.kubectl("get", "pods", "-n", ns, "-l",
                                     f"rljob.dev/name={job},rljob.dev/role=transferqueue",
                                     "-o", "json").stdout)["items"]
-    ip = next(p["status"]["podIP"] for p in pods if _pod_ready(p))
+    ready = [p["status"]["podIP"] for p in pods if _pod_ready(p)]
+    assert ready, [(p["metadata"]["name"], p["status"].get("containerStatuses")) for p in pods]
+    ip = ready[0]
     with grpc.insecure_channel(f"{ip}:50051") as channel:
         return pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
 

@@ -90,6 +90,8 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
         "name": "quickstart-tq-auth", "key": "password"}}
     assert driver["command"][:3] == ["rljob", "worker", "driver"]
     assert "quickstart-trainer-0.quickstart-trainer.team-a.svc:50052" in driver["args"]
+    # done, it stays: a container that exits is restarted and its pod not Ready
+    assert "--stay" in driver["args"]
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod_sec = dep["spec"]["template"]["spec"]["securityContext"]
     assert pod_sec["runAsNonRoot"] is True

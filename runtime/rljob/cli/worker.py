@@ -128,8 +128,12 @@ def worker_driver(
                                    "table already holds is never released again."),
     max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+    stay: bool = typer.Option(False, help="Once done, stay until terminated (in a pod: "
+                              "a container that exits is restarted, and its pod is not "
+                              "Ready meanwhile)."),
 ) -> None:
     """Release each step's prompts as the workflow mode allows."""
+    import logging
     import signal
     import sys
 
@@ -144,6 +148,13 @@ def worker_driver(
     spec = _job_spec(job)
     run_driver(spec, tq, weights, load_tokenizer(spec.model), start_step, max_steps,
                metrics_port=metrics_port)
+    if stay:
+        # the TransferQueue controller beside it serves the job's table and stats
+        # until the job's children go (ttlSecondsAfterFinished)
+        logging.getLogger("rljob.driver").info(
+            "every step released and the last version published; staying until terminated")
+        while True:
+            signal.pause()
 
 
 @worker_app.command("preflight")

@@ -166,7 +166,8 @@ def build_tq_deployment(job: RLJob) -> dict:
                           redis=redis_urls(job), password_env=PASSWORD_ENV,
                           lease_seconds=tq.lease_seconds, metrics_port=METRICS_PORT)
     driver_argv = worker_argv("driver", job=JOB_FILE, tq=local_address(TQ_PORT),
-                              weights=weights_address(job), metrics_port=DRIVER_METRICS_PORT)
+                              weights=weights_address(job), metrics_port=DRIVER_METRICS_PORT,
+                              stay=True)
     controller = {
         "name": "transferqueue",
         "image": job.spec.image,
