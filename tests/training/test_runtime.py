@@ -5,6 +5,7 @@ Short runs of the quickstart job (a 20-step warm-up instead of 200)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,12 @@ def test_async_never_trains_a_sample_staler_than_k(tmp_path, k):
     assert "ETA" in out.stdout and "smoothed" in out.stdout
     for f in ("reward.png", "timeline.png", "final/model.safetensors", "job.yaml"):
         assert (tmp_path / "run" / f).exists(), f
+    # the final weights are read by others too: every file as the umask makes new ones
+    # (safetensors alone would write its file 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in (tmp_path / "run/final").iterdir()
+            } == {f.name: oct(0o666 & ~mask) for f in (tmp_path / "run/final").iterdir()}
     # TensorBoard reads the same figures, one point per step
     points = tensorboard_scalars(tmp_path / "run", "reward/mean")
     assert [s for s, _ in points] == list(range(1, 9))

@@ -19,6 +19,7 @@ the commands that read it (`rljob run --run-dir`, a pod's /checkpoints):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +145,15 @@ class RunDir:
         named = {"metrics.jsonl": self.metrics, "reward.png": self.reward_plot,
                  "timeline.png": self.timeline_plot, "final/": self.final}
         return [n for n, p in named.items() if p.exists()]
+
+
+def readable_as_new(directory: Path) -> None:
+    """Give each file in `directory` the mode this process's umask gives a new file:
+    safetensors writes its file 0600 where the rest of a transformers directory
+    follows the umask, and a model directory is read by others (a serving pod, the
+    next job's pods under another user)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in directory.iterdir():
+        if f.is_file() and not f.is_symlink():
+            f.chmod(0o666 & ~mask)

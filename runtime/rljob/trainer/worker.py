@@ -33,7 +33,7 @@ from ..inputs.data import load_examples, prompt_columns
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
-from ..infra.rundir import RunDir
+from ..infra.rundir import RunDir, readable_as_new
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
@@ -187,6 +187,8 @@ class TrainerWorker:
             log.info("stopped after step %d: checkpointed", self.version)
         if self.run_dir and finished:
             self.policy.save_pretrained(self.run_dir.final, self.tok)  # collective
+            if self.rank == 0:  # the rank that wrote it
+                readable_as_new(self.run_dir.final)
 
     def close(self) -> None:
         if self.source is not None:
