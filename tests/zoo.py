@@ -17,7 +17,9 @@ with `tokenizers` and a chat template in its family's style:
   before the last user message.
 
 `build(name, root)` writes one (cached: an existing directory is reused);
-`python -m tests.zoo DIR` writes them all."""
+`python -m tests.zoo DIR` writes them all. `tool_caller()` is the example chat
+policy after its warm-up on the calculator's native episodes (kept under
+~/.cache/rljob/zoo)."""
 
 from __future__ import annotations
 
@@ -231,6 +233,65 @@ def chat_tokenizer(out: Path, vocab: int = 1000) -> Path:
     out = Path(out)
     shutil.rmtree(out / "tokenizer", ignore_errors=True)
     tok.save_pretrained(out)
+    return out
+
+
+def tool_caller(steps: int = 150, cache: Path | None = None) -> Path:
+    """`examples/models/tiny-chat` (random init, Qwen2.5's tool format) after `steps`
+    steps of warm-up on examples/data/calc-tools.jsonl, its calculator announced by
+    the MCP server examples/tools/calculator_server.py: a policy that calls it in
+    Qwen2.5's format (at 150 steps about 20 of 32 episodes a step call it well), for
+    the tests of MCP jobs, which need no warm-up of their own. Made by `rljob run` of
+    examples/agentic-tools.yaml so changed (its warm-up, then one RL step; its final
+    weights), once: kept under `cache` (~/.cache/rljob/zoo) by the content it is made
+    from (about 7 minutes of a core on a fresh machine; a second caller waits)."""
+    import fcntl
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    sources = [repo / "examples/agentic-tools.yaml", repo / "examples/data/calc-tools.jsonl",
+               repo / "examples/tools/calculator_server.py",
+               *sorted((repo / "examples/models/tiny-chat").iterdir()),
+               repo / "runtime/rljob/trainer/warmup.py", repo / "runtime/rljob/inputs/models.py"]
+    key = hashlib.sha256(str(steps).encode())
+    for f in sources:
+        key.update(f.name.encode() + f.read_bytes())
+    cache = Path(cache or os.environ.get("RLJOB_ZOO_CACHE",
+                                         Path.home() / ".cache/rljob/zoo"))
+    out = cache / f"tool-caller-{key.hexdigest()[:16]}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / "tool-caller.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # both test lanes may ask at once: one makes it
+        if (out / "config.json").exists():
+            return out
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            doc = yaml.safe_load((repo / "examples/agentic-tools.yaml").read_text())
+            spec = doc["spec"]
+            spec["model"]["path"] = f"random:{repo / 'examples/models/tiny-chat'}"
+            spec["model"]["warmupSteps"] = steps
+            spec["dataset"]["path"] = str(repo / "examples/data/calc-tools.jsonl")
+            spec["algorithm"]["maxSteps"] = 1
+            spec["rollout"]["tools"] = []
+            spec["rollout"]["mcpServers"] = [{"name": "calc", "command": [
+                sys.executable, str(repo / "examples/tools/calculator_server.py")]}]
+            job = Path(tmp) / "job.yaml"
+            job.write_text(yaml.safe_dump(doc))
+            done = subprocess.run([sys.executable, "-m", "rljob", "run", str(job),
+                                   "--run-dir", str(Path(tmp) / "run")], capture_output=True,
+                                  text=True, cwd=repo, timeout=1800)
+            if done.returncode != 0:
+                raise RuntimeError(f"the tool caller's warm-up failed: {done.stderr[-2000:]}")
+            shutil.copytree(Path(tmp) / "run" / "final", Path(tmp) / "model")
+            (Path(tmp) / "model").rename(out)  # whole or not at all
+        for old in cache.glob("tool-caller-*"):  # those of older inputs
+            if old != out:
+                shutil.rmtree(old, ignore_errors=True)
     return out
 
 

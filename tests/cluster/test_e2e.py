@@ -88,7 +88,17 @@ def _debug(plane, ns: str) -> str:
                            check=False).stdout[-4000:]
     logs = plane.kubectl("logs", "-n", OPERATOR_NS, f"deploy/{RELEASE}", "--tail=40",
                          check=False).stdout
-    return f"pods:\n{pods}\nevents:\n{events}\noperator:\n{logs}"
+    failed = ""  # the last lines of each container that ended in an error
+    for pod in plane.get(f"/api/v1/namespaces/{ns}/pods").get("items", []):
+        for c in pod.get("status", {}).get("containerStatuses", []):
+            ended = c.get("state", {}).get("terminated") or c.get("lastState", {}).get(
+                "terminated")
+            if ended and ended.get("exitCode"):
+                out = plane.kubectl("logs", "-n", ns, pod["metadata"]["name"], "-c", c["name"],
+                                    "--tail=15", *(["--previous"] if "terminated" not in
+                                                   c.get("state", {}) else []), check=False)
+                failed += f"{pod['metadata']['name']}/{c['name']}:\n{out.stdout[-2000:]}\n"
+    return f"pods:\n{pods}\nevents:\n{events}\noperator:\n{logs}\nfailed containers:\n{failed}"
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +296,56 @@ def _scrape(pod: dict, metric: str, port: int = 9090) -> float | None:
     values = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
               if line.startswith(metric + "{") or line.startswith(metric + " ")]
     return sum(values) if values else None
+
+
+@pytest.mark.timeout(900)
+def test_an_mcp_job_in_pods_calls_the_tool_of_its_server(operator_release, namespace):
+    """examples/agentic-tools.yaml in pods with its calculator served over MCP:
+    examples/tools/calculator_server.py (in the runtime image, under the pods' working
+    directory /opt/rljob/examples) in rollout.mcpServers and no built-in tool; the
+    policy after the example's warm-up (tests/zoo.tool_caller) on the model volume.
+    The driver and the trainer start the server to list the tool their prompts
+    announce, the rollout pod's episodes call it, and the job succeeds; the rollout's
+    /metrics count the calls its server answered."""
+    from tests import zoo
+
+    plane = operator_release
+    ns, volume = namespace
+    name = "mcp-cluster"
+    models = volume("models")
+    # copied as new files (the pods' user reads them)
+    shutil.copytree(zoo.tool_caller(), models / "tool-caller", copy_function=shutil.copyfile)
+    plane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "resources": {"requests": {"storage": "1Gi"}}}}))
+    doc = yaml.safe_load((REPO / "examples/agentic-tools.yaml").read_text())
+    cluster = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    for key in ("image", "accelerator", "transferQueue"):  # the CPU image, its requests
+        spec[key] = cluster["spec"][key]
+    spec["model"] = {"path": "/models/tool-caller", "pvc": "models", "dtype": "float32"}
+    spec["algorithm"].update({"promptsPerStep": 4, "maxSteps": 3})
+    spec["rollout"]["tools"] = []
+    spec["rollout"]["mcpServers"] = [{"name": "calc",
+                                      "command": ["python", "tools/calculator_server.py"]}]
+    _apply(plane, ns, doc)
+    watch = Watch(plane, ns, name)
+    counted: dict[str, float] = {}
+
+    def on_poll(job: dict) -> None:
+        for pod in _pods(plane, ns, f"rljob.dev/name={name},rljob.dev/role=rollout"):
+            for metric in ("rljob_tool_calls_total", "rljob_tool_errors_total"):
+                value = _scrape(pod, metric)
+                if value is not None:
+                    counted[metric] = max(counted.get(metric, 0.0), value)
+
+    done = watch.until_succeeded(600, on_poll)
+    print(f"\nMCP job Succeeded {done:.0f}s after apply; the rollout's counters {counted}")
+    answered = (counted.get("rljob_tool_calls_total", 0)
+                - counted.get("rljob_tool_errors_total", 0))
+    assert answered >= 4, counted  # calls its server answered, of 32 episodes a step
 
 
 @pytest.mark.timeout(600)

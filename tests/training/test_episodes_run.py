@@ -1,7 +1,8 @@
 """Episodes for real: `rljob run` of examples/agentic-calculator.yaml (a short warm-up
 on its demonstrated episodes, two RL steps): the policy calls the calculator, the
 observations are appended and counted, the trainer trains on the rows, and each
-step's figures say how the episodes went."""
+step's figures say how the episodes went. And examples/agentic-tools.yaml (the
+model's own tool calls) with its calculator served over MCP."""
 
 from __future__ import annotations
 
@@ -50,3 +51,48 @@ def test_the_agentic_example_runs_episodes_with_the_calculator(tmp_path):
                for t in tools)
     assert [v for _, v in tensorboard_scalars(run, "episodes/tool_calls")] == [
         m["tool_calls"] for m in steps]
+
+
+def test_a_native_tools_job_calls_the_tool_of_its_mcp_server(tmp_path):
+    """examples/agentic-tools.yaml with its one tool served by an MCP server
+    (examples/tools/calculator_server.py in rollout.mcpServers, no built-in tool), from the
+    example's policy after its warm-up (tests/zoo.tool_caller, made once): the
+    driver and the trainer list the server's tool to announce it, the rollout calls
+    it over stdio, and the job runs to the end. Every call that reads and is not an
+    error was answered by the server: the job has no other tool."""
+    from tests import zoo
+
+    doc = yaml.safe_load((REPO / "examples" / "agentic-tools.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"] = {"path": str(zoo.tool_caller()), "dtype": "float32"}
+    spec["dataset"]["path"] = str(REPO / "examples/data/calc-tools.jsonl")
+    spec["algorithm"].update({"promptsPerStep": 4, "maxSteps": 2})
+    spec["rollout"]["tools"] = []
+    spec["rollout"]["mcpServers"] = [{
+        "name": "calc",
+        "command": [sys.executable, str(REPO / "examples/tools/calculator_server.py")],
+        "env": {"MCP_CALCULATOR_LOG": str(tmp_path / "calls.log")}, "timeoutSeconds": 60}]
+    job = tmp_path / "mcp.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job), "--run-dir", str(run)],
+                         capture_output=True, text=True, cwd=REPO, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    print("MCP job's episodes:", [{k: m[k] for k in ("reward_mean", "tool_calls",
+                                                     "malformed_calls", "tool_errors")}
+                                  for m in steps])
+    assert [m["step"] for m in steps] == [1, 2]
+    answered = sum(m["tool_calls"] - m["tool_errors"] for m in steps)
+    assert answered >= 8, steps  # of 64 episodes
+    # each answered call reached the server (which saw the calls that fail there too),
+    # and only the rollout called: the driver and the trainer list the tool
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert answered <= len(calls) <= sum(m["tool_calls"] - m["malformed_calls"]
+                                         for m in steps), (calls, steps)
+    for m in steps:
+        assert m["episode_errors"] == 0 and m["observation_tokens"] > 0, m
+    spans = [json.loads(x) for x in (run / "spans" / "rollout-0.jsonl").read_text().splitlines()]
+    episodes = [s["info"]["episodes"] for s in spans if s["kind"] == "generate"]
+    assert len([s for s in spans if s["kind"] == "tool"]) == sum(e["tool_calls"]
+                                                                 for e in episodes)
