@@ -243,8 +243,9 @@ def tool_caller(steps: int = 150, cache: Path | None = None) -> Path:
     Qwen2.5's format (at 150 steps about 20 of 32 episodes a step call it well), for
     the tests of MCP jobs, which need no warm-up of their own. Made by `rljob run` of
     examples/agentic-tools.yaml so changed (its warm-up, then one RL step; its final
-    weights), once: kept under `cache` (~/.cache/rljob/zoo) by the content it is made
-    from (about 7 minutes of a core on a fresh machine; a second caller waits)."""
+    weights), once: kept under `cache` (~/.cache/rljob/zoo), keyed by the files it is
+    made from (the example, its data, model and server, the warm-up's code): about 7
+    minutes of a core on a fresh machine; a second caller meanwhile waits."""
     import fcntl
     import hashlib
     import os
