@@ -288,8 +288,7 @@ def tool_caller(steps: int = 150, cache: Path | None = None) -> Path:
                                   text=True, cwd=repo, timeout=1800)
             if done.returncode != 0:
                 raise RuntimeError(f"the tool caller's warm-up failed: {done.stderr[-2000:]}")
-            shutil.copytree(Path(tmp) / "run" / "final", Path(tmp) / "model")
-            (Path(tmp) / "model").rename(out)  # whole or not at all
+            (Path(tmp) / "run" / "final").rename(out)  # whole or not at all
         for old in cache.glob("tool-caller-*"):  # those of older inputs
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)

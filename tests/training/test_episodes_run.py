@@ -7,13 +7,12 @@ model's own tool calls) with its calculator served over MCP."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from tests.training.test_runtime import tensorboard_scalars
+from tests.training.test_runtime import metrics, rljob_run, tensorboard_scalars
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,10 +27,8 @@ def test_the_agentic_example_runs_episodes_with_the_calculator(tmp_path):
     job = tmp_path / "agentic.yaml"
     job.write_text(yaml.safe_dump(doc))
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job), "--run-dir", str(run)],
-                         capture_output=True, text=True, cwd=REPO, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rljob_run(job, run, timeout=400)
+    steps = metrics(run)
     assert len(steps) == 2 and (run / "final" / "model.safetensors").exists()
     errors = [line for log in (run / "logs").glob("rollout-*.log")
               for line in log.read_text().splitlines() if "environment error" in line]
@@ -75,10 +72,8 @@ def test_a_native_tools_job_calls_the_tool_of_its_mcp_server(tmp_path):
     job = tmp_path / "mcp.yaml"
     job.write_text(yaml.safe_dump(doc))
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(job), "--run-dir", str(run)],
-                         capture_output=True, text=True, cwd=REPO, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rljob_run(job, run, timeout=400)
+    steps = metrics(run)
     print("MCP job's episodes:", [{k: m[k] for k in ("reward_mean", "tool_calls",
                                                      "malformed_calls", "tool_errors")}
                                   for m in steps])
