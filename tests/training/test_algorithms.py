@@ -149,17 +149,38 @@ def test_a_group_samples_the_same_alone_and_inside_a_batch_of_groups():
         alone = engine.generate([prompt], SamplingParams(**{**params.__dict__, "seed": seed}))[0]
         assert [g.response_ids for g in got] == [g.response_ids for g in alone]
         assert [g.logprobs for g in got] == [g.logprobs for g in alone]
-    # a batch of fewer rows than MIN_ROWS computes the same bits as a big one
+    # a batch of fewer rows than the machine's BLAS computes alike (`row_floor`)
+    # computes the same bits as a batch of more
     one = SamplingParams(n=1, max_new_tokens=8, top_p=0.9)
     single = engine.generate([prompts[0]], SamplingParams(**{**one.__dict__, "seed": 11}))[0]
-    short = [prompts[0]] + [tok.encode(f"{a}+{a}=") for a in (1, 22, 33, 44, 55)]
-    many = engine.generate(short, SamplingParams(**{**one.__dict__, "seeds": (11, 1, 2, 3, 4, 5)}))
+    others = range(1, engine.min_rows + 3)
+    short = [prompts[0]] + [tok.encode(f"{a}+{a}=") for a in others]
+    assert len({prompt_width(len(p)) for p in short}) == 1  # one generate of them all
+    many = engine.generate(short, SamplingParams(**{**one.__dict__, "seeds": (11, *others)}))
     assert [(g.response_ids, g.logprobs) for g in single] == [
         (g.response_ids, g.logprobs) for g in many[0]]
     # different seeds draw different samples
     assert [g.response_ids for g in together[0]] != [
         g.response_ids for g in engine.generate([prompts[0]], SamplingParams(
             **{**params.__dict__, "seed": 12}))[0]]
+
+
+@pytest.mark.parametrize("shapes", [((128, 256), (256, 128), (128, 1000)), ((896, 896),)])
+def test_from_the_row_floor_up_every_row_count_computes_each_row_alike(shapes):
+    """`row_floor` measures where this machine's BLAS stops running small row counts
+    on kernels of their own: from it up to ROW_PROBE rows, each row of a product has
+    the bits it has in a product of ROW_PROBE rows (checked at every count here)."""
+    from rljob.rollout.engine import MIN_ROWS, ROW_PROBE, row_floor
+
+    floor = row_floor(shapes)
+    assert MIN_ROWS <= floor < ROW_PROBE
+    gen = torch.Generator().manual_seed(1)
+    for k, n in shapes:
+        w, x = torch.randn(n, k, generator=gen), torch.randn(ROW_PROBE, k, generator=gen)
+        whole = torch.nn.functional.linear(x, w)
+        unlike = [rows for rows in range(floor, ROW_PROBE)
+                  if not torch.equal(torch.nn.functional.linear(x[:rows], w), whole[:rows])]
+        assert not unlike, f"{k}x{n}: rows {unlike[:5]} differ from the floor {floor} up"
 
 
 def test_a_stop_text_ends_each_row_where_it_is_spelled_and_ends_the_call_early():

@@ -13,6 +13,7 @@ imports a backend; the rollout worker imports the backends it offers.
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -191,9 +192,58 @@ class _StopText:
 
 
 PROMPT_BUCKET = 8  # tokens: on CPU prompts are left-padded to the next multiple of this
-# rows a `generate` computes at least: a decode step's matrix products over fewer rows
-# take another BLAS path, with other bits (a batch of 1-3 rows gets copies of its last)
+# rows a `generate` computes at least, where the machine's BLAS needs no more
+# (`row_floor`): a batch of fewer rows gets copies of its last
 MIN_ROWS = 4
+# the most rows `row_floor` measures up to: a model whose products differ beyond it
+# pads small batches to this many rows
+ROW_PROBE = 256
+
+
+@functools.lru_cache(maxsize=None)
+def row_floor(shapes: tuple[tuple[int, int], ...], dtype=None, most: int = ROW_PROBE) -> int:
+    """The fewest rows from which a product `x @ W.T` gives each row the same bits
+    whatever the number of rows, for every (in, out) shape of `shapes`, as this
+    machine's BLAS computes it (measured once per process: at least MIN_ROWS). A BLAS
+    runs small row counts on kernels of their own, with other summation orders, and
+    where they end depends on the CPU and the shape: on one Xeon with AVX-512, 6 rows
+    for 128 inputs, 11 for 256, 113 for 896. A decode step's products have as many
+    rows as the batch, so a row's bits follow from the row alone only from this many
+    rows up. Counts are tried upwards; one that agrees with `most` rows is taken
+    once every count up to twice it, and each power of two up to `most`, agree too."""
+    import torch
+
+    floor = MIN_ROWS
+    gen = torch.Generator().manual_seed(0)
+    for k, n in sorted(set(shapes)):
+        w = torch.randn(n, k, generator=gen, dtype=dtype or torch.float32)
+        x = torch.randn(most, k, generator=gen, dtype=w.dtype)
+        whole = torch.nn.functional.linear(x, w)
+
+        def alike(rows: int) -> bool:
+            return torch.equal(torch.nn.functional.linear(x[:rows], w), whole[:rows])
+
+        rows = floor
+        while rows < most:
+            if not alike(rows):
+                rows += 1
+                continue
+            checks = [*range(rows + 1, min(2 * rows, most)),
+                      *(2 ** e for e in range(12) if rows < 2 ** e < most)]
+            unlike = next((m for m in checks if not alike(m)), None)
+            if unlike is None:
+                break
+            rows = unlike + 1
+        floor = max(floor, rows)
+    return floor
+
+
+def linear_shapes(model) -> list[tuple[int, int]]:
+    """The (in, out) shape of every linear layer of `model` (pure)."""
+    import torch
+
+    return sorted({(m.in_features, m.out_features) for m in model.modules()
+                   if isinstance(m, torch.nn.Linear)})
 
 
 def prompt_width(length: int) -> int:
@@ -215,9 +265,11 @@ class HFEngine(RolloutEngine):
     CPU a row's bits follow from the row alone: prompts go in buckets by length
     (`prompt_width`), each bucket one `generate` at its width (on an accelerator,
     whose kernels are chosen by shape, one `generate` at the batch's), the padding mask
-    keeps every real token off the pads, and the model attends eagerly (torch's
+    keeps every real token off the pads, the model attends eagerly (torch's
     fused attention splits a one-token query's keys over threads by the batch's
-    size); the rows beside a row, their number and their lengths change none of
+    size), and a `generate` has at least as many rows as the machine's BLAS needs to
+    compute each row alike (`row_floor`, measured when the engine is made); the rows
+    beside a row, their number and their lengths change none of
     its logits. So a streamed step samples and reports what a whole-step batch
     does, bit for bit, with no second forward.
 
@@ -237,8 +289,11 @@ class HFEngine(RolloutEngine):
         # on CPU a row's bits follow from the row alone (the docstring says how); an
         # accelerator's kernels are chosen by shape anyway
         self.row_exact = self.weight_device().type == "cpu"
+        self.min_rows = MIN_ROWS
         if self.row_exact:
             self.model.set_attn_implementation("eager")
+            self.min_rows = row_floor(tuple(linear_shapes(self.model)),
+                                      next(self.model.parameters()).dtype)
 
     @classmethod
     def create(cls, model_spec, rollout_spec, tokenizer, model, accelerator: str,
@@ -346,8 +401,8 @@ class HFEngine(RolloutEngine):
         pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
         device = self.weight_device()
         real = len(ids)
-        if real < MIN_ROWS:  # copies of the last row, dropped below
-            extra = MIN_ROWS - real
+        if real < self.min_rows:  # copies of the last row, dropped below
+            extra = self.min_rows - real
             ids, attn = torch.cat([ids, ids[-1:].expand(extra, -1)]), \
                 torch.cat([attn, attn[-1:].expand(extra, -1)])
             uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
