@@ -266,10 +266,6 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
     assert _rljob(plane, ns), "the RLJob itself stays"
 
 
-def _pod(plane, ns: str, name: str) -> dict:
-    return plane.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-
-
 def _tq_pod_state(plane, ns: str, job: str) -> list[tuple[bool, dict[str, int]]]:
     """The job's TransferQueue pod, unless it is going: whether it is Ready and
     each container's restart count."""

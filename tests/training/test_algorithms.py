@@ -173,7 +173,7 @@ def test_from_the_row_floor_up_every_row_count_computes_each_row_alike(shapes):
     from rljob.rollout.engine import MIN_ROWS, ROW_PROBE, row_floor
 
     floor = row_floor(shapes)
-    assert MIN_ROWS <= floor < ROW_PROBE
+    assert MIN_ROWS <= floor <= ROW_PROBE  # at ROW_PROBE the engine pads to it: nothing to check
     gen = torch.Generator().manual_seed(1)
     for k, n in shapes:
         w, x = torch.randn(n, k, generator=gen), torch.randn(ROW_PROBE, k, generator=gen)
