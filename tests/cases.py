@@ -134,6 +134,9 @@ INVALID = [
                       "rollout": {"accelerator": {"type": "gpu"}}}},
             'spec.workflow.weightTransport: Invalid value: "object": workflow.weightTransport '
             "collective needs the trainer and the rollouts on one accelerator kind"),
+    Invalid("warmup-path-without-warmup", {"spec": {"dataset": {"warmupPath": "shown.jsonl"}}},
+            'spec.dataset.warmupPath: Invalid value: "object": dataset.warmupPath is read by the '
+            "warm-up only, and model.warmupSteps is 0"),
     Invalid("queue-without-volcano", {"spec": {"scheduling": {"queue": "research"}}},
             'spec.scheduling.queue: Invalid value: "object": scheduling.queue needs '
             "scheduling.schedulerName: volcano"),

@@ -276,7 +276,8 @@ def tool_caller(steps: int = 150, cache: Path | None = None) -> Path:
             spec = doc["spec"]
             spec["model"]["path"] = f"random:{repo / 'examples/models/tiny-chat'}"
             spec["model"]["warmupSteps"] = steps
-            spec["dataset"]["path"] = str(repo / "examples/data/calc-tools.jsonl")
+            # one file of calling episodes, for the warm-up and the step after it
+            spec["dataset"] = {"path": str(repo / "examples/data/calc-tools.jsonl")}
             spec["algorithm"]["maxSteps"] = 1
             spec["rollout"]["tools"] = []
             spec["rollout"]["mcpServers"] = [{"name": "calc", "command": [

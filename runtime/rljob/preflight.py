@@ -97,8 +97,9 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
         "reward": reward,
         "rollout": rollout,
         "model": model.model_copy(update=changes),
-        "dataset": dataset if dataset.pvc else dataset.model_copy(
-            update={"path": _local(dataset.path, base)}),
+        "dataset": dataset if dataset.pvc else dataset.model_copy(update={
+            "path": _local(dataset.path, base),
+            "warmup_path": dataset.warmup_path and _local(dataset.warmup_path, base)}),
     })
     return job.model_copy(update={"spec": new_spec})
 
@@ -159,17 +160,20 @@ def _check_tokenizer(spec, where: str, model_here: bool, problems: list[str]):
     return None
 
 
-def _check_dataset(spec, where: str, problems: list[str]):
-    """The dataset's examples (None when it cannot be read)."""
+def _check_dataset(spec, where: str, problems: list[str], warmup: bool = False):
+    """The dataset's examples (None when it cannot be read); `warmup`: those of the
+    file the warm-up reads (dataset.warmupPath, else dataset.path)."""
     from .inputs.data import load_examples
 
+    dataset, name = spec.dataset.for_warmup() if warmup else (spec.dataset, "dataset.path")
     try:
-        return load_examples(spec.dataset)
+        return load_examples(dataset, name)
     except ValueError as exc:
         msg = str(exc)
         if "does not exist" in msg:
-            msg += f"{where}; give the JSONL or Parquet file of prompts"
-        problems.append(msg.replace("dataset.path ", "dataset.path: ", 1))
+            msg += (f"{where}; give the JSONL or Parquet file of "
+                    + ("the warm-up's rows" if warmup else "prompts"))
+        problems.append(msg.replace(f"{name} ", f"{name}: ", 1))
     return None
 
 
@@ -316,6 +320,19 @@ def _check_context(spec, context: int, tok, examples, tools: list[dict] | None,
             f"{max(context - longest, 0)}")
 
 
+def _check_warmup_context(context: int, tok, examples, tools: list[dict] | None,
+                          problems: list[str]) -> None:
+    """The longest prompt of dataset.warmupPath fits the model's positions."""
+    from .inputs.data import prompt_ids
+
+    longest = max(len(prompt_ids(tok, e.prompt, tools)) for e in examples[:PROMPTS_CHECKED])
+    if longest >= context:
+        problems.append(
+            f"dataset.warmupPath: the longest prompt is {longest} tokens, but the model has "
+            f"{context} positions (max_position_embeddings): shorten the prompts or use "
+            "a model with a longer context")
+
+
 def _check_rollout_memory(spec, config: dict, problems: list[str]) -> None:
     """vLLM's share of each rollout accelerator leaves room for a weight update and
     the runtime, and holds the weights' shard and one sequence's KV cache
@@ -351,14 +368,19 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
             problems.append(f"trainer.engine: {problem}")
     if isinstance(config, dict) and spec.rollout.engine == "vllm":
         _check_rollout_memory(spec, config, problems)
-    examples = (_check_dataset(spec, where, problems)
-                if volumes_here or not spec.dataset.pvc else None)
+    readable = volumes_here or not spec.dataset.pvc
+    examples = _check_dataset(spec, where, problems) if readable else None
+    # the warm-up's own file, where it has one and a warm-up reads it
+    shown = (_check_dataset(spec, where, problems, warmup=True)
+             if readable and spec.dataset.warmup_path and spec.model.warmup_steps else None)
     _check_reward(spec, examples, problems)
     _check_length_predictor(spec, problems)
     tools = _check_environment(spec, examples, tok, problems)
     problems += wandb_problems(spec)
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, tools, problems)
+    if context and tok is not None and shown:
+        _check_warmup_context(context, tok, shown, tools, problems)
     return problems
 
 

@@ -322,6 +322,7 @@ def test_an_mcp_job_in_pods_calls_the_tool_of_its_server(operator_release, names
     for key in ("image", "accelerator", "transferQueue"):  # the CPU image, its requests
         spec[key] = cluster["spec"][key]
     spec["model"] = {"path": "/models/tool-caller", "pvc": "models", "dtype": "float32"}
+    del spec["dataset"]["warmupPath"]  # warmed up already: no warm-up here
     spec["algorithm"].update({"promptsPerStep": 4, "maxSteps": 3})
     spec["rollout"]["tools"] = []
     spec["rollout"]["mcpServers"] = [{"name": "calc",

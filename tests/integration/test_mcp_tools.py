@@ -188,10 +188,12 @@ def test_a_relative_command_is_read_from_the_job_files_directory():
     assert server.working_dir == str(REPO / "examples")
     try:
         assert [t.name for t in job_tools(job.spec.rollout)] == ["calculator", "lookup"]
-        # the server's tool is announced too: the example's prompt grows from 146
-        # tokens to more than the tiny model's 256 positions, and validate says so
-        [problem] = check(job)
-        assert problem.startswith("dataset.path: the longest prompt is 313 tokens, but the "
-                                  "model has 256 positions")
+        # the server's tool is announced too: the example's prompts (the RL's and the
+        # warm-up's) grow from 146 tokens to more than the tiny model's 256 positions,
+        # and validate says so for each file
+        problems = check(job)
+        assert [p.split(":")[0] for p in problems] == ["dataset.path", "dataset.warmupPath"]
+        assert all(": the longest prompt is 313 tokens, but the model has 256 positions" in p
+                   for p in problems), problems
     finally:
         mcp_tools.close_all()

@@ -62,7 +62,7 @@ def test_a_native_tools_job_calls_the_tool_of_its_mcp_server(tmp_path):
     doc = yaml.safe_load((REPO / "examples" / "agentic-tools.yaml").read_text())
     spec = doc["spec"]
     spec["model"] = {"path": str(zoo.tool_caller()), "dtype": "float32"}
-    spec["dataset"]["path"] = str(REPO / "examples/data/calc-tools.jsonl")
+    spec["dataset"] = {"path": str(REPO / "examples/data/calc-tools.jsonl")}  # no warm-up
     spec["algorithm"].update({"promptsPerStep": 4, "maxSteps": 2})
     spec["rollout"]["tools"] = []
     spec["rollout"]["mcpServers"] = [{

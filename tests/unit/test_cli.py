@@ -114,6 +114,41 @@ def test_validate_checks_the_dataset_keys_rows_and_context_with_numbers(tmp_path
             "rollout.maxNewTokens to at most 57") in out.stderr
 
 
+def test_validate_checks_the_warm_up_file_as_the_dataset(tmp_path):
+    """dataset.warmupPath is read here as dataset.path is: a file that is missing, a
+    row without the answer and a prompt past the model's context each get a line
+    naming dataset.warmupPath; a warmupPath with no warm-up to read it is refused."""
+    model = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    (tmp_path / "q.jsonl").write_text('{"prompt": "12+34=", "answer": "46"}\n')
+
+    def validate(warmup: str, steps: int = 5) -> list[str]:
+        job = _job(tmp_path, f"  model: {{path: '{model}', tokenizer: 'builtin:char', "
+                             f"warmupSteps: {steps}}}\n"
+                             f"  dataset: {{path: q.jsonl, warmupPath: {warmup}}}\n"
+                             "  rollout: {maxNewTokens: 16}\n")
+        out = rljob("validate", str(job))
+        assert "Traceback" not in out.stderr
+        return [line.removeprefix(f"{job}: ") for line in out.stderr.strip().splitlines()]
+
+    assert validate("none.jsonl") == [
+        f"dataset.warmupPath: '{tmp_path / 'none.jsonl'}' does not exist (relative paths are "
+        f"read from {tmp_path}); give the JSONL or Parquet file of the warm-up's rows"]
+    (tmp_path / "shown.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n'
+                                          '{"prompt": "2+2="}\n')
+    assert validate("shown.jsonl") == [
+        f"dataset.warmupPath: '{tmp_path / 'shown.jsonl'}' line 2 has no key 'answer' (the "
+        "first row has it): every row needs dataset.promptKey and dataset.answerKey"]
+    (tmp_path / "shown.jsonl").write_text(json.dumps({"prompt": "1+" * 40, "answer": "2"}))
+    assert validate("shown.jsonl") == [
+        "dataset.warmupPath: the longest prompt is 81 tokens, but the model has 64 positions "
+        "(max_position_embeddings): shorten the prompts or use a model with a longer context"]
+    (tmp_path / "shown.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert validate("shown.jsonl") == []
+    assert validate("shown.jsonl", steps=0) == [
+        "spec.dataset.warmupPath: dataset.warmupPath is read by the warm-up only, and "
+        "model.warmupSteps is 0: set model.warmupSteps, or remove dataset.warmupPath"]
+
+
 def test_run_refuses_a_bad_job_before_starting_anything(tmp_path):
     bad = _job(tmp_path, "  model: {path: 'random:nope', tokenizer: 'builtin:char'}\n"
                          "  dataset: {path: none.jsonl}\n")

@@ -17,20 +17,22 @@ class Example:
     extra: dict = field(default_factory=dict, compare=False)  # the row's other keys
 
 
-def load_examples(spec: DatasetSpec) -> list[Example]:
+def load_examples(spec: DatasetSpec, name: str = "dataset.path") -> list[Example]:
+    """The rows of `spec.path`; a problem is one line that starts with `name`, the
+    field that gave the file."""
     path = Path(spec.path)
     fmt = spec.format
     if fmt == "auto":
         fmt = "parquet" if path.suffix in (".parquet", ".pq") else "jsonl"
     if not path.is_file():
-        raise ValueError(f"dataset.path {spec.path!r} does not exist")
+        raise ValueError(f"{name} {spec.path!r} does not exist")
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as exc:  # noqa: BLE001 - pyarrow's errors for a file that is not parquet
-            raise ValueError(f"dataset.path {spec.path!r} is not valid parquet: {exc}") from None
+            raise ValueError(f"{name} {spec.path!r} is not valid parquet: {exc}") from None
         where = [f"row {n}" for n in range(1, len(rows) + 1)]
     else:
         rows, where = [], []
@@ -43,38 +45,38 @@ def load_examples(spec: DatasetSpec) -> list[Example]:
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
-                        raise ValueError(f"dataset.path {spec.path!r} line {number} is not "
+                        raise ValueError(f"{name} {spec.path!r} line {number} is not "
                                          f"JSON: {exc.msg} (column {exc.colno})") from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"dataset.path {spec.path!r} cannot be read as JSONL: {exc}") from None
+            raise ValueError(f"{name} {spec.path!r} cannot be read as JSONL: {exc}") from None
     if not rows:
-        raise ValueError(f"dataset.path {spec.path!r} has no rows")
-    _check_rows(spec, rows, where)
+        raise ValueError(f"{name} {spec.path!r} has no rows")
+    _check_rows(spec, rows, where, name)
     keys = (spec.prompt_key, spec.answer_key)
     return [Example(str(r[spec.prompt_key]), str(r[spec.answer_key]),
                     {k: v for k, v in r.items() if k not in keys}) for r in rows]
 
 
-def _check_rows(spec: DatasetSpec, rows: list, where: list[str]) -> None:
+def _check_rows(spec: DatasetSpec, rows: list, where: list[str], name: str) -> None:
     """Every row an object with the prompt and answer keys; the first that is not is
     named by its line (JSONL) or row (Parquet)."""
     if not isinstance(rows[0], dict):
-        raise ValueError(f"dataset.path {spec.path!r}: rows must be JSON objects, the first "
+        raise ValueError(f"{name} {spec.path!r}: rows must be JSON objects, the first "
                          f"is a {type(rows[0]).__name__}")
     keys = (spec.prompt_key, spec.answer_key)
     missing = [k for k in keys if k not in rows[0]]
     if missing:
-        raise ValueError(f"dataset.path {spec.path!r}: rows have no key "
+        raise ValueError(f"{name} {spec.path!r}: rows have no key "
                          f"{', '.join(repr(k) for k in missing)} (their keys: "
                          f"{', '.join(sorted(rows[0]))}); set dataset.promptKey / "
                          "dataset.answerKey to the prompt's and the answer's keys")
     for row, at in zip(rows, where):
         if not isinstance(row, dict):
-            raise ValueError(f"dataset.path {spec.path!r} {at} is a {type(row).__name__}, "
+            raise ValueError(f"{name} {spec.path!r} {at} is a {type(row).__name__}, "
                              "not an object: every row needs the prompt and answer keys")
         missing = [k for k in keys if k not in row]
         if missing:
-            raise ValueError(f"dataset.path {spec.path!r} {at} has no key "
+            raise ValueError(f"{name} {spec.path!r} {at} has no key "
                              f"{', '.join(repr(k) for k in missing)} (the first row has "
                              "it): every row needs dataset.promptKey and dataset.answerKey")
 

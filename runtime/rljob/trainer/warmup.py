@@ -29,12 +29,13 @@ class WarmupStopped(Exception):
 def warm_up(policy, tok, spec: RLJobSpec, report=None, stop=None) -> float:
     """Supervised steps on prompt → answer (teacher forcing) for random-init models (a
     row's `demonstration`, when it has one: a demonstrated episode, its tool calls and
-    their results); `report(step, steps, loss)` hears every tenth step and the last.
-    `stop` (an Event) set ends it between two steps with WarmupStopped."""
+    their results), on the rows of dataset.warmupPath, else dataset.path;
+    `report(step, steps, loss)` hears every tenth step and the last. `stop` (an Event)
+    set ends it between two steps with WarmupStopped."""
     steps = spec.model.warmup_steps
     if steps == 0:
         return 0.0
-    examples = load_examples(spec.dataset)
+    examples = load_examples(*spec.dataset.for_warmup())  # dataset.warmupPath, else .path
     tools = announced(spec.rollout)
     chat = ChatTurns.of(tok, tools)
     # a turn ends at the end token where the environment has no stop text of its own

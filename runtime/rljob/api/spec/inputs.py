@@ -71,6 +71,19 @@ class DatasetSpec(ApiModel):
         pattern=DNS_SUBDOMAIN_PATTERN,
         description="PersistentVolumeClaim holding the dataset, mounted read-only at /data.",
     )
+    warmup_path: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="JSONL or Parquet file the warm-up (model.warmupSteps) learns from: its "
+        "rows' demonstrations, else their answers. Read as dataset.path is (format, keys, "
+        "PVC); unset: the warm-up learns from dataset.path. Rows apart from the prompts RL "
+        "samples let RL meet prompts the warm-up has not shown.",
+    )
+
+    def for_warmup(self) -> tuple[DatasetSpec, str]:
+        """The file the warm-up reads, as a dataset of its own, and the field naming it."""
+        if self.warmup_path is None:
+            return self, "dataset.path"
+        return self.model_copy(update={"path": self.warmup_path}), "dataset.warmupPath"
 
 
 class RewardSpec(ApiModel):

@@ -195,6 +195,14 @@ class RLJobSpec(ApiModel):
 
     rules = (
         Rule(
+            cel="!has(self.dataset.warmupPath) || "
+            "(has(self.model.warmupSteps) && self.model.warmupSteps > 0)",
+            message="dataset.warmupPath is read by the warm-up only, and model.warmupSteps "
+            "is 0: set model.warmupSteps, or remove dataset.warmupPath",
+            check=lambda s: s.dataset.warmup_path is None or s.model.warmup_steps > 0,
+            field_path=".dataset.warmupPath",
+        ),
+        Rule(
             cel="(has(self.trainer.accelerator) ? self.trainer.accelerator.type : "
             "self.accelerator.type) != 'cpu' || self.trainer.engine == 'torch'",
             message="trainer.engine megatron needs accelerator.type ascend or gpu (the "
