@@ -298,11 +298,24 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     cmd = Path(f"/proc/{run.worker('transferqueue')}/cmdline").read_bytes().split(b"\0")
     address = cmd[cmd.index(b"--listen") + 1].decode()
     tq = TransferQueueClient(address, PASSWORD)
+
+    def holds() -> bool:
+        return any(c.consumer == "rollout-0" and c.claimed for c in tq.stats().consumers)
+
+    # a batch takes it ~0.1 s: it may ack between the look and the stop, so the stop
+    # counts once the table still shows its claim with the process stopped (it can
+    # neither ack nor extend then; an ack already sent has landed after 0.2 s)
     deadline = time.monotonic() + 60
-    while not any(c.consumer == "rollout-0" and c.claimed for c in tq.stats().consumers):
-        assert time.monotonic() < deadline, "rollout-0 never held a claim"
-        time.sleep(0.02)
-    os.kill(victim, signal.SIGSTOP)
+    while True:
+        assert time.monotonic() < deadline, "rollout-0 never stopped holding a claim"
+        if not holds():
+            time.sleep(0.02)
+            continue
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(0.2)
+        if holds():
+            break
+        os.kill(victim, signal.SIGCONT)
     tq.close()
     time.sleep(3 * 3)  # three lease terms: its rows went to rollout-1
     os.kill(victim, signal.SIGCONT)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from rljob.api import RLJob
@@ -13,7 +14,6 @@ from rljob.infra.device import activate, resolve
 from rljob.inputs.data import Example, prompt_ids
 from rljob.inputs.models import load_tokenizer
 from rljob.sampling import TokenDistribution
-from rljob.trainer import mcore  # noqa: F401 - the trainer engines' registry, as the worker has it
 from rljob.trainer.batch import make_batch
 from rljob.trainer.policy import make_policy
 from rljob.trainer.warmup import target_ids, warm_up
@@ -74,8 +74,6 @@ def test_the_warm_up_learns_the_rows_of_its_own_file(tmp_path):
 def test_a_warm_up_file_that_breaks_names_its_field(tmp_path):
     """The warm-up reads its file as the dataset is read; a problem names
     dataset.warmupPath, not the RL's file."""
-    import pytest
-
     rl = _rows(tmp_path / "rl.jsonl", "1")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1="}\n')
     spec = _spec({"path": rl, "warmupPath": str(tmp_path / "bad.jsonl")}, steps=1)
