@@ -298,39 +298,36 @@ def _check_vocab(spec, config: dict, tok, problems: list[str]) -> None:
             "embedding; use the tokenizer saved with the checkpoint")
 
 
-def _check_context(spec, context: int, tok, examples, tools: list[dict] | None,
-                   problems: list[str]) -> None:
-    """The longest prompt plus rollout.maxNewTokens fits the model's positions (the
-    prompts as they announce `tools`, the job's tool schemas)."""
+def _prompts_fit(context: int, tok, examples, tools: list[dict] | None, field: str,
+                 problems: list[str]) -> int | None:
+    """The longest prompt's tokens (the prompts as they announce `tools`, the job's tool
+    schemas); None, and a problem under `field`, when it leaves no position to fill."""
     from .inputs.data import prompt_ids
 
     longest = max(len(prompt_ids(tok, e.prompt, tools))
                   for e in examples[:PROMPTS_CHECKED])
+    if longest < context:
+        return longest
+    problems.append(
+        f"{field}: the longest prompt is {longest} tokens, but the model has "
+        f"{context} positions (max_position_embeddings): shorten the prompts or use "
+        "a model with a longer context")
+    return None
+
+
+def _check_context(spec, context: int, tok, examples, tools: list[dict] | None,
+                   problems: list[str]) -> None:
+    """The longest prompt plus rollout.maxNewTokens fits the model's positions."""
+    longest = _prompts_fit(context, tok, examples, tools, "dataset.path", problems)
+    if longest is None:
+        return
     need = longest + spec.rollout.max_new_tokens
-    if longest >= context:
-        problems.append(
-            f"dataset.path: the longest prompt is {longest} tokens, but the model has "
-            f"{context} positions (max_position_embeddings): shorten the prompts or use "
-            "a model with a longer context")
-    elif need > context:
+    if need > context:
         problems.append(
             f"rollout.maxNewTokens: {spec.rollout.max_new_tokens} new tokens after the "
             f"longest prompt ({longest} tokens) need {need} positions, but the model has "
             f"{context} (max_position_embeddings); set rollout.maxNewTokens to at most "
             f"{max(context - longest, 0)}")
-
-
-def _check_warmup_context(context: int, tok, examples, tools: list[dict] | None,
-                          problems: list[str]) -> None:
-    """The longest prompt of dataset.warmupPath fits the model's positions."""
-    from .inputs.data import prompt_ids
-
-    longest = max(len(prompt_ids(tok, e.prompt, tools)) for e in examples[:PROMPTS_CHECKED])
-    if longest >= context:
-        problems.append(
-            f"dataset.warmupPath: the longest prompt is {longest} tokens, but the model has "
-            f"{context} positions (max_position_embeddings): shorten the prompts or use "
-            "a model with a longer context")
 
 
 def _check_rollout_memory(spec, config: dict, problems: list[str]) -> None:
@@ -380,7 +377,7 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
     if context and tok is not None and examples:
         _check_context(spec, context, tok, examples, tools, problems)
     if context and tok is not None and shown:
-        _check_warmup_context(context, tok, shown, tools, problems)
+        _prompts_fit(context, tok, shown, tools, "dataset.warmupPath", problems)
     return problems
 
 
