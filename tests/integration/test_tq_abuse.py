@@ -19,6 +19,7 @@ import pytest
 from rljob.transferqueue import TaskSpec, TransferQueueClient, tensor
 from rljob.transferqueue.proto import transferqueue_pb2 as pb
 from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
+from rljob.transferqueue.storage.blocks import pack_cells
 from tests.integration.conftest import TQServer
 
 PRODUCER = TaskSpec("producer", (), [tensor("tok", "int32")])
@@ -67,9 +68,17 @@ def test_abusive_requests_are_refused_fast_and_do_not_stall_others(backend, redi
              grpc.StatusCode.RESOURCE_EXHAUSTED, "16384"),
         ]
         if backend == "memory":
-            abuse.append((storage.Put, pb.PutRequest(unit=0, cells=[
-                pb.Cell(index=10 ** 9, column="tok", data=b"x")]),
-                grpc.StatusCode.INVALID_ARGUMENT, "never created"))
+            abuse += [
+                (storage.Put, pb.PutRequest(unit=0, block=pack_cells([(10 ** 9, "tok", b"x")])),
+                 grpc.StatusCode.INVALID_ARGUMENT, "never created"),
+                # a block whose sizes claim more bytes than it carries
+                (storage.Put, pb.PutRequest(unit=0, block=pb.CellBlock(
+                    indices=[0], columns=["tok"], column_of=[0], sizes=[1 << 30], data=b"x")),
+                 grpc.StatusCode.INVALID_ARGUMENT, "add up to"),
+                (storage.Get, pb.GetRequest(unit=0, keys=pb.CellBlock(
+                    indices=[0, 1], columns=["tok"], column_of=[0, 7])),
+                 grpc.StatusCode.INVALID_ARGUMENT, "outside its 1 columns"),
+            ]
         refusals = []
         stop = threading.Event()
 

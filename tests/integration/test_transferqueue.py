@@ -422,3 +422,48 @@ def test_a_replaced_controller_stops_at_its_next_write(redis_units):
             new.stop()
     finally:
         old.stop()
+
+
+def test_a_fenced_write_with_ack_acks_its_rows_and_reads_back_under_each_lease(server):
+    """A producer's write and ack in one notify: the rows leave its lease acked, the
+    next task reads the cells of two leases (two tag sets in one claim's answer), and
+    an ack without a lease is refused before anything changes."""
+    with TransferQueueClient(server.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        c.put(0, prompts(8))
+        first, second = c.claim("rollout", 4), c.claim("rollout", 4)
+        for batch in (first, second):
+            ids = [np.full(3, r.index, np.int32) for r in batch.rows]
+            newly = c.write(batch.indices, {
+                "response_ids": ids, "reward": [float(r.index) for r in batch.rows],
+                "logp": [np.full(3, -r.index, np.float32) for r in batch.rows]},
+                length_column="response_ids", lease=batch, ack=True)
+            assert newly == 4
+        stats = {s.name: s for s in c.stats().tasks}
+        assert (stats["rollout"].acked, stats["rollout"].claimed) == (8, 0)
+        with pytest.raises(TransferQueueError) as err:
+            c.ack(first)  # acked by the write: the lease is gone
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        t = c.claim_get("train", 8, ["response_ids", "reward", "logp", "prompt"])
+        assert len(t.tag_sets) == 2  # each lease's tags once, not once a row
+        assert sorted({r.tag_set for r in t.rows}) == [1, 2]
+        assert [x.tolist() for x in t.data["response_ids"]] == [[i] * 3 for i in t.indices]
+        assert [x.tolist() for x in t.data["logp"]] == [[-i] * 3 for i in t.indices]
+        assert t.data["prompt"] == [f"p{i}" for i in t.indices]
+        with pytest.raises(ValueError, match="pass lease"):
+            c.write(t.indices, {"reward": [0.0] * 8}, ack=True)
+        channel = grpc.insecure_channel(server.address)
+        try:
+            from rljob.transferqueue.proto import transferqueue_pb2 as pb
+            from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
+
+            with pytest.raises(grpc.RpcError) as raw:
+                pbg.TransferQueueControllerStub(channel).NotifyWritten(
+                    pb.NotifyWrittenRequest(indices=t.indices, columns=["reward"], ack=True,
+                                            task="rollout"), timeout=30)
+            assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "fenced write" in raw.value.details()
+        finally:
+            channel.close()
+        c.ack(t)
+        assert c.stats().rows == 0

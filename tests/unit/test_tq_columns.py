@@ -20,6 +20,12 @@ from rljob.transferqueue.schema import (ColumnError, decode, decode_column, enco
     (tensor("ids", "int32"), [np.arange(3, dtype=np.int32), np.zeros(0, np.int32)]),
     (tensor("pairs", "float32", 2), [np.ones((2, 2), np.float32)]),
     (json_column("calls"), [[], [{"a": 1}], "text", None]),
+    # equal keys, different JSON: each its own cell
+    (json_column("extra"), [1, True, 1.0, "1", 1, True, None, None, "é", "é"]),
+    (json_column("prompt"), ["what is 2+2?"] * 4 + [{"k": [1]}, {"k": [1]}]),
+    # tensors viewed as they are, and those that need a cast or a copy
+    (tensor("ids", "int32"), [np.arange(6, dtype=np.int32)[::2], np.arange(2, dtype=np.int32)]),
+    (tensor("pairs", "float32", 2), [np.ones((3, 2), np.float32), np.zeros((0, 2), np.float32)]),
 ])
 def test_a_column_at_once_is_its_cells_one_by_one(col, values):
     together = encode_column(col, values)
@@ -37,7 +43,20 @@ def test_a_column_at_once_is_its_cells_one_by_one(col, values):
 @pytest.mark.parametrize("col, values", [
     (scalar("slot", "int32"), [1, 2.5]),  # a float in an int column
     (scalar("reward", "float32"), [0.5, "high"]),
+    (tensor("ids", "int32"), [np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int64)]),
+    (tensor("ids", "int32"), [np.arange(3, dtype=np.int32), np.arange(3, dtype=">i4")]),
+    (tensor("pairs", "float32", 2), [np.ones((2, 2), np.float32), np.ones((2, 3), np.float32)]),
+    (json_column("extra"), ["fine", {"not": {1, 2}}]),
 ])
 def test_a_value_that_does_not_fit_is_refused_as_cell_by_cell(col, values):
     with pytest.raises(ColumnError, match=col.name):
         encode_column(col, values)
+
+
+def test_a_json_column_shares_decoded_strings_but_not_lists_or_objects():
+    col = json_column("extra")
+    cells = [bytes(d) for d, _ in encode_column(col, ["same", "same", {"a": []}, {"a": []}])]
+    got = decode_column(col, [memoryview(c) for c in cells])
+    assert got == ["same", "same", {"a": []}, {"a": []}]
+    got[2]["a"].append(1)  # a row's object is its own
+    assert got[3] == {"a": []}

@@ -123,7 +123,7 @@ def worker_driver(
     job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
     tq: str = typer.Option(..., help="TransferQueue controller address."),
     weights: str = typer.Option(..., help="Trainer rank 0's weight service address."),
-    run_dir: Path = typer.Option(None, help="Run directory (unused by the driver)."),
+    run_dir: Path = typer.Option(None, help="Run directory: the driver's timeline (its puts)."),
     start_step: int = typer.Option(0, help="First step to release (resume); a step the "
                                    "table already holds is never released again."),
     max_steps: int = typer.Option(None, help="Override algorithm.maxSteps."),
@@ -147,7 +147,7 @@ def worker_driver(
     _worker_logging()
     spec = _job_spec(job)
     run_driver(spec, tq, weights, load_tokenizer(spec.model), start_step, max_steps,
-               metrics_port=metrics_port)
+               metrics_port=metrics_port, run_dir=run_dir)
     if stay:
         # the TransferQueue controller beside it serves the job's table and stats
         # until the job's children go (ttlSecondsAfterFinished)

@@ -5,6 +5,7 @@ Used by the local runtime (spans logged by each worker) and the simulator."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,10 +26,19 @@ TOP = ("value", "value-update")
 WORK = ("generate", "train", "optimizer", "reference", "value", "value-update")
 
 
+# what a step spends between its compute (`rljob bench overhead` names them): a
+# claim's round trip (waiting for ready rows included), the claimed cells' read, a
+# write of produced cells with its notify and ack, the driver's put of a step's
+# prompts, generation waiting for the newest weights (weightSync sync). Neither
+# drawn nor counted in the bubble ratio (the driver, which has only these, is no
+# worker of the chart)
+DATA = ("claim", "read", "write", "put", "weight-wait")
+
+
 @dataclass
 class Span:
     worker: str
-    kind: str  # generate | train | optimizer | reference | weight-sync | tool
+    kind: str  # generate | train | optimizer | reference | weight-sync | tool | DATA's
     start: float
     end: float
     step: int
@@ -44,6 +54,7 @@ class SpanLog:
     def __init__(self, run_dir: str | Path | None, worker: str):
         self.worker = worker
         self._f = None
+        self._lock = threading.Lock()  # a worker's threads add spans (claims, writes)
         if run_dir is not None:
             path = RunDir.of(run_dir).span_file(worker)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,8 +74,16 @@ class SpanLog:
             row = asdict(Span(self.worker, kind, start, end, step, info))
             if info is None:
                 del row["info"]
-            self._f.write(json.dumps(row) + "\n")
-            self._f.flush()
+            line = json.dumps(row) + "\n"
+            with self._lock:
+                self._f.write(line)
+                self._f.flush()
+
+    def claimed(self, batch, step: int) -> None:
+        """A claim's round trip and its cells' read (a `Batch` of `claim_get`)."""
+        self.add("claim", *batch.claimed, step)
+        if batch.read_at:
+            self.add("read", batch.claimed[1], batch.read_at, step)
 
     def close(self) -> None:
         if self._f is not None:
@@ -84,6 +103,7 @@ def bubble_ratio(spans: list[Span], weights: dict[str, float] | None = None,
                  window: tuple[float, float] | None = None) -> float:
     """Idle share of worker-time between the first and last span (work kinds only;
     weight-sync counts as idle for the worker waiting on it)."""
+    spans = [s for s in spans if s.kind not in DATA]
     if not spans:
         return 0.0
     t0 = window[0] if window else min(s.start for s in spans)
@@ -133,6 +153,7 @@ def run_panels(spans: list[Span], name: str, ratio: float, window: int = 3
 def plot_gantt(panels: list[tuple[str, list[Span]]], path: str | Path,
                window: float | None = None, title: str | None = None) -> None:
     """One timeline per panel; spans' times are shifted to start at 0; `title` over all."""
+    panels = [(heading, [s for s in spans if s.kind not in DATA]) for heading, spans in panels]
     import matplotlib
 
     matplotlib.use("Agg")

@@ -165,6 +165,7 @@ class RolloutWorker:
             return Batch("rollout", "", []), (-1, 0)
         if batch.rows:
             self.consumer.keeper.hold(batch)  # generation may outlast the lease
+            self.spans.claimed(batch, batch.rows[0].partition)
         return batch, (self.receiver.latest() if batch.rows and self.wait_weights
                        else (-1, 0))
 
@@ -198,7 +199,7 @@ class RolloutWorker:
               span: tuple[float, float], indices: list[int] | None = None,
               last: bool = True, calls: list[dict] = ()) -> None:
         """Publish generated rows (`indices`, default the whole batch) under their
-        lease (fenced), then ack them; `last`: the batch's keep-alive ends; `calls`:
+        lease (fenced), acked by the same notify; `last`: the batch's keep-alive ends; `calls`:
         the engine calls that generated them (on the first row). A lease that
         expired meanwhile (this replica was paused or cut off) has given the rows to
         another replica: the controller refuses the write and the work is dropped."""
@@ -214,6 +215,7 @@ class RolloutWorker:
         changes = [list(x.versions) if x.versions else [(0, version, epoch)] for x in flat]
         if self.interrupting:
             episodes["weight_versions"] = [[list(c) for c in cs] for cs in changes]
+        t0 = time.time()
         try:
             self.consumer.tq.write(indices, {**episodes,
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
@@ -225,12 +227,18 @@ class RolloutWorker:
                 "weights_epoch": [cs[0][2] for cs in changes],
                 "gen_calls": [list(calls)] + [[] for _ in flat[1:]],
             }, versions=[cs[0][1] for cs in changes], length_column="response_ids",
-                lease=batch)
-            self.consumer.tq.ack(batch, indices)
+                lease=batch, ack=True)
+            self.spans.add("write", t0, time.time(), batch.rows[0].partition)
         except TransferQueueError as exc:
             log.warning("dropped %d generated samples of step %d: %s", len(flat),
                         batch.rows[0].partition, exc)
             self.metrics.dropped.inc(len(flat))
+
+    def _wait_weights(self, latest: tuple[int, int], step: int) -> None:
+        """weightSync sync: until the weights published when the batch was claimed are
+        loaded (a "weight-wait" span)."""
+        with self.spans.span("weight-wait", step):
+            self.receiver.wait_version(latest[0], epoch=latest[1])
 
     def _tick(self, inflight_rows: int = 0) -> None:
         """Each loop turn: record the weight swaps since the last turn, and the gauges."""
@@ -298,7 +306,7 @@ class RolloutWorker:
                 if not batch.rows or self.beyond_bound(batch):
                     continue
                 if self.wait_weights:  # generation waits for the newest weights
-                    self.receiver.wait_version(latest[0], epoch=latest[1])
+                    self._wait_weights(latest, batch.rows[0].partition)
                 step = batch.rows[0].partition
                 firsts = list(range(0, len(batch.rows), g))
                 t0 = time.time()
@@ -348,9 +356,12 @@ class RolloutWorker:
 
     def _await_claim(self, ahead: Future):
         """The claim in flight; while it waits (parked by the staleness bound), the
-        reference task's rows."""
+        reference task's rows. With none ready it waits on the claim itself, a moment at
+        a time, so its answer starts the next generation at once (a long-polling
+        reference claim held it up to the poll's length: 20 ms a step)."""
         while self.reference is not None and not ahead.done() and not self.stop.is_set():
-            self.reference.once(wait=0.02)
+            if not self.reference.once():
+                wait([ahead], timeout=0.02)
         return ahead.result()
 
     # ---- a concurrent engine (vLLM): groups in flight ---------------------------
@@ -382,7 +393,7 @@ class RolloutWorker:
                     ahead = None
                     if batch.rows and not self.beyond_bound(batch):
                         if self.wait_weights:  # generation waits for the newest weights
-                            self.receiver.wait_version(latest[0], epoch=latest[1])
+                            self._wait_weights(latest, batch.rows[0].partition)
                         step = batch.rows[0].partition
                         t0 = time.time()
                         for first in range(0, len(batch.rows), g):

@@ -92,6 +92,8 @@ class ReferenceWork:
                          once=True, pause=0)  # away: the next call claims again
         if batch is None or not batch.rows:
             return 0
+        if self.spans is not None:
+            self.spans.claimed(batch, batch.rows[0].partition)
         t0 = time.time()
         with self.compute():
             logps = row_logprobs(model, self.pad_id,
@@ -103,10 +105,12 @@ class ReferenceWork:
         return self._write(batch, logps)
 
     def _write(self, batch: Batch, logps: list[list[float]]) -> int:
+        t0 = time.time()
         try:
             self.tq.write(batch.indices, {"ref_logp": [np.asarray(x, np.float32) for x in logps]},
-                          lease=batch)
-            self.tq.ack(batch)
+                          lease=batch, ack=True)
+            if self.spans is not None:
+                self.spans.add("write", t0, time.time(), batch.rows[0].partition)
         except TransferQueueError as exc:
             # the lease expired (this worker was paused): the rows went back and
             # another worker computes them

@@ -81,8 +81,9 @@ class StepSource:
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None,
-                 health=None, draw=None, idle=None):
+                 health=None, draw=None, idle=None, spans=None):
         self.spec, self.tq, self.step = spec, tq, step
+        self.spans = spans  # the trainer's SpanLog: each claim and read
         self.idle = idle  # (step) -> work done while the next micro-batch is not there
         self.lineage = lineage
         self.health = health  # raises if a producer in this process (the critic) failed
@@ -132,6 +133,8 @@ class StepSource:
                          away=warn(log), stop=self._stop, once=True)
         if batch is None or not batch.rows:  # None: the controller was away
             return
+        if self.spans is not None:
+            self.spans.claimed(batch, self.step)
         d = batch.data
         samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
                           d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),

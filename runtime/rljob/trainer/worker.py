@@ -224,7 +224,8 @@ class TrainerWorker:
                                      self.stop, self.lineage,
                                      health=self.critic.check if self.critic else None,
                                      draw=self._draw_replacements,
-                                     idle=self._reference_rows if self.reference else None)
+                                     idle=self._reference_rows if self.reference else None,
+                                     spans=self.spans)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
         sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}

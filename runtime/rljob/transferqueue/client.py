@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,8 @@ _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
 
 
 def _claimed(task: str, resp: pb.ClaimResponse) -> Batch:
-    return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds)
+    return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds,
+                 tag_sets=[dict(t.tags) for t in resp.tag_sets])
 
 
 def _claim_request(task: str, count: int, *, min_count: int | None = None, policy: str = "fifo",
@@ -90,18 +92,23 @@ class TransferQueueClient:
 
     def write(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]], *,
               versions: Sequence[int] | None = None, length_column: str | None = None,
-              lengths: Sequence[int] | None = None, lease: Batch | None = None) -> int:
+              lengths: Sequence[int] | None = None, lease: Batch | None = None,
+              ack: bool = False) -> int:
         """Write columns of existing rows, then notify; returns rows newly ready.
 
         With `lease` (the Batch the rows were claimed in) the write is fenced:
         if that lease has expired meanwhile, the controller refuses it
-        (FAILED_PRECONDITION) and no reader ever sees these cells."""
+        (FAILED_PRECONDITION) and no reader ever sees these cells. With `ack` too,
+        the rows are acked for the lease's task by the same notify (one round trip
+        for a producer's write and ack)."""
+        if ack and lease is None:
+            raise ValueError("ack=True acks the rows of a lease: pass lease")
         per_unit, measured, nbytes = self._data.encode_rows(
             indices, columns, length_column, lease.lease if lease else "")
         self._data.store_all(per_unit)
         return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column, lease=lease)).newly_ready
+            length_column=length_column, lease=lease, ack=ack)).newly_ready
 
     def _reserve(self, n: int) -> list[int]:
         while (got := self._data.take_reserved(n, self._session.open())) is None:
@@ -161,7 +168,7 @@ class TransferQueueClient:
         return _claimed(task, resp)
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
-        batch.data.update(self._data.read(batch.rows, columns))
+        batch.data.update(self._data.read(batch.rows, columns, batch.tag_sets))
         return batch
 
     def claim_get(self, task: str, count: int, columns: Sequence[str], **kwargs) -> Batch:
@@ -169,11 +176,15 @@ class TransferQueueClient:
         A claim whose lease ran out before its read (the process paused or starved past
         the lease: its rows went to another consumer, which may have finished and
         cleared them) is dropped: an empty batch, and a warning that says so."""
+        sent = time.time()
         batch = self.claim(task, count, **kwargs)
+        batch.claimed = (sent, time.time())
         if not batch.rows:
             return batch
         try:
-            return self.get(batch, columns)
+            self.get(batch, columns)
+            batch.read_at = time.time()
+            return batch
         except TransferQueueError as exc:
             try:
                 self.release(batch)

@@ -378,17 +378,26 @@ class Controller(LeaseOps):
                                               rec["nbytes"])
         tag = rec["tag"]
         first = frozenset(columns)
+        # rows whose tags were equal are equal after this write: they share one dict
+        # (never changed in place), which a claim's answer sends once (`tag_sets`)
+        retagged: dict[int | None, tuple[dict, dict]] = {}
         for i, idx in enumerate(rec["indices"]):
             row = self.rows[idx]
             if row.relevant is None:
                 row.initial = first
                 row.relevant = self._relevant_tasks(first)
             row.written.update(columns)
-            for c in columns:
-                if tag:
-                    row.tags[c] = tag
-                else:
-                    row.tags.pop(c, None)
+            if tag or row.tags:
+                key = id(row.tags) if row.tags else None
+                if key not in retagged:
+                    tags = dict(row.tags)
+                    for c in columns:
+                        if tag:
+                            tags[c] = tag
+                        else:
+                            tags.pop(c, None)
+                    retagged[key] = (row.tags, tags)  # the old dict held: its id stays its
+                row.tags = retagged[key][1]
             if lengths:
                 row.length = int(lengths[i])
             if versions:

@@ -73,6 +73,13 @@ class Batch:
     rows: list[pb.RowMeta]
     data: dict[str, list[Any]] = field(default_factory=dict)
     lease_seconds: float = 0.0
+    # wall-clock seconds (`claim_get`): the claim sent, its answer, the cells read
+    # (a worker's timeline shows each claim's round trip and read)
+    claimed: tuple[float, float] = (0.0, 0.0)
+    read_at: float = 0.0
+    # the claim's distinct tags (column -> lease id its cells are stored under):
+    # row.tag_set k > 0 is tag_sets[k - 1]
+    tag_sets: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def indices(self) -> list[int]:
@@ -180,24 +187,29 @@ class DataPlane:
     @staticmethod
     def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
                        length_column=None, create=False, partition=0, group_size=1,
-                       lease: Batch | None = None):
+                       lease: Batch | None = None, ack: bool = False):
         return pb.NotifyWrittenRequest(
             indices=list(indices), columns=list(columns),
             lengths=list(lengths) if lengths is not None else (measured if length_column else []),
             versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
             group_size=group_size, task=lease.task if lease else "",
-            lease=lease.lease if lease else "")
+            lease=lease.lease if lease else "", ack=ack)
 
-    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str]) -> dict[str, list[Any]]:
+    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str],
+             tag_sets: Sequence[Mapping[str, str]] = ()) -> dict[str, list[Any]]:
         specs = [self.column(c) for c in columns]
         by_unit: dict[int, list[int]] = {}
         for pos, row in enumerate(rows):
             by_unit.setdefault(row.unit, []).append(pos)
         out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
+        # the cells' names under each tag set (fenced writes: "column:lease")
+        names = [list(columns)] + [[storage_column(c, tags.get(c, "")) for c in columns]
+                                   for tags in tag_sets]
+
         def fetch(unit: int, positions: list[int]) -> list[list]:
-            if any(rows[p].tags for p in positions):  # fenced writes: per-row cell names
-                keys = [(rows[p].index, storage_column(c, rows[p].tags.get(c, "")))
-                        for p in positions for c in columns]
+            if any(rows[p].tag_set for p in positions):  # fenced writes: per-row cell names
+                keys = [(rows[p].index, name) for p in positions
+                        for name in names[rows[p].tag_set]]
                 with unit_errors(unit):
                     flat = self.units[unit].get_cells(keys)
                 return [flat[k * len(columns):(k + 1) * len(columns)]

@@ -64,7 +64,7 @@ class LeaseOps:
         for idx, rank in zip(picked, ranks):
             row = self.rows[idx]
             out.append(ClaimedRow(idx, row.partition, row.unit, row.length, row.version,
-                                  row.group, rank, dict(row.tags)))
+                                  row.group, rank, row.tags))
         return Claim(lease_id, out)
 
     def _apply_lease(self, rec: dict) -> None:
@@ -267,10 +267,17 @@ class LeaseOps:
         if self.partition_done[p] < len(self.partitions[p]):
             return None
         cells = []
+        # rows share their tags: each (tags, columns) named once (the dict held: its
+        # id stays its own)
+        named: dict[tuple[int, frozenset[str]], tuple[dict, set[str]]] = {}
         for idx in sorted(self.partitions.pop(p)):
             r = self.rows.pop(idx)
             self.live_bytes -= r.nbytes
-            names = {storage_column(c, r.tags.get(c, "")) for c in r.written}
+            key = (id(r.tags), frozenset(r.written))
+            if key not in named:
+                named[key] = (r.tags, {storage_column(c, r.tags.get(c, ""))
+                                       for c in r.written})
+            names = set(named[key][1])
             for tag, task in r.issued.items():  # cells of leases that never published
                 names.update(storage_column(c.name, tag) for c in self.tasks[task].spec.produces)
             cells.append((r.unit, idx, tuple(sorted(names))))

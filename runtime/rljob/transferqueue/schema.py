@@ -107,14 +107,25 @@ def _as_numpy(col: ColumnSpec, value: Any) -> np.ndarray:
     return arr
 
 
+# made once: json.dumps with options builds an encoder per call (a few µs a cell)
+_JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_JSON_DECODE = json.JSONDecoder().decode
+_IMMUTABLE = (str, int, float, bool, type(None))  # JSON values a column may share
+_MISS = object()
+
+
+def _encode_json(col: ColumnSpec, value: Any) -> tuple[bytes, int]:
+    try:
+        data = _JSON_ENCODE(value).encode()
+    except (TypeError, ValueError) as exc:
+        raise ColumnError(f"column {col.name!r} holds JSON: {exc}") from None
+    return data, len(value) if isinstance(value, (str, list)) else 0
+
+
 def encode(col: ColumnSpec, value: Any) -> tuple[memoryview | bytes, int]:
     """(cell bytes, length) of one row's value; length is the first dimension."""
     if col.kind == "json":
-        try:
-            data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise ColumnError(f"column {col.name!r} holds JSON: {exc}") from None
-        return data, len(value) if isinstance(value, (str, list)) else 0
+        return _encode_json(col, value)
     arr = _as_numpy(col, value)
     if col.kind == "scalar":
         if arr.ndim != 0:
@@ -126,13 +137,13 @@ def encode(col: ColumnSpec, value: Any) -> tuple[memoryview | bytes, int]:
     arr = np.ascontiguousarray(arr)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(arr).cast("B"), int(arr.shape[0])
+    return memoryview(arr.reshape(-1)).cast("B"), int(arr.shape[0])  # flat: (0, k) too
 
 
 def decode(col: ColumnSpec, data: bytes | memoryview) -> Any:
     """The row's value: numpy view for tensors, Python number, or JSON value."""
     if col.kind == "json":
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        return _JSON_DECODE(bytes(data).decode())
     arr = np.frombuffer(data, dtype=_numpy_dtype(col.dtype))
     if col.kind == "scalar":
         return arr[0].item()
@@ -143,9 +154,31 @@ _PLAIN_NUMBERS = (bool, int, float)
 
 
 def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | bytes, int]]:
-    """`encode` of each row's value of one column (the cells a write makes). A scalar
-    column of plain numbers goes through numpy at once (the same bytes as cell by
-    cell: each value cast to the column's dtype); anything else, cell by cell."""
+    """`encode` of each row's value of one column (the cells a write makes), the same
+    bytes as cell by cell. A scalar column of plain numbers goes through numpy at
+    once (each value cast to the column's dtype); a tensor column of numpy arrays
+    that already have its dtype and shape is viewed as they are; a JSON column
+    encodes each distinct string, number or null once (a group's rows repeat their
+    prompt); anything else, cell by cell."""
+    if col.kind == "json":
+        seen: dict = {}
+        out = []
+        for v in values:
+            if type(v) in _IMMUTABLE:
+                key = (type(v), v)  # 1, 1.0 and True are equal keys, not equal JSON
+                cell = seen.get(key)
+                if cell is None:
+                    cell = seen[key] = _encode_json(col, v)
+                out.append(cell)
+            else:
+                out.append(_encode_json(col, v))
+        return out
+    if col.kind == "tensor" and col.dtype != "bfloat16":
+        want, dims = _numpy_dtype(col.dtype), 1 + len(col.trailing_shape)
+        if all(type(v) is np.ndarray and v.dtype == want and v.ndim == dims
+               and v.shape[1:] == col.trailing_shape for v in values):
+            return [(memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B"), v.shape[0])
+                    for v in values]
     if (col.kind == "scalar" and col.dtype != "bfloat16" and values
             and all(type(v) in _PLAIN_NUMBERS for v in values)):
         arr = np.asarray(values)
@@ -158,9 +191,21 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
 
 
 def decode_column(col: ColumnSpec, cells: list) -> list:
-    """`decode` of each cell of one column (the values a read returns)."""
+    """`decode` of each cell of one column (the values a read returns). A JSON
+    column's equal cells that hold a string, number or null decode once (lists and
+    objects are decoded per row: a row's value is its own to change)."""
     if col.kind == "json":
-        return [json.loads(bytes(c) if isinstance(c, memoryview) else c) for c in cells]
+        seen: dict = {}
+        out = []
+        for c in cells:
+            raw = bytes(c)
+            value = seen.get(raw, _MISS)
+            if value is _MISS:
+                value = _JSON_DECODE(raw.decode())
+                if type(value) in _IMMUTABLE:
+                    seen[raw] = value
+            out.append(value)
+        return out
     dtype = _numpy_dtype(col.dtype)
     if col.kind == "scalar":
         if all(len(c) == dtype.itemsize for c in cells):

@@ -33,6 +33,7 @@ from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError
 from .state import ClaimRequest, Cleared, ControllerError, Limits
 from .storage.base import StorageUnit
+from .storage.blocks import pack_values, unpack_cells, unpack_keys
 from .storage.memory import MemoryUnit
 from .units import (
     CellSweeper,
@@ -143,6 +144,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                   count=request.count)
 
     async def _notify(self, request):
+        if request.ack and not request.lease:
+            raise ControllerError("ack is for a fenced write: name the lease the rows are "
+                                  "claimed in")
         try:
             too_big = [i for i, n in zip(request.indices, request.nbytes)
                        if n > self.max_row_bytes]
@@ -160,9 +164,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                                     request.create)
             self._clear([refused] if refused else [])
             raise
+        acked = 0
+        if request.ack:  # the lease holds every row: notify_written checked it
+            acked, cleared = self.controller.ack(request.task, request.lease,
+                                                 list(request.indices))
+            self._clear(cleared)
         if n:
             await self._signal()
-        return pb.NotifyWrittenResponse(newly_ready=n)
+        return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
 
     async def _claim(self, request):
         req = ClaimRequest(
@@ -201,10 +210,18 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 pass
         if claim is None:
             return pb.ClaimResponse(lease="", lease_seconds=self.controller.lease_seconds)
+        # each distinct tags dict once (rows written together share theirs)
+        sets: dict[int, int] = {}
+        tag_sets = []
+        for r in claim.rows:
+            if r.tags and id(r.tags) not in sets:
+                tag_sets.append(pb.TagSet(tags=r.tags))
+                sets[id(r.tags)] = len(tag_sets)
         return pb.ClaimResponse(
-            lease=claim.lease, lease_seconds=self.controller.lease_seconds,
+            lease=claim.lease, lease_seconds=self.controller.lease_seconds, tag_sets=tag_sets,
             rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
-                             version=r.version, group=r.group, rank=r.rank, tags=r.tags)
+                             version=r.version, group=r.group, rank=r.rank,
+                             tag_set=sets.get(id(r.tags), 0) if r.tags else 0)
                   for r in claim.rows])
 
     async def _ack(self, request):
@@ -331,8 +348,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def Put(self, request, context):
         try:
             unit = self._memory_unit(request.unit)
-            unknown = sorted({c.index for c in request.cells
-                              if not self.controller.writable(c.index)})
+            cells = unpack_cells(request.block)
+            unknown = sorted(i for i in set(request.block.indices)
+                             if not self.controller.writable(i))
             gone = [i for i in unknown if self.controller.cleared(i)]
             if gone:
                 raise ControllerError(f"rows {gone[:5]} are no longer in the table (consumed and "
@@ -340,7 +358,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if unknown:
                 raise ControllerError(f"rows {unknown[:5]} were never created nor reserved: "
                               "reserve indices (or allocate rows) before writing cells")
-            unit.put([(c.index, c.column, c.data) for c in request.cells])
+            if any(v is None for _, _, v in cells):
+                raise ControllerError("a put's cell block has a cell without bytes (size -1)")
+            unit.put(cells)
         except (ControllerError, ValueError) as exc:
             await self._fail(context, exc)
         return pb.PutResponse()
@@ -348,17 +368,10 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def Get(self, request, context):
         try:
             unit = self._memory_unit(request.unit)
-        except ControllerError as exc:
+            keys = unpack_keys(request.keys)
+        except (ControllerError, ValueError) as exc:
             await self._fail(context, exc)
-        if request.cells:
-            keys = [(c.index, c.column) for c in request.cells]
-            return pb.GetResponse(cells=[pb.Cell(index=i, column=c, data=v) for (i, c), v
-                                         in zip(keys, unit.get_cells(keys)) if v is not None])
-        values = unit.get(list(request.indices), list(request.columns))
-        cells = [pb.Cell(index=i, column=c, data=v)
-                 for i, row in zip(request.indices, values)
-                 for c, v in zip(request.columns, row) if v is not None]
-        return pb.GetResponse(cells=cells)
+        return pb.GetResponse(block=pack_values(unit.get_cells(keys)))  # in the keys' order
 
     # ---- background -----------------------------------------------------------
     async def reap_leases(self, interval: float = 0.25, check_units: float = 2.0) -> None:

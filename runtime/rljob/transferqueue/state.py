@@ -64,7 +64,9 @@ class Row:
     nbytes: int = 0
     acked: set[str] = field(default_factory=set)
     leased: dict[str, str] = field(default_factory=dict)  # task -> lease id
-    tags: dict[str, str] = field(default_factory=dict)  # column -> lease id of its cells
+    # column -> lease id of its cells; shared by rows with equal tags, so replaced,
+    # never changed in place
+    tags: dict[str, str] = field(default_factory=dict)
     issued: dict[str, str] = field(default_factory=dict)  # lease id -> producing task
     # the consuming tasks this row flows through (set by its first write)
     relevant: frozenset[str] | None = None
@@ -92,7 +94,7 @@ class ClaimedRow:
     version: int
     group: int
     rank: int = 0
-    tags: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)  # the row's (shared: read only)
 
 
 @dataclass

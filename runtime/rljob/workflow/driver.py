@@ -107,12 +107,15 @@ def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> N
 
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
                start_step: int = 0, max_steps: int | None = None,
-               poll: float = 0.01, metrics_port: int | None = None) -> None:
+               poll: float = 0.01, metrics_port: int | None = None, run_dir=None) -> None:
     """Release steps from `start_step`, or from the first step the table has not seen
-    (a restarted driver); the dataset cursor of a step follows from its number."""
+    (a restarted driver); the dataset cursor of a step follows from its number. With
+    `run_dir`, each step's put is a span of the driver's timeline."""
+    from ..infra.timeline import SpanLog
     from ..infra.worker_metrics import WorkerMetrics
 
     prom = WorkerMetrics("driver", metrics_port)
+    spans = SpanLog(run_dir, "driver")
     examples = load_examples(spec.dataset)
     tq = TransferQueueClient(tq_address)
     weights = WeightClient(weights_address)
@@ -141,7 +144,8 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
                 time.sleep(1.0)
                 continue
             time.sleep(poll)
-        _put_once(flow, tq, step, prepared)
+        with spans.span("put", step):
+            _put_once(flow, tq, step, prepared)
         prom.step.set(step)
         log.info("released step %d", step)
     # stay until the trainer has published the last version: the job is not over
@@ -157,3 +161,4 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
         log.info("length ranker: learned from %d samples", flow.lengths.observed)
     tq.close()
     weights.close()
+    spans.close()

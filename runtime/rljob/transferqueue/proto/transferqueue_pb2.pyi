@@ -139,7 +139,7 @@ class ReserveResponse(_message.Message):
     def __init__(self, start: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class NotifyWrittenRequest(_message.Message):
-    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size", "task", "lease")
+    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size", "task", "lease", "ack")
     INDICES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class NotifyWrittenRequest(_message.Message):
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     indices: _containers.RepeatedScalarFieldContainer[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     lengths: _containers.RepeatedScalarFieldContainer[int]
@@ -160,13 +161,16 @@ class NotifyWrittenRequest(_message.Message):
     group_size: int
     task: str
     lease: str
-    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ..., task: _Optional[str] = ..., lease: _Optional[str] = ...) -> None: ...
+    ack: bool
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ..., task: _Optional[str] = ..., lease: _Optional[str] = ..., ack: _Optional[bool] = ...) -> None: ...
 
 class NotifyWrittenResponse(_message.Message):
-    __slots__ = ("newly_ready",)
+    __slots__ = ("newly_ready", "acked")
     NEWLY_READY_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     newly_ready: int
-    def __init__(self, newly_ready: _Optional[int] = ...) -> None: ...
+    acked: int
+    def __init__(self, newly_ready: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
     __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name")
@@ -205,14 +209,7 @@ class ClaimRequest(_message.Message):
     def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ...) -> None: ...
 
 class RowMeta(_message.Message):
-    __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tags")
-    class TagsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tag_set")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -220,7 +217,7 @@ class RowMeta(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
-    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TAG_SET_FIELD_NUMBER: _ClassVar[int]
     index: int
     partition: int
     unit: int
@@ -228,18 +225,33 @@ class RowMeta(_message.Message):
     version: int
     group: int
     rank: int
+    tag_set: int
+    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ..., tag_set: _Optional[int] = ...) -> None: ...
+
+class TagSet(_message.Message):
+    __slots__ = ("tags",)
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TAGS_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.ScalarMap[str, str]
-    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("lease", "rows", "lease_seconds")
+    __slots__ = ("lease", "rows", "lease_seconds", "tag_sets")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TAG_SETS_FIELD_NUMBER: _ClassVar[int]
     lease: str
     rows: _containers.RepeatedCompositeFieldContainer[RowMeta]
     lease_seconds: float
-    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    tag_sets: _containers.RepeatedCompositeFieldContainer[TagSet]
+    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ..., tag_sets: _Optional[_Iterable[_Union[TagSet, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("task", "lease", "indices")
@@ -429,42 +441,42 @@ class OpResult(_message.Message):
     reserve: ReserveResponse
     def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ...) -> None: ...
 
-class Cell(_message.Message):
-    __slots__ = ("index", "column", "data")
-    INDEX_FIELD_NUMBER: _ClassVar[int]
-    COLUMN_FIELD_NUMBER: _ClassVar[int]
+class CellBlock(_message.Message):
+    __slots__ = ("indices", "columns", "column_of", "sizes", "data")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_OF_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    index: int
-    column: str
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    column_of: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, index: _Optional[int] = ..., column: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., column_of: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("unit", "cells")
+    __slots__ = ("unit", "block")
     UNIT_FIELD_NUMBER: _ClassVar[int]
-    CELLS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     unit: int
-    cells: _containers.RepeatedCompositeFieldContainer[Cell]
-    def __init__(self, unit: _Optional[int] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
+    block: CellBlock
+    def __init__(self, unit: _Optional[int] = ..., block: _Optional[_Union[CellBlock, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("unit", "indices", "columns", "cells")
+    __slots__ = ("unit", "keys")
     UNIT_FIELD_NUMBER: _ClassVar[int]
-    INDICES_FIELD_NUMBER: _ClassVar[int]
-    COLUMNS_FIELD_NUMBER: _ClassVar[int]
-    CELLS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     unit: int
-    indices: _containers.RepeatedScalarFieldContainer[int]
-    columns: _containers.RepeatedScalarFieldContainer[str]
-    cells: _containers.RepeatedCompositeFieldContainer[Cell]
-    def __init__(self, unit: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
+    keys: CellBlock
+    def __init__(self, unit: _Optional[int] = ..., keys: _Optional[_Union[CellBlock, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("cells",)
-    CELLS_FIELD_NUMBER: _ClassVar[int]
-    cells: _containers.RepeatedCompositeFieldContainer[Cell]
-    def __init__(self, cells: _Optional[_Iterable[_Union[Cell, _Mapping]]] = ...) -> None: ...
+    __slots__ = ("block",)
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    block: CellBlock
+    def __init__(self, block: _Optional[_Union[CellBlock, _Mapping]] = ...) -> None: ...

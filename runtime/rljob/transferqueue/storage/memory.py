@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from .base import Buffer, StorageUnit, register_backend
+from .blocks import pack_cells, pack_keys, unpack_values
 
 
 class MemoryUnit(StorageUnit):
@@ -47,7 +48,8 @@ class MemoryUnit(StorageUnit):
 
 @register_backend("memory")
 class RemoteMemoryUnit(StorageUnit):
-    """A memory unit in another process, over the StorageService gRPC API."""
+    """A memory unit in another process, over the StorageService gRPC API (a batch
+    of cells a `CellBlock`: blocks.py)."""
 
     backend = "memory"
 
@@ -64,22 +66,16 @@ class RemoteMemoryUnit(StorageUnit):
         self.unit = unit
 
     def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
-        pb = self._pb
-        self._stub.Put(pb.PutRequest(unit=self.unit, cells=[
-            pb.Cell(index=i, column=c, data=bytes(d)) for i, c, d in cells]))
+        self._stub.Put(self._pb.PutRequest(unit=self.unit, block=pack_cells(cells)))
 
     def get(self, indices: Sequence[int], columns: Sequence[str]) -> list[list[Buffer | None]]:
-        resp = self._stub.Get(self._pb.GetRequest(unit=self.unit, indices=list(indices),
-                                                  columns=list(columns)))
-        found = {(c.index, c.column): c.data for c in resp.cells}
-        return [[found.get((i, c)) for c in columns] for i in indices]
+        flat = self.get_cells([(i, c) for i in indices for c in columns])
+        n = len(columns)
+        return [flat[r * n:(r + 1) * n] for r in range(len(indices))]
 
     def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
-        pb = self._pb
-        resp = self._stub.Get(pb.GetRequest(unit=self.unit, cells=[
-            pb.Cell(index=i, column=c) for i, c in keys]))
-        found = {(c.index, c.column): c.data for c in resp.cells}
-        return [found.get(k) for k in keys]
+        resp = self._stub.Get(self._pb.GetRequest(unit=self.unit, keys=pack_keys(keys)))
+        return unpack_values(resp.block, len(keys))  # in the order asked
 
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         raise NotImplementedError("memory units are cleared by the controller that hosts them")
