@@ -396,7 +396,7 @@ class Controller(LeaseOps):
                             tags[c] = tag
                         else:
                             tags.pop(c, None)
-                    retagged[key] = (row.tags, tags)  # the old dict held: its id stays its
+                    retagged[key] = (row.tags, tags)  # holding the old dict: no reuse of its id
                 row.tags = retagged[key][1]
             if lengths:
                 row.length = int(lengths[i])
