@@ -267,8 +267,8 @@ class LeaseOps:
         if self.partition_done[p] < len(self.partitions[p]):
             return None
         cells = []
-        # rows share their tags: each (tags, columns) named once (the dict held: its
-        # id stays its own)
+        # rows share their tags: each (tags, columns) named once (holding each dict:
+        # no reuse of its id)
         named: dict[tuple[int, frozenset[str]], tuple[dict, set[str]]] = {}
         for idx in sorted(self.partitions.pop(p)):
             r = self.rows.pop(idx)
