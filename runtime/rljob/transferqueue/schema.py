@@ -137,7 +137,13 @@ def encode(col: ColumnSpec, value: Any) -> tuple[memoryview | bytes, int]:
     arr = np.ascontiguousarray(arr)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(arr.reshape(-1)).cast("B"), int(arr.shape[0])  # flat: (0, k) too
+    return _cell_view(arr)
+
+
+def _cell_view(arr: np.ndarray) -> tuple[memoryview, int]:
+    """A C-contiguous little-endian array's bytes and first dimension (viewed flat:
+    a (0, k) array cannot be cast as it is)."""
+    return memoryview(arr.reshape(-1)).cast("B"), int(arr.shape[0])
 
 
 def decode(col: ColumnSpec, data: bytes | memoryview) -> Any:
@@ -177,8 +183,7 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
         want, dims = _numpy_dtype(col.dtype), 1 + len(col.trailing_shape)
         if all(type(v) is np.ndarray and v.dtype == want and v.ndim == dims
                and v.shape[1:] == col.trailing_shape for v in values):
-            return [(memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B"), v.shape[0])
-                    for v in values]
+            return [_cell_view(np.ascontiguousarray(v)) for v in values]
     if (col.kind == "scalar" and col.dtype != "bfloat16" and values
             and all(type(v) in _PLAIN_NUMBERS for v in values)):
         arr = np.asarray(values)
