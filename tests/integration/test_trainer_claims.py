@@ -115,3 +115,73 @@ def test_rows_claimed_again_after_their_lease_expired_are_trained_once():
             keeper.close()
         client.close()
         server.stop()
+
+
+class WaitingIdle:
+    """Idle work whose claim waits and never finds rows (a partition nobody writes):
+    only a wake ends it before its time."""
+
+    def __init__(self, address: str):
+        self.tq = TransferQueueClient(address)
+        self.waited: list[float] = []
+
+    def mark(self) -> int:
+        return self.tq.wakes
+
+    def wake(self) -> None:
+        self.tq.wake()
+
+    def once(self, partition: int, wait: float, since: int | None = None) -> int:
+        t0 = time.monotonic()
+        assert not self.tq.claim("reference", 4, partition=partition + 99, wait=wait,
+                                 min_count=1, since=since)
+        self.waited.append(time.monotonic() - t0)
+        return 0
+
+
+def test_arrivals_wake_the_trainers_idle_claim(monkeypatch):
+    """While the trainer waits for a micro-batch, its idle work (the reference task)
+    waits in a claim of its own; the step's rows arriving end that claim at once, not
+    after its wait."""
+    from rljob.trainer import source as source_mod
+
+    monkeypatch.setattr(source_mod, "IDLE_WAIT", 60.0)
+    job = resolve_paths(load_rljob(str(REPO / "examples/quickstart.yaml")), REPO / "examples")
+    spec = job.spec
+    n = spec.algorithm.samples_per_step
+    server = TQServer(None)
+    client = TransferQueueClient(server.address)
+    source = keeper = idle = None
+    try:
+        client.register(*tasks_for(spec))
+        flow = Workflow(spec, client, None, load_tokenizer(spec.model))
+        flow.put_prepared(0, flow.prepare_prompts(load_examples(spec.dataset)
+                                                  [:spec.algorithm.step_prompts]))
+        idle = WaitingIdle(server.address)
+        keeper = LeaseKeeper(client)
+        source = StepSource(spec, client, 0, keeper, idle=idle)
+        def roll_out():
+            with TransferQueueClient(server.address) as rollout:
+                _roll_out(rollout, n)
+
+        threading.Timer(1.0, roll_out).start()
+        t0 = time.monotonic()
+        trained = []
+        while (chunk := source.next_micro_batch()) is not None:
+            trained += [s.slot for s in chunk]
+        assert sorted(trained) == list(range(n))
+        assert idle.waited, "the idle work never waited"
+        # the rows came about 1 s in; a claim that waited out its 60 s would show
+        assert time.monotonic() - t0 < 30, idle.waited
+        assert max(idle.waited) < 30, idle.waited
+        for batch in source.take_leases():
+            client.ack(batch)
+    finally:
+        if source is not None:
+            source.close()
+        if keeper is not None:
+            keeper.close()
+        if idle is not None:
+            idle.tq.close()
+        client.close()
+        server.stop()

@@ -22,6 +22,7 @@ from rljob.transferqueue import (
     scalar,
     tensor,
 )
+from rljob.transferqueue.proto import transferqueue_pb2 as pb
 from rljob.transferqueue.schema import ColumnError
 from rljob.transferqueue.storage.base import cell_key
 from tests.integration.conftest import TQServer
@@ -260,6 +261,48 @@ def test_long_poll_claim_wakes_on_write(tq):
         th.join(15)
         assert len(result["batch"]) == 2
         assert result["waited"] < 5
+
+
+def test_a_wake_answers_the_waiting_claims_of_its_client_with_what_is_ready(tq):
+    """A worker whose claim waits for one kind of work wakes it when another kind
+    arrives: the claim answers at once with whatever is ready; a wake that came
+    before the claim was sent counts when the claim says `since`; claims of other
+    clients and claims sent later wait as asked."""
+    with TransferQueueClient(tq.address) as c, TransferQueueClient(tq.address) as other:
+        c.register(DRIVER, TaskSpec("t", ["prompt"]), TaskSpec("u", ["prompt"]))
+        c.put(0, prompts(2))
+        result = {}
+
+        def claim(client, key, task, **kw):
+            t0 = time.monotonic()
+            result[key] = client.claim(task, 5, wait=10, **kw)
+            result[key + "_waited"] = time.monotonic() - t0
+
+        mine = threading.Thread(target=claim, args=(c, "mine", "t"))
+        theirs = threading.Thread(target=claim, args=(other, "theirs", "u"))
+        mine.start()
+        theirs.start()
+        time.sleep(0.5)  # both wait: 2 rows are ready, they ask for 5
+        assert "mine" not in result and "theirs" not in result
+        assert c._session.call("wake", pb.WakeRequest()).woken == 1
+        mine.join(5)
+        assert result["mine_waited"] < 3  # woken: not its 10 s
+        assert sorted(result["mine"].indices) == [0, 1]  # what was ready, leased
+        time.sleep(0.3)
+        assert "theirs" not in result  # another client's claim still waits
+        assert other._session.call("wake", pb.WakeRequest()).woken == 1
+        theirs.join(5)
+        assert len(result["theirs"]) == 2
+
+        # a wake before the claim: counted with `since` read before it, not without
+        since = c.wakes
+        c.wake()
+        t0 = time.monotonic()
+        assert not c.claim("t", 1, wait=10, since=since)
+        assert time.monotonic() - t0 < 3
+        t0 = time.monotonic()
+        assert not c.claim("t", 1, wait=0.5, since=c.wakes)
+        assert time.monotonic() - t0 >= 0.45
 
 
 def test_bad_requests_get_clear_errors_and_change_nothing(redis_units):

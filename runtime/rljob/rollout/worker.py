@@ -45,6 +45,9 @@ from .engine import SamplingParams, make_engine
 from .episodes import Episode, episode_record, run_episodes, summary
 
 log = logging.getLogger("rljob.rollout")
+# seconds a parked replica's reference claim waits at most (the prompts' claim, when
+# it is answered, ends it sooner)
+REFERENCE_WAIT = 0.5
 
 
 class RolloutWorker:
@@ -356,11 +359,19 @@ class RolloutWorker:
 
     def _await_claim(self, ahead: Future):
         """The claim in flight; while it waits (parked by the staleness bound), the
-        reference task's rows. With none ready it waits on the claim itself, a moment at
-        a time, so its answer starts the next generation at once (a long-polling
-        reference claim held it up to the poll's length: 20 ms a step)."""
-        while self.reference is not None and not ahead.done() and not self.stop.is_set():
-            if not self.reference.once():
+        reference task's rows. The reference claim waits too, until rows of either
+        kind are ready: the prompts' answer wakes it, so it starts the next generation
+        at once (a reference claim that polled held it up to the poll's length), and
+        the controller is not asked again and again while nothing comes."""
+        if self.reference is None:
+            return ahead.result()
+        ahead.add_done_callback(lambda _: self.reference.wake())
+        while not self.stop.is_set():
+            since = self.reference.mark()  # before looking: the wake comes after it
+            if ahead.done():
+                break
+            if not self.reference.once(wait=REFERENCE_WAIT, since=since):
+                # woken (it is done), out of time, or no reference weights yet
                 wait([ahead], timeout=0.02)
         return ahead.result()
 

@@ -79,16 +79,19 @@ class ReferenceWork:
         self.compute = compute  # () -> the context the forwards run in
         self.spans = spans  # the worker's SpanLog: a "reference" span per chunk
 
-    def once(self, partition: int | None = None, wait: float = 0.0) -> int:
+    def once(self, partition: int | None = None, wait: float = 0.0,
+             since: int | None = None) -> int:
         """Claim, compute and write up to `rows` rows (of `partition`, else any);
-        the number computed (0: none was ready, or the reference is not there)."""
+        the number computed (0: none was ready within `wait`, the claim was woken
+        (`wake`: the caller has other work; `since`: `mark()` read before the caller
+        last looked for it), or the reference is not there yet)."""
         model = self.model()
         if model is None:
-            time.sleep(wait)  # as a claim that found nothing: the caller polls
             return 0
         kwargs = {"partition": partition} if partition is not None else {}
         batch = ride_out(lambda: self.tq.claim_get("reference", self.rows, REFERENCE_READS,
-                                                   wait=wait, min_count=1, **kwargs),
+                                                   wait=wait, min_count=1, since=since,
+                                                   **kwargs),
                          once=True, pause=0)  # away: the next call claims again
         if batch is None or not batch.rows:
             return 0
@@ -103,6 +106,20 @@ class ReferenceWork:
         if self.spans is not None:
             self.spans.add("reference", t0, t1, batch.rows[0].partition)
         return self._write(batch, logps)
+
+    def mark(self) -> int:
+        """Read before looking for other work; `once(since=...)` then wakes for a
+        `wake()` that came after it."""
+        return self.tq.wakes
+
+    def wake(self) -> None:
+        """Other work arrived: a waiting `once` returns now (from another thread). A
+        wake that cannot be sent (the controller away, the client closed) is let go:
+        the claim's own wait ends it."""
+        try:
+            self.tq.wake()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("could not wake the reference claim: %s", exc)
 
     def _write(self, batch: Batch, logps: list[list[float]]) -> int:
         t0 = time.time()

@@ -23,6 +23,9 @@ from .algorithms import advantage_estimator
 from .lineage import Lineage
 
 log = logging.getLogger("rljob.trainer")
+# seconds the idle work's claim waits at most: arrivals of either kind end it sooner,
+# a stop is seen after it
+IDLE_WAIT = 0.5
 
 
 @dataclass
@@ -84,7 +87,9 @@ class StepSource:
                  health=None, draw=None, idle=None, spans=None):
         self.spec, self.tq, self.step = spec, tq, step
         self.spans = spans  # the trainer's SpanLog: each claim and read
-        self.idle = idle  # (step) -> work done while the next micro-batch is not there
+        # work done while the next micro-batch is not there (the reference task's
+        # ReferenceWork: its claim waits until rows of either kind arrive)
+        self.idle = idle
         self.lineage = lineage
         self.health = health  # raises if a producer in this process (the critic) failed
         self.reads = train_reads(spec)
@@ -125,6 +130,13 @@ class StepSource:
             with self._arrived:
                 self._error = exc
                 self._arrived.notify_all()
+            self._wake_idle()
+
+    def _wake_idle(self) -> None:
+        """The training thread may be waiting in the idle work's claim: arrivals (or an
+        error) end it."""
+        if self.idle is not None:
+            self.idle.wake()
 
     def _claim(self, count: int, min_count: int) -> None:
         batch = ride_out(lambda: self.tq.claim_get("train", count, self.reads, policy="group",
@@ -177,6 +189,7 @@ class StepSource:
                 self.groups[group] = members
                 draws += self.lanes.arrive(group, [m.reward for m in members])
             self._arrived.notify_all()
+        self._wake_idle()
         if draws:
             self.draw(self.step, draws)
 
@@ -237,7 +250,11 @@ class StepSource:
             return None
         start, end = self.next_slot, self.next_slot + self.mb
         with self._arrived:
-            while not self._ready(start, end):
+            while True:
+                # before looking: arrivals from here on wake the idle work's claim
+                since = self.idle.mark() if self.idle is not None else 0
+                if self._ready(start, end):
+                    break
                 if self._error is not None:
                     raise self._error
                 if self.stopping.is_set():
@@ -246,14 +263,16 @@ class StepSource:
                     self.health()
                 if self.idle is not None:
                     # the reference's log-probs of rows of this step, the lock let go
-                    # meanwhile (the claimer adds arrivals)
+                    # meanwhile (the claimer adds arrivals); its claim waits until
+                    # rows of either kind are there
                     self._arrived.release()
                     try:
-                        worked = self.idle(self.step)
+                        worked = self.idle.once(self.step, wait=IDLE_WAIT, since=since)
                     finally:
                         self._arrived.acquire()
-                    if worked:
+                    if worked or self.idle.mark() != since:  # work done, or arrivals
                         continue
+                    # nothing came within the wait, or the controller is away
                 self._arrived.wait(0.01 if self.idle is not None else 0.2)
             chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end

@@ -224,7 +224,7 @@ class TrainerWorker:
                                      self.stop, self.lineage,
                                      health=self.critic.check if self.critic else None,
                                      draw=self._draw_replacements,
-                                     idle=self._reference_rows if self.reference else None,
+                                     idle=self.reference,
                                      spans=self.spans)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
@@ -297,10 +297,6 @@ class TrainerWorker:
         """The schemas the job's prompts announce (rollout.tools), listed the first
         time a replacement prompt needs them (an MCP server starts for it)."""
         return announced(self.spec.rollout)
-
-    def _reference_rows(self, step: int) -> int:
-        """Waiting for samples: the reference's log-probs of rows of `step`."""
-        return self.reference.once(partition=step)
 
     def _draw_replacements(self, step: int, groups: list[int]) -> None:
         """filterGroups: put the prompts of replacement groups of `step` into its

@@ -8,6 +8,7 @@ through a `DataPlane` (dataplane.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -62,6 +63,8 @@ class TransferQueueClient:
         # (kind, future) of put(wait=False) / ack(wait=False) whose answer is unchecked
         self._unchecked: list = []
         self._unchecked_lock = threading.Lock()
+        self._wakes = itertools.count(1)
+        self.wakes = 0  # wake() calls so far (`claim`'s `since`)
         self._data = DataPlane(address, password)
         self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
 
@@ -155,17 +158,31 @@ class TransferQueueClient:
         """Wait until every put/ack sent with wait=False is answered; raise a refusal."""
         self._check(block=True)
 
-    def claim(self, task: str, count: int, **kwargs: Any) -> Batch:
+    def claim(self, task: str, count: int, *, since: int | None = None,
+              **kwargs: Any) -> Batch:
         """Lease up to `count` ready rows of `task` (metadata only; see `get`).
 
         Options: min_count (wait for this many, default count), wait (seconds to
         long-poll), policy (a claim policy name: policies.py), token_budget,
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first).
+        A waiting claim is answered at once, with what is ready, by a `wake()` of
+        this client; `since` (`wakes` read before the caller looked for other work)
+        counts the wakes that came before the claim was sent too.
         """
         req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
-        resp = self._session.call("claim", req, timeout=req.wait_seconds + 60.0)
-        return _claimed(task, resp)
+        fut = self._session.send("claim", req)
+        if since is not None and self.wakes != since:
+            self._session.send("wake", pb.WakeRequest())  # it came before the claim
+        return _claimed(task, self._session.result(fut, "claim",
+                                                   timeout=req.wait_seconds + 60.0))
+
+    def wake(self) -> None:
+        """Answer this client's waiting claims at once, with whatever is ready (maybe
+        nothing): a worker whose claim waits for one kind of work, woken when another
+        kind arrives. Returns without waiting for the controller."""
+        self.wakes = next(self._wakes)
+        self._session.send("wake", pb.WakeRequest())
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(self._data.read(batch.rows, columns, batch.tag_sets))

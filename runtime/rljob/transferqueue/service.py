@@ -173,7 +173,9 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             await self._signal()
         return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
 
-    async def _claim(self, request):
+    async def _claim(self, request, woken=None):
+        """`woken()`: whether a wake op of the claim's session came since it arrived
+        (then it stops waiting, as if out of time)."""
         req = ClaimRequest(
             task=request.task, count=request.count,
             min_count=request.min_count or None,
@@ -198,8 +200,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if claim is not None:
                 break
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                # out of time: hand over whatever is ready (maybe nothing)
+            if remaining <= 0 or (woken is not None and woken()):
+                # out of time (or woken): hand over whatever is ready (maybe nothing)
                 claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
                 self._clear(self.controller.take_cleared())
                 break
@@ -301,14 +303,18 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
     async def Session(self, request_iterator, context):
         """Ops in, results out (matched by id). A stream message costs the server a
         fraction of a unary call, which is what the data path pays per batch.
-        Ops run in arrival order; a claim that has to wait runs on its own."""
+        Ops run in arrival order; a claim that has to wait runs on its own, until
+        its rows are ready, its time is up or a later wake op of the session."""
         write_lock = asyncio.Lock()
         waiting: set[asyncio.Task] = set()
+        wakes = 0  # wake ops so far: a claim stops waiting once there is one more
 
-        async def run(op_msg, kind):
+        async def run(op_msg, kind, woken=None):
             result = pb.OpResult(id=op_msg.id)
             try:
-                resp = await SESSION_OPS[kind](self, getattr(op_msg, kind))
+                msg = getattr(op_msg, kind)
+                resp = await (self._claim(msg, woken) if kind == "claim"
+                              else SESSION_OPS[kind](self, msg))
                 getattr(result, kind).CopyFrom(resp)
             except (ControllerError, ColumnError) as exc:
                 result.code = GRPC_CODE.get(getattr(exc, "code", ""),
@@ -322,13 +328,21 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         try:
             async for op_msg in request_iterator:
                 kind = op_msg.WhichOneof("op")
-                if kind not in SESSION_OPS:
+                if kind == "wake":
+                    wakes += 1
+                    woken = sum(1 for t in waiting if not t.done())
+                    await self._signal()  # the waiting claims look again, and see it
+                    async with write_lock:
+                        await context.write(pb.OpResult(id=op_msg.id,
+                                                        wake=pb.WakeResponse(woken=woken)))
+                elif kind not in SESSION_OPS:
                     async with write_lock:
                         await context.write(pb.OpResult(
                             id=op_msg.id, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                             error=f"unknown session op {kind!r}"))
                 elif kind == "claim" and op_msg.claim.wait_seconds > 0:
-                    task = asyncio.create_task(run(op_msg, kind))
+                    task = asyncio.create_task(
+                        run(op_msg, kind, lambda since=wakes: wakes != since))
                     waiting.add(task)
                     task.add_done_callback(waiting.discard)
                 else:

@@ -401,8 +401,18 @@ class ConsumerStats(_message.Message):
     claimed: int
     def __init__(self, task: _Optional[str] = ..., consumer: _Optional[str] = ..., claimed: _Optional[int] = ...) -> None: ...
 
+class WakeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WakeResponse(_message.Message):
+    __slots__ = ("woken",)
+    WOKEN_FIELD_NUMBER: _ClassVar[int]
+    woken: int
+    def __init__(self, woken: _Optional[int] = ...) -> None: ...
+
 class Op(_message.Message):
-    __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve")
+    __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve", "wake")
     ID_FIELD_NUMBER: _ClassVar[int]
     NOTIFY_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +420,7 @@ class Op(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FIELD_NUMBER: _ClassVar[int]
+    WAKE_FIELD_NUMBER: _ClassVar[int]
     id: int
     notify: NotifyWrittenRequest
     claim: ClaimRequest
@@ -417,10 +428,11 @@ class Op(_message.Message):
     release: ReleaseRequest
     extend: ExtendRequest
     reserve: ReserveRequest
-    def __init__(self, id: _Optional[int] = ..., notify: _Optional[_Union[NotifyWrittenRequest, _Mapping]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., reserve: _Optional[_Union[ReserveRequest, _Mapping]] = ...) -> None: ...
+    wake: WakeRequest
+    def __init__(self, id: _Optional[int] = ..., notify: _Optional[_Union[NotifyWrittenRequest, _Mapping]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., reserve: _Optional[_Union[ReserveRequest, _Mapping]] = ..., wake: _Optional[_Union[WakeRequest, _Mapping]] = ...) -> None: ...
 
 class OpResult(_message.Message):
-    __slots__ = ("id", "code", "error", "notify", "claim", "ack", "release", "extend", "reserve")
+    __slots__ = ("id", "code", "error", "notify", "claim", "ack", "release", "extend", "reserve", "wake")
     ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -430,6 +442,7 @@ class OpResult(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FIELD_NUMBER: _ClassVar[int]
+    WAKE_FIELD_NUMBER: _ClassVar[int]
     id: int
     code: int
     error: str
@@ -439,7 +452,8 @@ class OpResult(_message.Message):
     release: ReleaseResponse
     extend: ExtendResponse
     reserve: ReserveResponse
-    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ...) -> None: ...
+    wake: WakeResponse
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ..., wake: _Optional[_Union[WakeResponse, _Mapping]] = ...) -> None: ...
 
 class CellBlock(_message.Message):
     __slots__ = ("indices", "columns", "column_of", "sizes", "data")

@@ -189,8 +189,8 @@ class TransferQueueControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """The data path: notify/claim/ack/release/extend/reserve over one stream,
-        results matched by id (claims that wait may answer out of order).
+        """The data path: notify/claim/ack/release/extend/reserve/wake over one
+        stream, results matched by id (claims that wait may answer out of order).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
