@@ -67,8 +67,22 @@ def test_abusive_requests_are_refused_fast_and_do_not_stall_others(backend, redi
                                                         columns=["tok"], create=True),
              grpc.StatusCode.RESOURCE_EXHAUSTED, "16384"),
         ]
+        # a notify whose cells are for a unit the controller does not host
+        abuse.append((ctl.NotifyWritten, pb.NotifyWrittenRequest(
+            indices=[0], columns=["tok"], cells=[pb.UnitCells(
+                unit=0 if backend == "redis" else 5, block=pack_cells([(0, "tok", b"x")]))]),
+            grpc.StatusCode.INVALID_ARGUMENT, "not a memory unit"))
         if backend == "memory":
             abuse += [
+                # cells in a notify: of rows it does not name, or not adding up
+                (ctl.NotifyWritten, pb.NotifyWrittenRequest(
+                    indices=[0], columns=["tok"],
+                    cells=[pb.UnitCells(unit=0, block=pack_cells([(7, "tok", b"x")]))]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "does not name"),
+                (ctl.NotifyWritten, pb.NotifyWrittenRequest(
+                    indices=[0], columns=["tok"], cells=[pb.UnitCells(unit=0, block=pb.CellBlock(
+                        indices=[0], columns=["tok"], column_of=[0], sizes=[9], data=b"x"))]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "add up to"),
                 (storage.Put, pb.PutRequest(unit=0, block=pack_cells([(10 ** 9, "tok", b"x")])),
                  grpc.StatusCode.INVALID_ARGUMENT, "never created"),
                 # a block whose sizes claim more bytes than it carries

@@ -198,10 +198,10 @@ def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, cap
                 TransferQueueClient(server.address) as b:
             a.register(DRIVER, TaskSpec("t", ["prompt"]))
             a.put(0, prompts(4))
-            claim = a.claim
+            claim = a._claim  # claim_get's claim (its answer, before the read)
 
-            def claim_then_pause(task, count, **kwargs):
-                held = claim(task, count, **kwargs)
+            def claim_then_pause(*args, **kwargs):
+                held = claim(*args, **kwargs)
                 assert len(held.rows) == 4
                 deadline = time.monotonic() + 30
                 while not (other := b.claim("t", 4, min_count=4)).rows:  # the lease ran out
@@ -218,7 +218,7 @@ def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, cap
                     time.sleep(0.05)
                 return held
 
-            a.claim = claim_then_pause
+            a._claim = claim_then_pause
             with caplog.at_level("WARNING", logger="rljob.transferqueue"):
                 got = a.claim_get("t", 4, ["prompt"])
             assert got.rows == [] and got.lease == ""
@@ -227,14 +227,14 @@ def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, cap
             # a read that fails while the lease is held still raises, and its rows go
             # back at once (not after the lease)
 
-            def claim_then_lose(task, count, **kwargs):
-                held = claim(task, count, **kwargs)
+            def claim_then_lose(*args, **kwargs):
+                held = claim(*args, **kwargs)
                 for r in redis_units:
                     for key in r.client.keys(f"{a._data.job}:[0-9]*"):
                         r.client.delete(key)
                 return held
 
-            a.claim = claim_then_lose
+            a._claim = claim_then_lose
             a.put(1, prompts(2))
             with pytest.raises(TransferQueueError) as err:
                 a.claim_get("t", 2, ["prompt"])
@@ -510,3 +510,49 @@ def test_a_fenced_write_with_ack_acks_its_rows_and_reads_back_under_each_lease(s
             channel.close()
         c.ack(t)
         assert c.stats().rows == 0
+
+
+def test_memory_units_cells_travel_in_the_notify_and_the_claim(tq_memory, monkeypatch):
+    """Memory units live in the controller: a put's and a fenced write's cells go in
+    their notify, a claim_get's come back in the claim's answer (rows under two
+    leases' tags included), and no Put or Get of the storage service is made. A
+    refused fenced write stores none of its cells."""
+    from rljob.transferqueue.storage.memory import RemoteMemoryUnit
+
+    def no_call(*_args, **_kw):
+        raise AssertionError("a memory unit's Put or Get was called")
+
+    for name in ("put", "get", "get_cells"):
+        monkeypatch.setattr(RemoteMemoryUnit, name, no_call)
+    with TransferQueueClient(tq_memory.address) as c:
+        c.register(DRIVER, ROLLOUT, TRAIN)
+        c.put(0, prompts(8))
+        first = c.claim_get("rollout", 4, ["prompt_ids"])
+        second = c.claim_get("rollout", 4, ["prompt_ids"])
+        assert [x.tolist() for x in first.data["prompt_ids"] + second.data["prompt_ids"]] == \
+            [list(range(i % 5 + 1)) for i in first.indices + second.indices]
+        for batch in (first, second):
+            c.write(batch.indices, {
+                "response_ids": [np.full(3, r.index, np.int32) for r in batch.rows],
+                "reward": [float(r.index) for r in batch.rows],
+                "logp": [np.full(3, -r.index, np.float32) for r in batch.rows]},
+                length_column="response_ids", lease=batch, ack=True)
+        t = c.claim_get("train", 8, ["response_ids", "reward", "prompt"])
+        assert sorted({r.tag_set for r in t.rows}) == [1, 2]
+        assert [x.tolist() for x in t.data["response_ids"]] == [[i] * 3 for i in t.indices]
+        assert list(t.data["reward"]) == [float(i) for i in t.indices]
+        assert t.data["prompt"] == [f"p{i}" for i in t.indices]
+        c.ack(t)
+
+        # a write under a lease that is not held: refused, nothing of it stored
+        c.put(1, prompts(2))
+        held = c.claim("rollout", 2)
+        c.release(held)
+        with pytest.raises(TransferQueueError) as err:
+            c.write(held.indices, {"response_ids": [np.zeros(1, np.int32)] * 2,
+                                   "reward": [0.0] * 2, "logp": [np.zeros(1, np.float32)] * 2},
+                    lease=held)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        monkeypatch.undo()
+        cells = c._data.units[0].get_cells([(i, f"reward:{held.lease}") for i in held.indices])
+        assert cells == [None, None]

@@ -108,10 +108,10 @@ class TransferQueueClient:
             raise ValueError("ack=True acks the rows of a lease: pass lease")
         per_unit, measured, nbytes = self._data.encode_rows(
             indices, columns, length_column, lease.lease if lease else "")
-        self._data.store_all(per_unit)
+        cells = self._data.store_all(per_unit)
         return self._session.call("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
-            length_column=length_column, lease=lease, ack=ack)).newly_ready
+            length_column=length_column, lease=lease, ack=ack, cells=cells)).newly_ready
 
     def _reserve(self, n: int) -> list[int]:
         while (got := self._data.take_reserved(n, self._session.open())) is None:
@@ -134,11 +134,11 @@ class TransferQueueClient:
             raise ColumnError(f"{n} rows are not a multiple of group_size {group_size}")
         indices = self._reserve(n)
         per_unit, measured, nbytes = self._data.encode_rows(indices, columns, length_column)
-        self._data.store_all(per_unit)
+        cells = self._data.store_all(per_unit)
         fut = self._session.send("notify", self._data.notify_request(
             indices, columns, measured, nbytes, versions=versions, lengths=lengths,
             length_column=length_column, create=True, partition=partition,
-            group_size=group_size))
+            group_size=group_size, cells=cells))
         if wait:
             self._session.result(fut, "notify")
         else:
@@ -170,12 +170,16 @@ class TransferQueueClient:
         this client; `since` (`wakes` read before the caller looked for other work)
         counts the wakes that came before the claim was sent too.
         """
+        return _claimed(task, self._claim(task, count, since, kwargs))
+
+    def _claim(self, task: str, count: int, since: int | None, kwargs: dict,
+               read: Sequence[str] = ()) -> pb.ClaimResponse:
         req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
+        req.read.extend(read)
         fut = self._session.send("claim", req)
         if since is not None and self.wakes != since:
             self._session.send("wake", pb.WakeRequest())  # it came before the claim
-        return _claimed(task, self._session.result(fut, "claim",
-                                                   timeout=req.wait_seconds + 60.0))
+        return self._session.result(fut, "claim", timeout=req.wait_seconds + 60.0)
 
     def wake(self) -> None:
         """Answer this client's waiting claims at once, with whatever is ready (maybe
@@ -194,12 +198,15 @@ class TransferQueueClient:
         the lease: its rows went to another consumer, which may have finished and
         cleared them) is dropped: an empty batch, and a warning that says so."""
         sent = time.time()
-        batch = self.claim(task, count, **kwargs)
+        # the cells on memory units come with the claim's answer
+        resp = self._claim(task, count, kwargs.pop("since", None), kwargs,
+                           self._data.reads_with_claim(columns))
+        batch = _claimed(task, resp)
         batch.claimed = (sent, time.time())
         if not batch.rows:
             return batch
         try:
-            self.get(batch, columns)
+            batch.data.update(self._data.read(batch.rows, columns, batch.tag_sets, resp.cells))
             batch.read_at = time.time()
             return batch
         except TransferQueueError as exc:

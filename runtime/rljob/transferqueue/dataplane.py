@@ -24,6 +24,7 @@ from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, ColumnSpec, decode_column, encode_column, storage_column
 from .storage import StorageUnit, connect
+from .storage.blocks import pack_cells, unpack_values
 from .wire import GRPC_OPTIONS, column_from_pb
 
 
@@ -187,16 +188,28 @@ class DataPlane:
     @staticmethod
     def notify_request(indices, columns, measured, nbytes, *, versions=None, lengths=None,
                        length_column=None, create=False, partition=0, group_size=1,
-                       lease: Batch | None = None, ack: bool = False):
+                       lease: Batch | None = None, ack: bool = False, cells=()):
         return pb.NotifyWrittenRequest(
             indices=list(indices), columns=list(columns),
             lengths=list(lengths) if lengths is not None else (measured if length_column else []),
             versions=list(versions or []), nbytes=nbytes, create=create, partition=partition,
             group_size=group_size, task=lease.task if lease else "",
-            lease=lease.lease if lease else "", ack=ack)
+            lease=lease.lease if lease else "", ack=ack, cells=cells)
+
+    def in_controller(self, unit: int) -> bool:
+        """A memory unit: it lives in the controller, so its cells travel in the
+        notify and the claim themselves (no Put or Get round trip of their own)."""
+        return self.units[unit].backend == "memory"
+
+    def reads_with_claim(self, columns: Sequence[str]) -> list[str]:
+        """`ClaimRequest.read`: the columns, where some unit lives in the controller."""
+        return list(columns) if any(map(self.in_controller, range(len(self.units)))) else []
 
     def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str],
-             tag_sets: Sequence[Mapping[str, str]] = ()) -> dict[str, list[Any]]:
+             tag_sets: Sequence[Mapping[str, str]] = (),
+             claimed: Sequence[pb.UnitCells] = ()) -> dict[str, list[Any]]:
+        """The rows' cells of `columns`, decoded; `claimed`: the cells that came with
+        the claim (`ClaimResponse.cells`), the other units' read from them."""
         specs = [self.column(c) for c in columns]
         by_unit: dict[int, list[int]] = {}
         for pos, row in enumerate(rows):
@@ -205,21 +218,33 @@ class DataPlane:
         # the cells' names under each tag set (fenced writes: "column:lease")
         names = [list(columns)] + [[storage_column(c, tags.get(c, "")) for c in columns]
                                    for tags in tag_sets]
+        came = {uc.unit: uc.block for uc in claimed}
+
+        def rows_of(flat: list, count: int) -> list[list]:
+            n = len(columns)
+            return [flat[k * n:(k + 1) * n] for k in range(count)]
 
         def fetch(unit: int, positions: list[int]) -> list[list]:
             if any(rows[p].tag_set for p in positions):  # fenced writes: per-row cell names
                 keys = [(rows[p].index, name) for p in positions
                         for name in names[rows[p].tag_set]]
                 with unit_errors(unit):
-                    flat = self.units[unit].get_cells(keys)
-                return [flat[k * len(columns):(k + 1) * len(columns)]
-                        for k in range(len(positions))]
+                    return rows_of(self.units[unit].get_cells(keys), len(positions))
             with unit_errors(unit):
                 return self.units[unit].get([rows[p].index for p in positions], columns)
 
-        for (unit, positions), cells in zip(by_unit.items(),
-                                            self._each_unit(fetch, by_unit.items())):
-            for p, values in zip(positions, cells):
+        remote = [(u, ps) for u, ps in by_unit.items() if u not in came]
+        got = dict(zip([u for u, _ in remote], self._each_unit(fetch, remote)))
+        for unit, positions in by_unit.items():
+            if unit in came:
+                try:
+                    got[unit] = rows_of(unpack_values(came[unit], len(positions) * len(columns)),
+                                        len(positions))
+                except ValueError as exc:
+                    raise TransferQueueError(grpc.StatusCode.DATA_LOSS,
+                                             f"unit {unit}'s cells in the claim: {exc}") from None
+        for unit, positions in by_unit.items():
+            for p, values in zip(positions, got[unit]):
                 for spec, value in zip(specs, values):
                     if value is None:
                         raise TransferQueueError(
@@ -233,9 +258,14 @@ class DataPlane:
         with unit_errors(unit):
             self.units[unit].put(cells)
 
-    def store_all(self, per_unit: Mapping[int, list]) -> None:
-        """Each unit's cells (`encode_rows`), the units at the same time."""
-        self._each_unit(self.store, per_unit.items())
+    def store_all(self, per_unit: Mapping[int, list]) -> list[pb.UnitCells]:
+        """Each unit's cells (`encode_rows`): stored on the units outside the
+        controller, the units at the same time; those of the units in it returned,
+        for the notify (`NotifyWrittenRequest.cells`)."""
+        self._each_unit(self.store, [(u, c) for u, c in per_unit.items()
+                                     if not self.in_controller(u)])
+        return [pb.UnitCells(unit=u, block=pack_cells(c)) for u, c in per_unit.items()
+                if self.in_controller(u)]
 
     def _each_unit(self, call, work) -> list:
         """call(unit, arg) for each (unit, arg), the units at the same time (a round

@@ -30,7 +30,7 @@ from .controller import Controller
 from .journal import RedisJournal, journal_changes, recover, stop_storage_lost
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
-from .schema import ColumnError
+from .schema import ColumnError, storage_column
 from .state import ClaimRequest, Cleared, ControllerError, Limits
 from .storage.base import StorageUnit
 from .storage.blocks import pack_values, unpack_cells, unpack_keys
@@ -147,6 +147,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         if request.ack and not request.lease:
             raise ControllerError("ack is for a fenced write: name the lease the rows are "
                                   "claimed in")
+        stores = self._notified_cells(request)  # checked now, stored once accepted
         try:
             too_big = [i for i, n in zip(request.indices, request.nbytes)
                        if n > self.max_row_bytes]
@@ -164,6 +165,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                                     request.create)
             self._clear([refused] if refused else [])
             raise
+        for unit, cells in stores:  # before any await: no claim sees the rows without them
+            unit.put(cells)
         acked = 0
         if request.ack:  # the lease holds every row: notify_written checked it
             acked, cleared = self.controller.ack(request.task, request.lease,
@@ -172,6 +175,51 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         if n:
             await self._signal()
         return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
+
+    def _notified_cells(self, request) -> list[tuple[MemoryUnit, list]]:
+        """A notify's memory-unit cells (`NotifyWrittenRequest.cells`), checked as a
+        Put's are: of this controller's memory units, each with its bytes, within the
+        row limit, and of the rows the notify names."""
+        stores = []
+        named = set(request.indices) if request.cells else set()
+        for uc in request.cells:
+            unit = self._memory_unit(uc.unit)
+            try:
+                cells = unpack_cells(uc.block)
+                unit.check(cells)
+            except ValueError as exc:
+                raise ControllerError(f"unit {uc.unit}'s cells: {exc}") from None
+            if any(v is None for _, _, v in cells):
+                raise ControllerError("a notify's cell block has a cell without bytes (size -1)")
+            stray = sorted(set(uc.block.indices) - named)
+            if stray:
+                raise ControllerError(f"cells of rows {stray[:5]} that the notify does not name")
+            stores.append((unit, cells))
+        return stores
+
+    def _claimed_cells(self, rows, read: list[str]) -> list[pb.UnitCells]:
+        """`ClaimRequest.read`: the claimed rows' cells on memory units, a block of
+        values per unit (its rows in claim order, each row's columns under its tags)."""
+        names: dict[int, list[str]] = {0: list(read)}  # tags dict id (0: none) -> names
+        by_unit: dict[int, list] = {}
+        for r in rows:
+            by_unit.setdefault(r.unit, []).append(r)
+        out = []
+        for u, unit_rows in by_unit.items():
+            unit = self.units[u] if 0 <= u < len(self.units) else None
+            if not isinstance(unit, MemoryUnit):
+                continue  # the client reads it from the unit itself
+            keys = []
+            for r in unit_rows:
+                # rows hold their tags dict (shared by rows written together): its id
+                # stays theirs while the claim is answered
+                cols = names.get(id(r.tags) if r.tags else 0)
+                if cols is None:
+                    cols = names[id(r.tags)] = [storage_column(c, r.tags.get(c, ""))
+                                                for c in read]
+                keys.extend([(r.index, c) for c in cols])
+            out.append(pb.UnitCells(unit=u, block=pack_values(unit.get_cells(keys))))
+        return out
 
     async def _claim(self, request, woken=None):
         """`woken()`: whether a wake op of the claim's session came since it arrived
@@ -221,6 +269,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 sets[id(r.tags)] = len(tag_sets)
         return pb.ClaimResponse(
             lease=claim.lease, lease_seconds=self.controller.lease_seconds, tag_sets=tag_sets,
+            cells=self._claimed_cells(claim.rows, list(request.read)) if request.read else (),
             rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
                              version=r.version, group=r.group, rank=r.rank,
                              tag_set=sets.get(id(r.tags), 0) if r.tags else 0)

@@ -139,7 +139,7 @@ class ReserveResponse(_message.Message):
     def __init__(self, start: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class NotifyWrittenRequest(_message.Message):
-    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size", "task", "lease", "ack")
+    __slots__ = ("indices", "columns", "lengths", "versions", "nbytes", "create", "partition", "group_size", "task", "lease", "ack", "cells")
     INDICES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +151,7 @@ class NotifyWrittenRequest(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
     indices: _containers.RepeatedScalarFieldContainer[int]
     columns: _containers.RepeatedScalarFieldContainer[str]
     lengths: _containers.RepeatedScalarFieldContainer[int]
@@ -162,7 +163,8 @@ class NotifyWrittenRequest(_message.Message):
     task: str
     lease: str
     ack: bool
-    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ..., task: _Optional[str] = ..., lease: _Optional[str] = ..., ack: _Optional[bool] = ...) -> None: ...
+    cells: _containers.RepeatedCompositeFieldContainer[UnitCells]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., lengths: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., nbytes: _Optional[_Iterable[int]] = ..., create: _Optional[bool] = ..., partition: _Optional[int] = ..., group_size: _Optional[int] = ..., task: _Optional[str] = ..., lease: _Optional[str] = ..., ack: _Optional[bool] = ..., cells: _Optional[_Iterable[_Union[UnitCells, _Mapping]]] = ...) -> None: ...
 
 class NotifyWrittenResponse(_message.Message):
     __slots__ = ("newly_ready", "acked")
@@ -173,7 +175,7 @@ class NotifyWrittenResponse(_message.Message):
     def __init__(self, newly_ready: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name")
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name", "read")
     TASK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +192,7 @@ class ClaimRequest(_message.Message):
     ACK_LEASE_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     POLICY_NAME_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
     task: str
     count: int
     min_count: int
@@ -206,7 +209,8 @@ class ClaimRequest(_message.Message):
     ack_lease: str
     consumer: str
     policy_name: str
-    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ...) -> None: ...
+    read: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RowMeta(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tag_set")
@@ -242,16 +246,18 @@ class TagSet(_message.Message):
     def __init__(self, tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ClaimResponse(_message.Message):
-    __slots__ = ("lease", "rows", "lease_seconds", "tag_sets")
+    __slots__ = ("lease", "rows", "lease_seconds", "tag_sets", "cells")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TAG_SETS_FIELD_NUMBER: _ClassVar[int]
+    CELLS_FIELD_NUMBER: _ClassVar[int]
     lease: str
     rows: _containers.RepeatedCompositeFieldContainer[RowMeta]
     lease_seconds: float
     tag_sets: _containers.RepeatedCompositeFieldContainer[TagSet]
-    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ..., tag_sets: _Optional[_Iterable[_Union[TagSet, _Mapping]]] = ...) -> None: ...
+    cells: _containers.RepeatedCompositeFieldContainer[UnitCells]
+    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ..., tag_sets: _Optional[_Iterable[_Union[TagSet, _Mapping]]] = ..., cells: _Optional[_Iterable[_Union[UnitCells, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("task", "lease", "indices")
@@ -468,6 +474,14 @@ class CellBlock(_message.Message):
     sizes: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     def __init__(self, indices: _Optional[_Iterable[int]] = ..., columns: _Optional[_Iterable[str]] = ..., column_of: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UnitCells(_message.Message):
+    __slots__ = ("unit", "block")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    unit: int
+    block: CellBlock
+    def __init__(self, unit: _Optional[int] = ..., block: _Optional[_Union[CellBlock, _Mapping]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("unit", "block")

@@ -18,12 +18,16 @@ class MemoryUnit(StorageUnit):
         self._lock = threading.Lock()
         self.max_cell_bytes = max_cell_bytes
 
-    def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
+    def check(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
+        """ValueError if a cell is over the row limit (`put` then stores nothing)."""
         if self.max_cell_bytes is not None:
             for index, column, data in cells:
                 if len(data) > self.max_cell_bytes:
                     raise ValueError(f"cell ({index}, {column!r}) is {len(data)} bytes, over the "
                                      f"{self.max_cell_bytes}-byte row limit")
+
+    def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
+        self.check(cells)
         with self._lock:
             for index, column, data in cells:
                 self._cells[(index, column)] = bytes(data)
