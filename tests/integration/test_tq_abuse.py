@@ -83,6 +83,10 @@ def test_abusive_requests_are_refused_fast_and_do_not_stall_others(backend, redi
                     indices=[0], columns=["tok"], cells=[pb.UnitCells(unit=0, block=pb.CellBlock(
                         indices=[0], columns=["tok"], column_of=[0], sizes=[9], data=b"x"))]),
                  grpc.StatusCode.INVALID_ARGUMENT, "add up to"),
+                (ctl.NotifyWritten, pb.NotifyWrittenRequest(
+                    indices=[0], columns=["tok"], cells=[pb.UnitCells(unit=0, block=pb.CellBlock(
+                        indices=[0], columns=["tok"], column_of=[0], sizes=[-1]))]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "without bytes"),
                 (storage.Put, pb.PutRequest(unit=0, block=pack_cells([(10 ** 9, "tok", b"x")])),
                  grpc.StatusCode.INVALID_ARGUMENT, "never created"),
                 # a block whose sizes claim more bytes than it carries

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,7 @@ class WaitingIdle:
     def __init__(self, address: str):
         self.tq = TransferQueueClient(address)
         self.waited: list[float] = []
+        self.pool = ThreadPoolExecutor(1)
 
     def mark(self) -> int:
         return self.tq.wakes
@@ -131,18 +133,32 @@ class WaitingIdle:
     def wake(self) -> None:
         self.tq.wake()
 
-    def once(self, partition: int, wait: float, since: int | None = None) -> int:
-        t0 = time.monotonic()
-        assert not self.tq.claim("reference", 4, partition=partition + 99, wait=wait,
-                                 min_count=1, since=since)
-        self.waited.append(time.monotonic() - t0)
+    def claim(self, partition: int, wait: float, since: int | None = None) -> Future:
+        def claim():
+            t0 = time.monotonic()
+            batch = self.tq.claim("reference", 4, partition=partition + 99, wait=wait,
+                                  min_count=1, since=since)
+            self.waited.append(time.monotonic() - t0)
+            return batch
+
+        return self.pool.submit(claim)
+
+    def work(self, batch) -> int:
+        assert not batch.rows
         return 0
+
+    def abandon(self, claim: Future) -> None:
+        self.wake()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.tq.close()
 
 
 def test_arrivals_wake_the_trainers_idle_claim(monkeypatch):
     """While the trainer waits for a micro-batch, its idle work (the reference task)
-    waits in a claim of its own; the step's rows arriving end that claim at once, not
-    after its wait."""
+    waits in a claim of its own; the step's rows arriving go to training at once, and
+    end that claim on the controller, not after its wait."""
     from rljob.trainer import source as source_mod
 
     monkeypatch.setattr(source_mod, "IDLE_WAIT", 60.0)
@@ -170,9 +186,13 @@ def test_arrivals_wake_the_trainers_idle_claim(monkeypatch):
         while (chunk := source.next_micro_batch()) is not None:
             trained += [s.slot for s in chunk]
         assert sorted(trained) == list(range(n))
-        assert idle.waited, "the idle work never waited"
-        # the rows came about 1 s in; a claim that waited out its 60 s would show
-        assert time.monotonic() - t0 < 30, idle.waited
+        # the rows came about 1 s in: the trainer did not wait out its idle claim's 60 s
+        assert time.monotonic() - t0 < 30
+        # and their arrival ended that claim on the controller too (the step holds on)
+        deadline = time.monotonic() + 10
+        while not idle.waited:
+            assert time.monotonic() < deadline, "the arrivals left the idle claim waiting"
+            time.sleep(0.05)
         assert max(idle.waited) < 30, idle.waited
         for batch in source.take_leases():
             client.ack(batch)
@@ -182,6 +202,6 @@ def test_arrivals_wake_the_trainers_idle_claim(monkeypatch):
         if keeper is not None:
             keeper.close()
         if idle is not None:
-            idle.tq.close()
+            idle.close()
         client.close()
         server.stop()

@@ -543,6 +543,12 @@ def test_memory_units_cells_travel_in_the_notify_and_the_claim(tq_memory, monkey
         assert list(t.data["reward"]) == [float(i) for i in t.indices]
         assert t.data["prompt"] == [f"p{i}" for i in t.indices]
         c.ack(t)
+        deadline = time.monotonic() + 10
+        while c.stats().cleared_partitions < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(TransferQueueError, match="no longer in the table"):
+            c.write(first.indices, {"reward": [0.0] * 4}, lease=first)  # a late writer
 
         # a write under a lease that is not held: refused, nothing of it stored
         c.put(1, prompts(2))

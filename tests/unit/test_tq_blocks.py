@@ -27,6 +27,70 @@ def test_cells_come_back_as_they_went():
     assert np.array_equal(np.frombuffer(back[0][2], np.int32), ids)
 
 
+def test_a_writes_cells_go_to_their_units_column_by_column():
+    """`DataPlane.encode_rows` groups a write's cells by unit (index mod units): each
+    unit's block holds exactly its rows' cells, the same as packing them one by one,
+    and the per-row bytes and lengths are counted over every column."""
+    from rljob.transferqueue import json_column, scalar, tensor
+    from rljob.transferqueue.dataplane import DataPlane
+
+    plane = DataPlane("unused:0", None)
+    plane.columns = {c.name: c for c in (tensor("ids", "int32"), scalar("reward"),
+                                         json_column("prompt"))}
+    plane.units = [object()] * 3
+    indices = [4, 5, 6, 7, 9]
+    ids = [np.arange(i % 4 + 1, dtype=np.int32) for i in indices]
+    per_unit, lengths, nbytes = plane.encode_rows(
+        indices, {"ids": ids, "reward": [0.5] * 5, "prompt": ["p"] * 5}, "ids", tag="l1")
+    assert sorted(per_unit) == [0, 1, 2]
+    assert lengths == [len(x) for x in ids]
+    assert nbytes == [4 * len(x) + 4 + 3 for x in ids]
+    for unit, write in per_unit.items():
+        assert write.indices == [i for i in indices if i % 3 == unit]
+        cells = write.cells()
+        assert {(i, c) for i, c, _ in cells} == {(i, c) for i in write.indices
+                                                 for c in ("ids:l1", "reward:l1", "prompt:l1")}
+        block = pb.CellBlock.FromString(write.block().SerializeToString())
+        assert block == pack_cells(cells)
+        back = {(i, c): bytes(v) for i, c, v in unpack_cells(block)}
+        for i in write.indices:
+            assert back[(i, "ids:l1")] == ids[indices.index(i)].tobytes()
+            assert back[(i, "prompt:l1")] == b'"p"'
+    single = DataPlane("unused:0", None)
+    single.columns, single.units = plane.columns, [object()]
+    (write,) = single.encode_rows(indices, {"reward": [1.0] * 5}, None)[0].values()
+    assert write.indices == indices and unpack_cells(write.block())[0][0] == 4
+
+
+def test_a_block_comes_apart_in_runs_of_one_column_and_a_memory_unit_keeps_columns():
+    """`unpack_runs`: a write's block (column by column) is a run a column; cells of
+    columns that alternate are runs as they come. A memory unit stores runs and cells
+    alike, reads a column's rows in order, and forgets a column with its last cell."""
+    from rljob.transferqueue.storage.blocks import unpack_runs
+    from rljob.transferqueue.storage.memory import MemoryUnit
+
+    cells = [(1, "a", b"x"), (2, "a", b"yy"), (1, "b:l", b""), (2, "b:l", b"z"),
+             (3, "a", b"w")]
+    runs = unpack_runs(pb.CellBlock.FromString(pack_cells(cells).SerializeToString()))
+    assert [(c, i, [bytes(v) for v in d]) for c, i, d in runs] == [
+        ("a", [1, 2], [b"x", b"yy"]), ("b:l", [1, 2], [b"", b"z"]), ("a", [3], [b"w"])]
+    assert unpack_runs(pack_cells([])) == []
+    with pytest.raises(ValueError, match="outside its 1 columns"):
+        unpack_runs(pb.CellBlock(indices=[0], columns=["a"], column_of=[3], sizes=[0]))
+
+    unit = MemoryUnit(max_cell_bytes=4)
+    unit.store_runs(runs)
+    unit.put([(4, "a", b"v")])
+    assert unit.get_column("a", [3, 1, 9, 4]) == [b"w", b"x", None, b"v"]
+    assert unit.get_column("nothing", [1]) == [None]
+    assert unit.get([1, 2], ["b:l", "a"]) == [[b"", b"x"], [b"z", b"yy"]]
+    assert unit.get_cells([(2, "a"), (2, "c")]) == [b"yy", None] and len(unit) == 6
+    with pytest.raises(ValueError, match="over the 4-byte row limit"):
+        unit.put([(5, "a", b"12345")])
+    unit.delete([(1, ["a", "b:l"]), (2, ["b:l"])])
+    assert "b:l" not in unit._columns and len(unit) == 3
+
+
 def test_absent_cells_stay_absent_and_keys_keep_their_order():
     keys = [(3, "b"), (1, "a"), (3, "a")]
     assert unpack_keys(pack_keys(keys)) == keys

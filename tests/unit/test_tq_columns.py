@@ -60,3 +60,8 @@ def test_a_json_column_shares_decoded_strings_but_not_lists_or_objects():
     assert got == ["same", "same", {"a": []}, {"a": []}]
     got[2]["a"].append(1)  # a row's object is its own
     assert got[3] == {"a": []}
+    empty = decode_column(col, [b"[]", b"[]", b"{}", b"{}", b" []"])
+    assert empty == [[], [], {}, {}, []]
+    assert len({id(v) for v in empty}) == 5  # empty ones too
+    empty[0].append(1)
+    assert empty[1] == []

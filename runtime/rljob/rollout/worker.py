@@ -359,20 +359,31 @@ class RolloutWorker:
 
     def _await_claim(self, ahead: Future):
         """The claim in flight; while it waits (parked by the staleness bound), the
-        reference task's rows. The reference claim waits too, until rows of either
-        kind are ready: the prompts' answer wakes it, so it starts the next generation
-        at once (a reference claim that polled held it up to the poll's length), and
-        the controller is not asked again and again while nothing comes."""
+        reference task's rows. A reference claim of its own waits beside it, so the
+        prompts start the next generation the moment they come (a reference claim that
+        polled held it up to the poll's length), and the controller is not asked again
+        and again while nothing comes; the prompts' answer ends that claim (whatever it
+        brings afterwards goes back)."""
         if self.reference is None:
             return ahead.result()
         ahead.add_done_callback(lambda _: self.reference.wake())
-        while not self.stop.is_set():
-            since = self.reference.mark()  # before looking: the wake comes after it
-            if ahead.done():
-                break
-            if not self.reference.once(wait=REFERENCE_WAIT, since=since):
-                # woken (it is done), out of time, or no reference weights yet
-                wait([ahead], timeout=0.02)
+        pending: Future | None = None
+        try:
+            while not self.stop.is_set():
+                since = self.reference.mark()  # before looking: the wake comes after it
+                if ahead.done():
+                    break
+                if pending is None:
+                    pending = self.reference.claim(wait=REFERENCE_WAIT, since=since)
+                wait([ahead, pending], return_when=FIRST_COMPLETED)
+                if pending.done():
+                    claimed, pending = pending, None
+                    if not self.reference.work(claimed.result()):
+                        # woken (the prompts came), out of time, or no reference yet
+                        wait([ahead], timeout=0.02)
+        finally:
+            if pending is not None:
+                self.reference.abandon(pending)
         return ahead.result()
 
     # ---- a concurrent engine (vLLM): groups in flight ---------------------------

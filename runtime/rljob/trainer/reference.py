@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -78,6 +79,7 @@ class ReferenceWork:
         self.model, self.pad_id, self.dist, self.rows = model, pad_id, dist, rows
         self.compute = compute  # () -> the context the forwards run in
         self.spans = spans  # the worker's SpanLog: a "reference" span per chunk
+        self._claims = ThreadPoolExecutor(1, thread_name_prefix="rljob-reference-claim")
 
     def once(self, partition: int | None = None, wait: float = 0.0,
              since: int | None = None) -> int:
@@ -85,27 +87,53 @@ class ReferenceWork:
         the number computed (0: none was ready within `wait`, the claim was woken
         (`wake`: the caller has other work; `since`: `mark()` read before the caller
         last looked for it), or the reference is not there yet)."""
-        model = self.model()
-        if model is None:
-            return 0
+        return self.work(self.claim(partition, wait, since).result())
+
+    def claim(self, partition: int | None = None, wait: float = 0.0,
+              since: int | None = None) -> Future:
+        """`once`'s claim, sent from a thread of its own: the caller waits on it and
+        on its other work at once. Its result: the claimed Batch (no rows: none within
+        `wait`, woken, or the controller away), or None without reference weights."""
+        if self.model() is None:
+            done: Future = Future()
+            done.set_result(None)
+            return done
         kwargs = {"partition": partition} if partition is not None else {}
-        batch = ride_out(lambda: self.tq.claim_get("reference", self.rows, REFERENCE_READS,
-                                                   wait=wait, min_count=1, since=since,
-                                                   **kwargs),
-                         once=True, pause=0)  # away: the next call claims again
+        return self._claims.submit(lambda: ride_out(
+            lambda: self.tq.claim_get("reference", self.rows, REFERENCE_READS, wait=wait,
+                                      min_count=1, since=since, **kwargs),
+            once=True, pause=0) or Batch("reference", "", []))  # away: claim again
+
+    def work(self, batch: Batch | None) -> int:
+        """Compute and write the claimed rows' reference log-probs; how many."""
         if batch is None or not batch.rows:
             return 0
         if self.spans is not None:
             self.spans.claimed(batch, batch.rows[0].partition)
         t0 = time.time()
         with self.compute():
-            logps = row_logprobs(model, self.pad_id,
+            logps = row_logprobs(self.model(), self.pad_id,
                                  [x.tolist() for x in batch.data["prompt_ids"]],
                                  [x.tolist() for x in batch.data["response_ids"]], self.dist)
         t1 = time.time()
         if self.spans is not None:
             self.spans.add("reference", t0, t1, batch.rows[0].partition)
         return self._write(batch, logps)
+
+    def abandon(self, claim: Future) -> None:
+        """The caller went on to other work: the claim stops waiting (`wake`), and rows
+        it brings back all the same go back to the queue at once."""
+        self.wake()
+
+        def give_back(fut: Future) -> None:
+            batch = fut.result()
+            if batch is not None and batch.rows:
+                try:
+                    self.tq.release(batch)
+                except Exception as exc:  # noqa: BLE001 - its lease expires instead
+                    log.warning("could not give back %d reference rows: %s", len(batch), exc)
+
+        claim.add_done_callback(give_back)
 
     def mark(self) -> int:
         """Read before looking for other work; `once(since=...)` then wakes for a
@@ -136,6 +164,8 @@ class ReferenceWork:
         return len(logps)
 
     def close(self) -> None:
+        self.wake()
+        self._claims.shutdown(wait=True)  # a claim in flight ends within its wait
         self.tq.close()
 
 

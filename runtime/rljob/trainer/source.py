@@ -110,6 +110,8 @@ class StepSource:
         self.scored: set[int] = set()  # groups whose advantages are set
         self.estimator = advantage_estimator(algo)
         self._arrived = threading.Condition()
+        self._idle_claim = None  # the idle work's claim in flight (a Future)
+        self._idle_since = 0  # the wakes its claim counts from
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._claimer, name="rljob-step-claimer",
@@ -131,6 +133,10 @@ class StepSource:
                 self._error = exc
                 self._arrived.notify_all()
             self._wake_idle()
+
+    def _notify(self, _=None) -> None:
+        with self._arrived:
+            self._arrived.notify_all()
 
     def _wake_idle(self) -> None:
         """The training thread may be waiting in the idle work's claim: arrivals (or an
@@ -261,19 +267,24 @@ class StepSource:
                     raise Stopped
                 if self.health is not None:
                     self.health()
-                if self.idle is not None:
-                    # the reference's log-probs of rows of this step, the lock let go
-                    # meanwhile (the claimer adds arrivals); its claim waits until
-                    # rows of either kind are there
-                    self._arrived.release()
+                if self.idle is not None and self._idle_claim is None:
+                    # the reference's rows of this step: a claim of its own waits for
+                    # them while this thread waits for arrivals, whichever comes first
+                    claim = self._idle_claim = self.idle.claim(self.step, IDLE_WAIT, since)
+                    self._idle_since = since
+                    claim.add_done_callback(self._notify)
+                if self._idle_claim is not None and self._idle_claim.done():
+                    claim, self._idle_claim = self._idle_claim, None
+                    self._arrived.release()  # the claimer adds arrivals meanwhile
                     try:
-                        worked = self.idle.once(self.step, wait=IDLE_WAIT, since=since)
+                        worked = self.idle.work(claim.result())
                     finally:
                         self._arrived.acquire()
-                    if worked or self.idle.mark() != since:  # work done, or arrivals
-                        continue
-                    # nothing came within the wait, or the controller is away
-                self._arrived.wait(0.01 if self.idle is not None else 0.2)
+                    if not worked and self.idle.mark() == self._idle_since:
+                        # not woken: nothing within its wait, or the controller away
+                        self._arrived.wait(0.01)
+                    continue
+                self._arrived.wait(0.2)
             chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end
         if self.spec.algorithm.critic:
@@ -298,6 +309,9 @@ class StepSource:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        if self._idle_claim is not None:  # what it brings back goes back
+            self.idle.abandon(self._idle_claim)
+            self._idle_claim = None
 
     def give_back(self) -> None:
         """An abandoned step: its rows go back to the queue at once."""

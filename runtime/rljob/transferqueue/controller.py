@@ -348,6 +348,10 @@ class Controller(LeaseOps):
             self._check_bytes()
         else:
             missing = [i for i in indices if i not in self.rows]
+            gone = [i for i in missing if self.cleared(i)]
+            if gone:  # a late writer (its rows were made elsewhere and trained)
+                raise NotFound(f"rows {gone[:5]} are no longer in the table (consumed and "
+                               "cleared, or discarded): the write is refused")
             if missing:
                 raise NotFound(f"unknown row index(es) {missing[:5]}: allocate rows before "
                                "writing (or the partition was already cleared)")

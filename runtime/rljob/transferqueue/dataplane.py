@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import add
 from typing import Any
 
 import grpc
@@ -24,7 +26,7 @@ from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, ColumnSpec, decode_column, encode_column, storage_column
 from .storage import StorageUnit, connect
-from .storage.blocks import pack_cells, unpack_values
+from .storage.blocks import unpack_values
 from .wire import GRPC_OPTIONS, column_from_pb
 
 
@@ -90,6 +92,29 @@ class Batch:
         return len(self.rows)
 
 
+@dataclass
+class UnitWrite:
+    """A write's cells on one unit, column by column: the unit's rows, and per
+    column the name its cells are stored under and each row's bytes."""
+
+    indices: list[int]
+    columns: list[tuple[str, list[Any]]] = field(default_factory=list)
+
+    def cells(self) -> list[tuple[int, str, Any]]:
+        """(index, column, bytes) cells, for `StorageUnit.put`."""
+        return [(i, name, d) for name, data in self.columns
+                for i, d in zip(self.indices, data)]
+
+    def block(self) -> pb.CellBlock:
+        """The cells as one block (`storage/blocks.py`), built column by column."""
+        n = len(self.indices)
+        data = [d for _, column in self.columns for d in column]
+        return pb.CellBlock(indices=self.indices * len(self.columns),
+                            columns=[name for name, _ in self.columns],
+                            column_of=[k for k in range(len(self.columns)) for _ in range(n)],
+                            sizes=list(map(len, data)), data=b"".join(data))
+
+
 class DataPlane:
     """Cell encoding and unit routing, shared by the sync and async clients."""
 
@@ -144,23 +169,33 @@ class DataPlane:
 
     def encode_rows(self, indices: Sequence[int], columns: Mapping[str, Sequence[Any]],
                     length_column: str | None, tag: str = ""):
-        """Per-unit cell lists, per-row lengths and bytes; raises before any write."""
+        """Each unit's cells (`UnitWrite`), per-row lengths and bytes; raises before
+        any write."""
         n = len(indices)
         for name, values in columns.items():
             if len(values) != n:
                 raise ColumnError(f"column {name!r} has {len(values)} values for {n} rows")
         specs = {name: self.column(name) for name in columns}
-        per_unit: dict[int, list[tuple[int, str, Any]]] = {}
+        k = len(self.units)
+        positions: dict[int, list[int] | None] = {indices[0] % k: None} if n else {}
+        if any(idx % k != indices[0] % k for idx in indices):  # rows on several units
+            positions = {}
+            for r, idx in enumerate(indices):
+                positions.setdefault(idx % k, []).append(r)
+        per_unit = {u: UnitWrite(list(indices) if pos is None else [indices[r] for r in pos])
+                    for u, pos in positions.items()}
         lengths = [0] * n
         nbytes = [0] * n
         for name, values in columns.items():
-            for r, (idx, (data, length)) in enumerate(
-                    zip(indices, encode_column(specs[name], list(values)))):
-                nbytes[r] += len(data)
-                if name == length_column:
-                    lengths[r] = length
-                per_unit.setdefault(idx % len(self.units), []).append(
-                    (idx, storage_column(name, tag), data))
+            encoded = encode_column(specs[name], list(values))
+            data = [d for d, _ in encoded]
+            nbytes = list(map(add, nbytes, map(len, data)))
+            if name == length_column:
+                lengths = [length for _, length in encoded]
+            stored = storage_column(name, tag)
+            for u, pos in positions.items():
+                per_unit[u].columns.append((stored, data if pos is None
+                                            else [data[r] for r in pos]))
         too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
         if too_big:
             raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="
@@ -214,57 +249,63 @@ class DataPlane:
         by_unit: dict[int, list[int]] = {}
         for pos, row in enumerate(rows):
             by_unit.setdefault(row.unit, []).append(pos)
-        out: dict[str, list[Any]] = {c: [None] * len(rows) for c in columns}
         # the cells' names under each tag set (fenced writes: "column:lease")
         names = [list(columns)] + [[storage_column(c, tags.get(c, "")) for c in columns]
                                    for tags in tag_sets]
         came = {uc.unit: uc.block for uc in claimed}
+        width = len(columns)
 
-        def rows_of(flat: list, count: int) -> list[list]:
-            n = len(columns)
-            return [flat[k * n:(k + 1) * n] for k in range(count)]
-
-        def fetch(unit: int, positions: list[int]) -> list[list]:
-            if any(rows[p].tag_set for p in positions):  # fenced writes: per-row cell names
-                keys = [(rows[p].index, name) for p in positions
-                        for name in names[rows[p].tag_set]]
-                with unit_errors(unit):
-                    return rows_of(self.units[unit].get_cells(keys), len(positions))
+        # a unit's cells read from it: flat, row by row (a row's columns in order)
+        def fetch(unit: int, positions: list[int]) -> list:
             with unit_errors(unit):
-                return self.units[unit].get([rows[p].index for p in positions], columns)
+                if any(rows[p].tag_set for p in positions):  # fenced: per-row cell names
+                    return self.units[unit].get_cells(
+                        [(rows[p].index, name) for p in positions
+                         for name in names[rows[p].tag_set]])
+                return list(chain.from_iterable(
+                    self.units[unit].get([rows[p].index for p in positions], columns)))
 
         remote = [(u, ps) for u, ps in by_unit.items() if u not in came]
-        got = dict(zip([u for u, _ in remote], self._each_unit(fetch, remote)))
+        flat = dict(zip([u for u, _ in remote], self._each_unit(fetch, remote)))
         for unit, positions in by_unit.items():
-            if unit in came:
+            if unit in came:  # column by column (`ClaimResponse.cells`)
                 try:
-                    got[unit] = rows_of(unpack_values(came[unit], len(positions) * len(columns)),
-                                        len(positions))
+                    flat[unit] = unpack_values(came[unit], len(positions) * width)
                 except ValueError as exc:
                     raise TransferQueueError(grpc.StatusCode.DATA_LOSS,
                                              f"unit {unit}'s cells in the claim: {exc}") from None
-        for unit, positions in by_unit.items():
-            for p, values in zip(positions, got[unit]):
-                for spec, value in zip(specs, values):
-                    if value is None:
-                        raise TransferQueueError(
-                            grpc.StatusCode.DATA_LOSS,
-                            f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
-                    out[spec.name][p] = value
+        out: dict[str, list[Any]] = {spec.name: [] for spec in specs} if not rows else {}
+        for j, spec in enumerate(specs):
+            for unit, positions in by_unit.items():
+                # this column's cells, the unit's rows in order
+                n = len(positions)
+                cells = (flat[unit][j * n:(j + 1) * n] if unit in came
+                         else flat[unit][j::width])
+                if None in cells:
+                    p = positions[cells.index(None)]
+                    raise TransferQueueError(
+                        grpc.StatusCode.DATA_LOSS,
+                        f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
+                if len(by_unit) == 1:  # every row, in order
+                    out[spec.name] = cells
+                    continue
+                column = out.setdefault(spec.name, [None] * len(rows))
+                for p, cell in zip(positions, cells):
+                    column[p] = cell
         # each column's cells decoded together (scalars in one numpy call)
         return {spec.name: decode_column(spec, out[spec.name]) for spec in specs}
 
-    def store(self, unit: int, cells) -> None:
+    def store(self, unit: int, write: UnitWrite) -> None:
         with unit_errors(unit):
-            self.units[unit].put(cells)
+            self.units[unit].put(write.cells())
 
-    def store_all(self, per_unit: Mapping[int, list]) -> list[pb.UnitCells]:
+    def store_all(self, per_unit: Mapping[int, UnitWrite]) -> list[pb.UnitCells]:
         """Each unit's cells (`encode_rows`): stored on the units outside the
         controller, the units at the same time; those of the units in it returned,
         for the notify (`NotifyWrittenRequest.cells`)."""
-        self._each_unit(self.store, [(u, c) for u, c in per_unit.items()
+        self._each_unit(self.store, [(u, w) for u, w in per_unit.items()
                                      if not self.in_controller(u)])
-        return [pb.UnitCells(unit=u, block=pack_cells(c)) for u, c in per_unit.items()
+        return [pb.UnitCells(unit=u, block=w.block()) for u, w in per_unit.items()
                 if self.in_controller(u)]
 
     def _each_unit(self, call, work) -> list:

@@ -112,6 +112,7 @@ _JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encod
 _JSON_DECODE = json.JSONDecoder().decode
 _IMMUTABLE = (str, int, float, bool, type(None))  # JSON values a column may share
 _MISS = object()
+_EMPTY = {b"[]": list, b"{}": dict}  # a fresh one each (rows' `extra`, `gen_calls`)
 
 
 def _encode_json(col: ColumnSpec, value: Any) -> tuple[bytes, int]:
@@ -206,7 +207,8 @@ def decode_column(col: ColumnSpec, cells: list) -> list:
             raw = bytes(c)
             value = seen.get(raw, _MISS)
             if value is _MISS:
-                value = _JSON_DECODE(raw.decode())
+                value = _EMPTY.get(raw, _MISS)
+                value = _JSON_DECODE(raw.decode()) if value is _MISS else value()
                 if type(value) in _IMMUTABLE:
                     seen[raw] = value
             out.append(value)

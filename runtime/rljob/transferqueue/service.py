@@ -33,7 +33,7 @@ from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, storage_column
 from .state import ClaimRequest, Cleared, ControllerError, Limits
 from .storage.base import StorageUnit
-from .storage.blocks import pack_values, unpack_cells, unpack_keys
+from .storage.blocks import pack_values, unpack_cells, unpack_keys, unpack_runs
 from .storage.memory import MemoryUnit
 from .units import (
     CellSweeper,
@@ -165,8 +165,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                                                     request.create)
             self._clear([refused] if refused else [])
             raise
-        for unit, cells in stores:  # before any await: no claim sees the rows without them
-            unit.put(cells)
+        for unit, runs in stores:  # before any await: no claim sees the rows without them
+            unit.store_runs(runs)
         acked = 0
         if request.ack:  # the lease holds every row: notify_written checked it
             acked, cleared = self.controller.ack(request.task, request.lease,
@@ -177,30 +177,32 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
 
     def _notified_cells(self, request) -> list[tuple[MemoryUnit, list]]:
-        """A notify's memory-unit cells (`NotifyWrittenRequest.cells`), checked as a
-        Put's are: of this controller's memory units, each with its bytes, within the
-        row limit, and of the rows the notify names."""
+        """A notify's memory-unit cells (`NotifyWrittenRequest.cells`) as runs of one
+        column, checked as a Put's are: of this controller's memory units, each with
+        its bytes, within the row limit, and of the rows the notify names."""
         stores = []
         named = set(request.indices) if request.cells else set()
         for uc in request.cells:
             unit = self._memory_unit(uc.unit)
+            sizes = uc.block.sizes
             try:
-                cells = unpack_cells(uc.block)
-                unit.check(cells)
+                runs = unpack_runs(uc.block)
+                if unit.max_cell_bytes is not None and max(sizes, default=0) > unit.max_cell_bytes:
+                    unit.check([(i, c, d) for c, rows, data in runs for i, d in zip(rows, data)])
             except ValueError as exc:
                 raise ControllerError(f"unit {uc.unit}'s cells: {exc}") from None
-            if any(v is None for _, _, v in cells):
+            if min(sizes, default=0) < 0:
                 raise ControllerError("a notify's cell block has a cell without bytes (size -1)")
             stray = sorted(set(uc.block.indices) - named)
             if stray:
                 raise ControllerError(f"cells of rows {stray[:5]} that the notify does not name")
-            stores.append((unit, cells))
+            stores.append((unit, runs))
         return stores
 
     def _claimed_cells(self, rows, read: list[str]) -> list[pb.UnitCells]:
         """`ClaimRequest.read`: the claimed rows' cells on memory units, a block of
-        values per unit (its rows in claim order, each row's columns under its tags)."""
-        names: dict[int, list[str]] = {0: list(read)}  # tags dict id (0: none) -> names
+        values per unit: column by column, each the unit's rows in claim order, each
+        row's cell under its tags."""
         by_unit: dict[int, list] = {}
         for r in rows:
             by_unit.setdefault(r.unit, []).append(r)
@@ -209,16 +211,29 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             unit = self.units[u] if 0 <= u < len(self.units) else None
             if not isinstance(unit, MemoryUnit):
                 continue  # the client reads it from the unit itself
-            keys = []
-            for r in unit_rows:
-                # rows hold their tags dict (shared by rows written together): its id
-                # stays theirs while the claim is answered
-                cols = names.get(id(r.tags) if r.tags else 0)
-                if cols is None:
-                    cols = names[id(r.tags)] = [storage_column(c, r.tags.get(c, ""))
-                                                for c in read]
-                keys.extend([(r.index, c) for c in cols])
-            out.append(pb.UnitCells(unit=u, block=pack_values(unit.get_cells(keys))))
+            # rows written together share their tags dict: the rows of each, in order
+            # (rows hold it, so its id stays theirs while the claim is answered)
+            sets: dict[int, tuple[dict, list[int], list[int]]] = {}
+            for p, r in enumerate(unit_rows):
+                key = id(r.tags) if r.tags else 0  # 0: untagged
+                s = sets.get(key)
+                if s is None:
+                    s = sets[key] = (r.tags or {}, [], [])
+                s[1].append(p)
+                s[2].append(r.index)
+            values: list = []
+            for c in read:
+                if len(sets) == 1:
+                    ((tags, _, indices),) = sets.values()
+                    values += unit.get_column(storage_column(c, tags.get(c, "")), indices)
+                    continue
+                column = [None] * len(unit_rows)
+                for tags, positions, indices in sets.values():
+                    for p, v in zip(positions, unit.get_column(
+                            storage_column(c, tags.get(c, "")), indices)):
+                        column[p] = v
+                values += column
+            out.append(pb.UnitCells(unit=u, block=pack_values(values)))
         return out
 
     async def _claim(self, request, woken=None):

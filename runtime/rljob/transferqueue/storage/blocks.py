@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+import numpy as np
+
 from ..proto import transferqueue_pb2 as pb
 from .base import Buffer
 
@@ -41,8 +43,8 @@ def pack_cells(cells: Sequence[tuple[int, str, Buffer | None]]) -> pb.CellBlock:
     return block
 
 
-def unpack_keys(block: pb.CellBlock) -> list[tuple[int, str]]:
-    """The block's (index, column) keys; ValueError if it names a column it lacks."""
+def _checked_keys(block: pb.CellBlock) -> tuple[list[str], list[int]]:
+    """The block's columns and column positions; ValueError if they do not fit."""
     columns, column_of = list(block.columns), list(block.column_of)
     if len(column_of) != len(block.indices):
         raise ValueError(f"a cell block has {len(block.indices)} indices and "
@@ -50,7 +52,26 @@ def unpack_keys(block: pb.CellBlock) -> list[tuple[int, str]]:
     if column_of and (min(column_of) < 0 or max(column_of) >= len(columns)):
         raise ValueError(f"a cell block names column positions outside its {len(columns)} "
                          "columns")
+    return columns, column_of
+
+
+def unpack_keys(block: pb.CellBlock) -> list[tuple[int, str]]:
+    """The block's (index, column) keys; ValueError if it names a column it lacks."""
+    columns, column_of = _checked_keys(block)
     return list(zip(block.indices, map(columns.__getitem__, column_of)))
+
+
+def unpack_runs(block: pb.CellBlock) -> list[tuple[str, list[int], list[memoryview | None]]]:
+    """The block's cells as runs of one column each, (column, indices, bytes): a
+    write's block goes column by column, a run a column. ValueError if malformed."""
+    columns, column_of = _checked_keys(block)
+    views, indices = unpack_values(block), list(block.indices)
+    if not views:
+        return []
+    at = np.asarray(column_of)
+    bounds = [0, *(np.flatnonzero(at[1:] != at[:-1]) + 1).tolist(), len(views)]
+    return [(columns[column_of[a]], indices[a:b], views[a:b])
+            for a, b in zip(bounds, bounds[1:])]
 
 
 def unpack_values(block: pb.CellBlock, count: int | None = None) -> list[memoryview | None]:

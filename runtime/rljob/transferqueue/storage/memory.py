@@ -10,44 +10,76 @@ from .base import Buffer, StorageUnit, register_backend
 from .blocks import pack_cells, pack_keys, unpack_values
 
 
+_NONE: dict = {}  # a column no cell was stored under
+
+
 class MemoryUnit(StorageUnit):
+    """Cells column by column: per stored column name, its rows' bytes by index. A
+    write's column is one update and a claim's read of a column one lookup per row
+    (`get_column`), no key made per cell."""
+
     backend = "memory"
 
     def __init__(self, max_cell_bytes: int | None = None):
-        self._cells: dict[tuple[int, str], bytes] = {}
+        self._columns: dict[str, dict[int, bytes]] = {}
         self._lock = threading.Lock()
         self.max_cell_bytes = max_cell_bytes
 
     def check(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
         """ValueError if a cell is over the row limit (`put` then stores nothing)."""
-        if self.max_cell_bytes is not None:
-            for index, column, data in cells:
-                if len(data) > self.max_cell_bytes:
-                    raise ValueError(f"cell ({index}, {column!r}) is {len(data)} bytes, over the "
-                                     f"{self.max_cell_bytes}-byte row limit")
+        limit = self.max_cell_bytes
+        if limit is None or not cells or max(len(d) for _, _, d in cells) <= limit:
+            return
+        for index, column, data in cells:
+            if len(data) > limit:
+                raise ValueError(f"cell ({index}, {column!r}) is {len(data)} bytes, over the "
+                                 f"{limit}-byte row limit")
+
+    def _column(self, name: str) -> dict[int, bytes]:
+        col = self._columns.get(name)
+        if col is None:
+            col = self._columns[name] = {}
+        return col
 
     def put(self, cells: Sequence[tuple[int, str, Buffer]]) -> None:
         self.check(cells)
         with self._lock:
             for index, column, data in cells:
-                self._cells[(index, column)] = bytes(data)
+                self._column(column)[index] = bytes(data)
+
+    def store_runs(self, runs: Sequence[tuple[str, Sequence[int], Sequence[Buffer]]]) -> None:
+        """Runs of one column's cells (`blocks.unpack_runs`), checked by the caller."""
+        with self._lock:
+            for column, indices, data in runs:
+                self._column(column).update(zip(indices, map(bytes, data)))
 
     def get(self, indices: Sequence[int], columns: Sequence[str]) -> list[list[Buffer | None]]:
         with self._lock:
-            return [[self._cells.get((i, c)) for c in columns] for i in indices]
+            cols = [self._columns.get(c, _NONE) for c in columns]
+            return [[col.get(i) for col in cols] for i in indices]
 
     def get_cells(self, keys: Sequence[tuple[int, str]]) -> list[Buffer | None]:
         with self._lock:
-            return [self._cells.get(k) for k in keys]
+            return [self._columns.get(c, _NONE).get(i) for i, c in keys]
+
+    def get_column(self, column: str, indices: Sequence[int]) -> list[Buffer | None]:
+        """One column's cells of `indices`, in order (None where absent)."""
+        with self._lock:
+            return list(map(self._columns.get(column, _NONE).get, indices))
 
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
         with self._lock:
             for index, columns in cells:
                 for c in columns:
-                    self._cells.pop((index, c), None)
+                    col = self._columns.get(c)
+                    if col is not None:
+                        col.pop(index, None)
+                        if not col:  # a lease's tagged names go with its rows
+                            del self._columns[c]
 
     def __len__(self) -> int:
-        return len(self._cells)
+        with self._lock:
+            return sum(map(len, self._columns.values()))
 
 
 @register_backend("memory")
