@@ -382,6 +382,9 @@ class Controller(LeaseOps):
                                               rec["nbytes"])
         tag = rec["tag"]
         first = frozenset(columns)
+        # written columns make a row ready only for the tasks that consume one of them
+        # (for the others nothing it is missing came)
+        touched = [s for s in self.tasks.values() if s.spec.consumes & first]
         # rows whose tags were equal are equal after this write: they share one dict
         # (never changed in place), which a claim's answer sends once (`tag_sets`)
         retagged: dict[int | None, tuple[dict, dict]] = {}
@@ -410,7 +413,7 @@ class Controller(LeaseOps):
                 row.nbytes += int(nbytes[i])
                 self.bytes_written += int(nbytes[i])
                 self.live_bytes += int(nbytes[i])
-            for state in self.tasks.values():
+            for state in touched:
                 self._refresh(row, state)
 
     def _is_ready(self, row: Row, state: TaskState) -> bool:
