@@ -126,7 +126,7 @@ class ReferenceWork:
         self.wake()
 
         def give_back(fut: Future) -> None:
-            batch = fut.result()
+            batch = None if fut.exception() is not None else fut.result()
             if batch is not None and batch.rows:
                 try:
                     self.tq.release(batch)

@@ -139,8 +139,8 @@ class StepSource:
             self._arrived.notify_all()
 
     def _wake_idle(self) -> None:
-        """The training thread may be waiting in the idle work's claim: arrivals (or an
-        error) end it."""
+        """The idle work's claim in flight ends on the controller: arrivals (or an
+        error) came, and the training thread goes on without it."""
         if self.idle is not None:
             self.idle.wake()
 
@@ -195,7 +195,9 @@ class StepSource:
                 self.groups[group] = members
                 draws += self.lanes.arrive(group, [m.reward for m in members])
             self._arrived.notify_all()
-        self._wake_idle()
+            idle_waits = self._idle_claim is not None
+        if idle_waits:  # the training thread waits on it: it has its rows now
+            self._wake_idle()
         if draws:
             self.draw(self.step, draws)
 
@@ -255,6 +257,7 @@ class StepSource:
         if self.next_slot >= self.n:
             return None
         start, end = self.next_slot, self.next_slot + self.mb
+        quiet = False
         with self._arrived:
             while True:
                 # before looking: arrivals from here on wake the idle work's claim
@@ -268,6 +271,10 @@ class StepSource:
                 if self.health is not None:
                     self.health()
                 if self.idle is not None and self._idle_claim is None:
+                    if quiet:  # its last claim found nothing, unwoken: not at once again
+                        quiet = False
+                        self._arrived.wait(0.01)
+                        continue
                     # the reference's rows of this step: a claim of its own waits for
                     # them while this thread waits for arrivals, whichever comes first
                     claim = self._idle_claim = self.idle.claim(self.step, IDLE_WAIT, since)
@@ -280,9 +287,8 @@ class StepSource:
                         worked = self.idle.work(claim.result())
                     finally:
                         self._arrived.acquire()
-                    if not worked and self.idle.mark() == self._idle_since:
-                        # not woken: nothing within its wait, or the controller away
-                        self._arrived.wait(0.01)
+                    # nothing within its wait, or the controller away (not woken)
+                    quiet = not worked and self.idle.mark() == self._idle_since
                     continue
                 self._arrived.wait(0.2)
             chunk = [self._trained(p) for p in range(start, end)]
