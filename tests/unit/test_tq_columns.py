@@ -20,6 +20,7 @@ from rljob.transferqueue.schema import (ColumnError, decode, decode_column, enco
     (tensor("ids", "int32"), [np.arange(3, dtype=np.int32), np.zeros(0, np.int32)]),
     (tensor("pairs", "float32", 2), [np.ones((2, 2), np.float32)]),
     (json_column("calls"), [[], [{"a": 1}], "text", None]),
+    (json_column("extra"), [{}, [], {}, {"k": []}, [], [[]], {}]),
     # equal keys, different JSON: each its own cell
     (json_column("extra"), [1, True, 1.0, "1", 1, True, None, None, "é", "é"]),
     (json_column("prompt"), ["what is 2+2?"] * 4 + [{"k": [1]}, {"k": [1]}]),

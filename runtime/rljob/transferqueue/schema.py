@@ -113,6 +113,7 @@ _JSON_DECODE = json.JSONDecoder().decode
 _IMMUTABLE = (str, int, float, bool, type(None))  # JSON values a column may share
 _MISS = object()
 _EMPTY = {b"[]": list, b"{}": dict}  # a fresh one each (rows' `extra`, `gen_calls`)
+_EMPTY_CELLS = {list: (b"[]", 0), dict: (b"{}", 0)}  # their cells
 
 
 def _encode_json(col: ColumnSpec, value: Any) -> tuple[bytes, int]:
@@ -177,6 +178,8 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
                 if cell is None:
                     cell = seen[key] = _encode_json(col, v)
                 out.append(cell)
+            elif type(v) in _EMPTY_CELLS and not v:  # rows' `extra` {}, `gen_calls` []
+                out.append(_EMPTY_CELLS[type(v)])
             else:
                 out.append(_encode_json(col, v))
         return out
