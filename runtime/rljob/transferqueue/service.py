@@ -33,7 +33,7 @@ from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, storage_column
 from .state import ClaimRequest, Cleared, ControllerError, Limits
 from .storage.base import StorageUnit
-from .storage.blocks import pack_values, unpack_cells, unpack_keys, unpack_runs
+from .storage.blocks import pack_values, unpack_keys, unpack_runs
 from .storage.memory import MemoryUnit
 from .units import (
     CellSweeper,
@@ -176,27 +176,32 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             await self._signal()
         return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
 
+    def _unit_cells(self, unit_id: int, block: pb.CellBlock) -> tuple[MemoryUnit, list]:
+        """A block for one of this controller's memory units (a Put's, or a notify's
+        `cells`) as runs of one column, checked: well formed, each cell with its
+        bytes, within the row limit."""
+        unit = self._memory_unit(unit_id)
+        sizes = block.sizes
+        try:
+            runs = unpack_runs(block)
+            if unit.max_cell_bytes is not None and max(sizes, default=0) > unit.max_cell_bytes:
+                unit.check([(i, c, d) for c, rows, data in runs for i, d in zip(rows, data)])
+        except ValueError as exc:
+            raise ControllerError(f"unit {unit_id}'s cells: {exc}") from None
+        if min(sizes, default=0) < 0:
+            raise ControllerError("a cell block to store has a cell without bytes (size -1)")
+        return unit, runs
+
     def _notified_cells(self, request) -> list[tuple[MemoryUnit, list]]:
-        """A notify's memory-unit cells (`NotifyWrittenRequest.cells`) as runs of one
-        column, checked as a Put's are: of this controller's memory units, each with
-        its bytes, within the row limit, and of the rows the notify names."""
+        """A notify's memory-unit cells (`NotifyWrittenRequest.cells`), checked as a
+        Put's are (`_unit_cells`) and of the rows the notify names."""
         stores = []
         named = set(request.indices) if request.cells else set()
         for uc in request.cells:
-            unit = self._memory_unit(uc.unit)
-            sizes = uc.block.sizes
-            try:
-                runs = unpack_runs(uc.block)
-                if unit.max_cell_bytes is not None and max(sizes, default=0) > unit.max_cell_bytes:
-                    unit.check([(i, c, d) for c, rows, data in runs for i, d in zip(rows, data)])
-            except ValueError as exc:
-                raise ControllerError(f"unit {uc.unit}'s cells: {exc}") from None
-            if min(sizes, default=0) < 0:
-                raise ControllerError("a notify's cell block has a cell without bytes (size -1)")
+            stores.append(self._unit_cells(uc.unit, uc.block))
             stray = sorted(set(uc.block.indices) - named)
             if stray:
                 raise ControllerError(f"cells of rows {stray[:5]} that the notify does not name")
-            stores.append((unit, runs))
         return stores
 
     def _claimed_cells(self, rows, read: list[str]) -> list[pb.UnitCells]:
@@ -425,8 +430,7 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
 
     async def Put(self, request, context):
         try:
-            unit = self._memory_unit(request.unit)
-            cells = unpack_cells(request.block)
+            unit, runs = self._unit_cells(request.unit, request.block)
             unknown = sorted(i for i in set(request.block.indices)
                              if not self.controller.writable(i))
             gone = [i for i in unknown if self.controller.cleared(i)]
@@ -436,10 +440,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if unknown:
                 raise ControllerError(f"rows {unknown[:5]} were never created nor reserved: "
                               "reserve indices (or allocate rows) before writing cells")
-            if any(v is None for _, _, v in cells):
-                raise ControllerError("a put's cell block has a cell without bytes (size -1)")
-            unit.put(cells)
-        except (ControllerError, ValueError) as exc:
+            unit.store_runs(runs)
+        except ControllerError as exc:
             await self._fail(context, exc)
         return pb.PutResponse()
 
