@@ -63,20 +63,24 @@ def test_a_writes_cells_go_to_their_units_column_by_column():
 
 
 def test_a_block_comes_apart_in_runs_of_one_column_and_a_memory_unit_keeps_columns():
-    """`unpack_runs`: a write's block (column by column) is a run a column; cells of
-    columns that alternate are runs as they come. A memory unit stores runs and cells
-    alike, reads a column's rows in order, and forgets a column with its last cell."""
+    """`unpack_runs`: a write's block (column by column) is a run a column, its cells'
+    bytes one view; cells of columns that alternate are runs as they come. A memory
+    unit stores runs and cells alike, reads a column's rows in order, and forgets a
+    column with its last cell."""
     from rljob.transferqueue.storage.blocks import unpack_runs
     from rljob.transferqueue.storage.memory import MemoryUnit
 
     cells = [(1, "a", b"x"), (2, "a", b"yy"), (1, "b:l", b""), (2, "b:l", b"z"),
              (3, "a", b"w")]
     runs = unpack_runs(pb.CellBlock.FromString(pack_cells(cells).SerializeToString()))
-    assert [(c, i, [bytes(v) for v in d]) for c, i, d in runs] == [
-        ("a", [1, 2], [b"x", b"yy"]), ("b:l", [1, 2], [b"", b"z"]), ("a", [3], [b"w"])]
+    assert [(c, i, s.tolist(), bytes(d)) for c, i, s, d in runs] == [
+        ("a", [1, 2], [1, 2], b"xyy"), ("b:l", [1, 2], [0, 1], b"z"), ("a", [3], [1], b"w")]
     assert unpack_runs(pack_cells([])) == []
     with pytest.raises(ValueError, match="outside its 1 columns"):
         unpack_runs(pb.CellBlock(indices=[0], columns=["a"], column_of=[3], sizes=[0]))
+    with pytest.raises(ValueError, match="add up to 2 bytes, its data has 3"):
+        unpack_runs(pb.CellBlock(indices=[0], columns=["a"], column_of=[0], sizes=[2],
+                                 data=b"abc"))
 
     unit = MemoryUnit(max_cell_bytes=4)
     unit.store_runs(runs)
@@ -87,8 +91,33 @@ def test_a_block_comes_apart_in_runs_of_one_column_and_a_memory_unit_keeps_colum
     assert unit.get_cells([(2, "a"), (2, "c")]) == [b"yy", None] and len(unit) == 6
     with pytest.raises(ValueError, match="over the 4-byte row limit"):
         unit.put([(5, "a", b"12345")])
+    with pytest.raises(ValueError, match=r"cell \(8, 'a'\) is 5 bytes, over the 4-byte"):
+        unit.check_runs(unpack_runs(pack_cells([(7, "a", b"1"), (8, "a", b"12345")])))
     unit.delete([(1, ["a", "b:l"]), (2, ["b:l"])])
     assert "b:l" not in unit._columns and len(unit) == 3
+
+
+def test_a_memory_unit_reads_a_column_as_sizes_and_bytes_in_the_order_asked():
+    """`read_column`: the cells of the rows asked, in their order, whatever runs they
+    are in (a whole run, a slice of one, several, a gather, absent ones), the same
+    bytes cell by cell; `gather` takes byte ranges back to back."""
+    from rljob.transferqueue.storage.blocks import gather
+    from rljob.transferqueue.storage.memory import MemoryUnit
+
+    assert gather(b"abcdef", np.array([4, 0, 2]), np.array([2, 1, -1])) == b"efa"
+    assert gather(b"abc", np.array([0]), np.array([0])) == b""
+    unit = MemoryUnit()
+    first = {i: bytes([i]) * (i % 3) for i in range(10)}  # sizes 0, 1 and 2
+    unit.put([(i, "c", first[i]) for i in range(10)])
+    unit.put([(i, "c", b"new" + bytes([i])) for i in (4, 11, 12)])  # 4 written again
+    cells = {**first, 4: b"new\x04", 11: b"new\x0b", 12: b"new\x0c"}
+    for asked in ([*range(10)][:4], list(range(10)), [2, 3, 4, 5], [9, 0, 5, 1],
+                  [11, 12, 7, 8, 4, 20, 3], [], [20, 21]):
+        sizes, data = unit.read_column("c", asked)
+        assert sizes.tolist() == [len(cells[i]) if i in cells else -1 for i in asked]
+        assert bytes(data) == b"".join(cells.get(i, b"") for i in asked)
+    sizes, data = unit.read_column("other", [1, 2])
+    assert sizes.tolist() == [-1, -1] and bytes(data) == b""
 
 
 def test_absent_cells_stay_absent_and_keys_keep_their_order():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rljob.transferqueue.schema import (ColumnError, decode, decode_column, encode,
-                                        encode_column, json_column, scalar, tensor)
+from rljob.transferqueue.schema import (ColumnError, decode, decode_block, decode_column,
+                                        encode, encode_column, json_column, scalar, tensor)
 
 
 @pytest.mark.parametrize("col, values", [
@@ -33,12 +33,23 @@ def test_a_column_at_once_is_its_cells_one_by_one(col, values):
     alone = [encode(col, v) for v in values]
     assert [(bytes(d), n) for d, n in together] == [(bytes(d), n) for d, n in alone]
     cells = [bytes(d) for d, _ in alone]
-    got, want = decode_column(col, cells), [decode(col, c) for c in cells]
-    for g, w in zip(got, want, strict=True):
-        if isinstance(w, np.ndarray):
-            assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
-        else:
-            assert g == w and type(g) is type(w)
+    want = [decode(col, c) for c in cells]
+    # ...and so does a block's column (a claim's: sizes, and the bytes back to back)
+    block = decode_block(col, np.array([len(c) for c in cells]), b"".join(cells))
+    for got in (decode_column(col, cells), block):
+        for g, w in zip(got, want, strict=True):
+            if isinstance(w, np.ndarray):
+                assert g.dtype == w.dtype and g.shape == w.shape and (g == w).all()
+            else:
+                assert g == w and type(g) is type(w)
+
+
+def test_a_block_column_whose_cells_do_not_fit_the_dtype_fails_as_cell_by_cell():
+    """A cell that is not a whole number of elements is refused as `decode` refuses
+    it (the numpy view over the column is not taken)."""
+    with pytest.raises(ValueError, match="multiple of element size"):
+        decode_block(tensor("ids", "int32"), np.array([4, 3]), b"\0" * 7)
+    assert decode_block(scalar("r", "float32"), np.zeros(0, np.int64), b"") == []
 
 
 @pytest.mark.parametrize("col, values", [

@@ -19,14 +19,22 @@ from operator import add
 from typing import Any
 
 import grpc
+import numpy as np
 import redis
 
 from ..contract import PASSWORD_ENV
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
-from .schema import ColumnError, ColumnSpec, decode_column, encode_column, storage_column
+from .schema import (
+    ColumnError,
+    ColumnSpec,
+    decode_block,
+    decode_column,
+    encode_column,
+    storage_column,
+)
 from .storage import StorageUnit, connect
-from .storage.blocks import unpack_values
+from .storage.blocks import unpack_columns
 from .wire import GRPC_OPTIONS, column_from_pb
 
 
@@ -267,33 +275,39 @@ class DataPlane:
 
         remote = [(u, ps) for u, ps in by_unit.items() if u not in came]
         flat = dict(zip([u for u, _ in remote], self._each_unit(fetch, remote)))
+        out: dict[str, list[Any]] = {spec.name: [] for spec in specs} if not rows else {}
         for unit, positions in by_unit.items():
+            n = len(positions)
             if unit in came:  # column by column (`ClaimResponse.cells`)
                 try:
-                    flat[unit] = unpack_values(came[unit], len(positions) * width)
+                    blocks = unpack_columns(came[unit], n, width)
                 except ValueError as exc:
                     raise TransferQueueError(grpc.StatusCode.DATA_LOSS,
                                              f"unit {unit}'s cells in the claim: {exc}") from None
-        out: dict[str, list[Any]] = {spec.name: [] for spec in specs} if not rows else {}
-        for j, spec in enumerate(specs):
-            for unit, positions in by_unit.items():
+            for j, spec in enumerate(specs):
                 # this column's cells, the unit's rows in order
-                n = len(positions)
-                cells = (flat[unit][j * n:(j + 1) * n] if unit in came
-                         else flat[unit][j::width])
-                if None in cells:
-                    p = positions[cells.index(None)]
+                if unit in came:
+                    sizes, data = blocks[j]
+                    missing = np.flatnonzero(sizes < 0)
+                    at = int(missing[0]) if len(missing) else -1
+                else:
+                    cells = flat[unit][j::width]
+                    at = cells.index(None) if None in cells else -1
+                if at >= 0:
                     raise TransferQueueError(
                         grpc.StatusCode.DATA_LOSS,
-                        f"cell ({rows[p].index}, {spec.name!r}) is missing from unit {unit}")
+                        f"cell ({rows[positions[at]].index}, {spec.name!r}) is missing from "
+                        f"unit {unit}")
+                # each column's cells decoded together (scalars in one numpy call)
+                values = (decode_block(spec, sizes, data) if unit in came
+                          else decode_column(spec, cells))
                 if len(by_unit) == 1:  # every row, in order
-                    out[spec.name] = cells
+                    out[spec.name] = values
                     continue
                 column = out.setdefault(spec.name, [None] * len(rows))
-                for p, cell in zip(positions, cells):
-                    column[p] = cell
-        # each column's cells decoded together (scalars in one numpy call)
-        return {spec.name: decode_column(spec, out[spec.name]) for spec in specs}
+                for p, value in zip(positions, values):
+                    column[p] = value
+        return out
 
     def store(self, unit: int, write: UnitWrite) -> None:
         with unit_errors(unit):

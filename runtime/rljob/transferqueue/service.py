@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -33,7 +34,7 @@ from .proto import transferqueue_pb2_grpc as pbg
 from .schema import ColumnError, storage_column
 from .state import ClaimRequest, Cleared, ControllerError, Limits
 from .storage.base import StorageUnit
-from .storage.blocks import pack_values, unpack_keys, unpack_runs
+from .storage.blocks import gather, pack_values, unpack_keys, unpack_runs
 from .storage.memory import MemoryUnit
 from .units import (
     CellSweeper,
@@ -67,6 +68,21 @@ def _unary_rpc(op: str):
 
     rpc.__name__ = op
     return rpc
+
+
+def _in_claim_order(n: int, parts) -> tuple[np.ndarray, bytes]:
+    """One column's cells of a claim's rows when they are stored under several names
+    (rows written under several leases): each name's (positions in the claim, sizes,
+    bytes back to back) put in claim order."""
+    sizes = np.empty(n, np.int64)
+    starts = np.empty(n, np.int64)
+    offset = 0
+    for positions, part_sizes, part_data in parts:
+        lens = np.maximum(part_sizes, 0)
+        sizes[positions] = part_sizes
+        starts[positions] = offset + np.cumsum(lens) - lens
+        offset += len(part_data)
+    return sizes, gather(b"".join(d for _, _, d in parts), starts, sizes)
 
 
 class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServiceServicer):
@@ -181,14 +197,12 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         `cells`) as runs of one column, checked: well formed, each cell with its
         bytes, within the row limit."""
         unit = self._memory_unit(unit_id)
-        sizes = block.sizes
         try:
             runs = unpack_runs(block)
-            if unit.max_cell_bytes is not None and max(sizes, default=0) > unit.max_cell_bytes:
-                unit.check([(i, c, d) for c, rows, data in runs for i, d in zip(rows, data)])
+            unit.check_runs(runs)
         except ValueError as exc:
             raise ControllerError(f"unit {unit_id}'s cells: {exc}") from None
-        if min(sizes, default=0) < 0:
+        if any(len(sizes) and sizes.min() < 0 for _, _, sizes, _ in runs):
             raise ControllerError("a cell block to store has a cell without bytes (size -1)")
         return unit, runs
 
@@ -226,19 +240,17 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                     s = sets[key] = (r.tags or {}, [], [])
                 s[1].append(p)
                 s[2].append(r.index)
-            values: list = []
+            sizes, data = [], []
             for c in read:
-                if len(sets) == 1:
-                    ((tags, _, indices),) = sets.values()
-                    values += unit.get_column(storage_column(c, tags.get(c, "")), indices)
-                    continue
-                column = [None] * len(unit_rows)
-                for tags, positions, indices in sets.values():
-                    for p, v in zip(positions, unit.get_column(
-                            storage_column(c, tags.get(c, "")), indices)):
-                        column[p] = v
-                values += column
-            out.append(pb.UnitCells(unit=u, block=pack_values(values)))
+                parts = [(positions, *unit.read_column(storage_column(c, tags.get(c, "")),
+                                                       indices))
+                         for tags, positions, indices in sets.values()]
+                column_sizes, column_data = (parts[0][1:] if len(parts) == 1
+                                             else _in_claim_order(len(unit_rows), parts))
+                sizes.append(column_sizes)
+                data.append(column_data)
+            out.append(pb.UnitCells(unit=u, block=pb.CellBlock(
+                sizes=np.concatenate(sizes).tolist() if sizes else [], data=b"".join(data))))
         return out
 
     async def _claim(self, request, woken=None):
