@@ -29,6 +29,7 @@ expiry in `leases` (`LeaseOps`, which the Controller takes on).
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -78,6 +79,7 @@ class Controller(LeaseOps):
         self._reserved: set[int] = set()  # indices handed to writers, rows not yet created
         self._relevance: dict[frozenset[str], frozenset[str]] = {}
         self._lease_seq = 0
+        self._next_expiry = math.inf  # no lease ends before this (`expire` skips until then)
         self._cleared: list[Cleared] = []  # completed by discarding stale rows in a claim
         self.journal: list[dict] = []  # records applied since the service last drained it
         self.journaling = True
@@ -388,11 +390,12 @@ class Controller(LeaseOps):
         # rows whose tags were equal are equal after this write: they share one dict
         # (never changed in place), which a claim's answer sends once (`tag_sets`)
         retagged: dict[int | None, tuple[dict, dict]] = {}
-        for i, idx in enumerate(rec["indices"]):
-            row = self.rows[idx]
+        rows = [self.rows[idx] for idx in rec["indices"]]
+        relevant = self._relevant_tasks(first)
+        for row in rows:
             if row.relevant is None:
                 row.initial = first
-                row.relevant = self._relevant_tasks(first)
+                row.relevant = relevant
             row.written.update(columns)
             if tag or row.tags:
                 key = id(row.tags) if row.tags else None
@@ -405,15 +408,20 @@ class Controller(LeaseOps):
                             tags.pop(c, None)
                     retagged[key] = (row.tags, tags)  # holding the old dict: no reuse of its id
                 row.tags = retagged[key][1]
-            if lengths:
-                row.length = int(lengths[i])
-            if versions:
-                row.version = int(versions[i])
-            if nbytes:
-                row.nbytes += int(nbytes[i])
-                self.bytes_written += int(nbytes[i])
-                self.live_bytes += int(nbytes[i])
-            for state in touched:
+        if lengths:
+            for row, n in zip(rows, map(int, lengths)):
+                row.length = n
+        if versions:
+            for row, v in zip(rows, map(int, versions)):
+                row.version = v
+        if nbytes:
+            sizes = list(map(int, nbytes))
+            for row, n in zip(rows, sizes):
+                row.nbytes += n
+            self.bytes_written += sum(sizes)
+            self.live_bytes += sum(sizes)
+        for state in touched:
+            for row in rows:
                 self._refresh(row, state)
 
     def _is_ready(self, row: Row, state: TaskState) -> bool:
@@ -432,6 +440,7 @@ class Controller(LeaseOps):
                 bisect.insort(state.ready_parts, p)
             ready[row.index] = None
             state.n_ready += 1
+            state.arrivals += 1
             state.group_ready[row.group] = state.group_ready.get(row.group, 0) + 1
         elif was and not now:
             del ready[row.index]

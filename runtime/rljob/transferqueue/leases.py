@@ -9,6 +9,8 @@ Controller's. As there, every change is a record applied by an `_apply_*` handle
 from __future__ import annotations
 
 import bisect
+import math
+from itertools import repeat
 
 from .policies import ReadyView, get_claim_policy
 from .schema import storage_column
@@ -74,6 +76,7 @@ class LeaseOps:
         lease = Lease(lease_id, task, set(rec["rows"]), rec["deadline"], rec["consumer"],
                       set(rec.get("revoked", ())))
         state.leases[lease_id] = lease
+        self._next_expiry = min(self._next_expiry, lease.deadline)
         produces = bool(state.spec.produces)
         for idx in rec["rows"]:
             row = self.rows[idx]
@@ -194,17 +197,18 @@ class LeaseOps:
         state = self.tasks[task]
         lease = state.leases[lease_id]
         cleared: list[Cleared] = []
-        now = self.clock()
-        for idx in rec["indices"]:
+        indices = rec["indices"]
+        lease.rows.difference_update(indices)
+        state.acked += len(indices)
+        state.ack_times.extend(repeat(self.clock(), min(len(indices), state.ack_times.maxlen)))
+        for idx in indices:
             row = self.rows[idx]
             del row.leased[task]
             row.acked.add(task)
-            lease.rows.discard(idx)
-            state.acked += 1
-            state.ack_times.append(now)
-            c = self._maybe_done(row)
-            if c:
-                cleared.append(c)
+            if row.relevant is not None and row.relevant <= row.acked:
+                c = self._maybe_done(row)
+                if c:
+                    cleared.append(c)
         if not lease.rows:
             del state.leases[lease_id]
         return cleared
@@ -218,6 +222,7 @@ class LeaseOps:
 
     def _apply_extend(self, rec: dict) -> None:
         self.tasks[rec["task"]].leases[rec["lease"]].deadline = rec["deadline"]
+        self._next_expiry = min(self._next_expiry, rec["deadline"])
 
     def release(self, task: str, lease_id: str) -> int:
         lease = self._lease(task, lease_id)
@@ -247,13 +252,19 @@ class LeaseOps:
             self._refresh(row, state)
 
     def expire(self) -> int:
-        """Return the rows of every expired lease to their task's ready set."""
+        """Return the rows of every expired lease to their task's ready set (the leases
+        are looked at once the earliest deadline has passed: deadlines only move
+        later, and a new lease's is noted as it is made)."""
         now = self.clock()
+        if now < self._next_expiry:
+            return 0
         n = 0
         for name, state in self.tasks.items():
             for lease in [le for le in state.leases.values() if le.deadline <= now]:
                 n += len(lease.rows)
                 self._do({"op": "return", "task": name, "lease": lease.id, "expired": True})
+        self._next_expiry = min((le.deadline for state in self.tasks.values()
+                                 for le in state.leases.values()), default=math.inf)
         return n
 
     # ---- partition lifecycle ----------------------------------------------
@@ -267,23 +278,28 @@ class LeaseOps:
         if self.partition_done[p] < len(self.partitions[p]):
             return None
         cells = []
-        # rows share their tags: each (tags, columns) named once (holding each dict:
-        # no reuse of its id)
-        named: dict[tuple[int, frozenset[str]], tuple[dict, set[str]]] = {}
+        # rows written together have equal tags, columns and leases: each such set
+        # named once, one tuple shared by its rows (holding each tags dict: no reuse
+        # of its id)
+        named: dict[tuple, tuple[dict, tuple[str, ...]]] = {}
+        groups: set[int] = set()
         for idx in sorted(self.partitions.pop(p)):
             r = self.rows.pop(idx)
             self.live_bytes -= r.nbytes
-            key = (id(r.tags), frozenset(r.written))
-            if key not in named:
-                named[key] = (r.tags, {storage_column(c, r.tags.get(c, ""))
-                                       for c in r.written})
-            names = set(named[key][1])
-            for tag, task in r.issued.items():  # cells of leases that never published
-                names.update(storage_column(c.name, tag) for c in self.tasks[task].spec.produces)
-            cells.append((r.unit, idx, tuple(sorted(names))))
-            self.groups.pop(r.group, None)
+            key = (id(r.tags), frozenset(r.written), tuple(r.issued.items()))
+            got = named.get(key)
+            if got is None:
+                names = {storage_column(c, r.tags.get(c, "")) for c in r.written}
+                for tag, task in r.issued.items():  # cells of leases that never published
+                    names.update(storage_column(c.name, tag)
+                                 for c in self.tasks[task].spec.produces)
+                got = named[key] = (r.tags, tuple(sorted(names)))
+            cells.append((r.unit, idx, got[1]))
+            groups.add(r.group)
+        for g in groups:
+            self.groups.pop(g, None)
             for state in self.tasks.values():
-                state.group_ready.pop(r.group, None)
+                state.group_ready.pop(g, None)
         for state in self.tasks.values():
             # a task outside the row's flow may still list it (odd columns written)
             stale = state.ready.pop(p, None)

@@ -233,7 +233,11 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             # rows written together share their tags dict: the rows of each, in order
             # (rows hold it, so its id stays theirs while the claim is answered)
             sets: dict[int, tuple[dict, list[int], list[int]]] = {}
-            for p, r in enumerate(unit_rows):
+            first = unit_rows[0].tags
+            if (all(r.tags is first for r in unit_rows)  # rows written together
+                    or not any(r.tags for r in unit_rows)):  # or untagged
+                sets[0] = (first, list(range(len(unit_rows))), [r.index for r in unit_rows])
+            for p, r in enumerate(() if sets else unit_rows):
                 key = id(r.tags) if r.tags else 0  # 0: untagged
                 s = sets.get(key)
                 if s is None:
@@ -285,9 +289,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
                 self._clear(self.controller.take_cleared())
                 break
+            # until a row becomes ready for this task (or a wake, or a while: a lease
+            # that expires brings rows back without anyone writing)
+            state = self.controller.tasks[req.task]
+            arrivals = state.arrivals
             try:
                 async with asyncio.timeout(min(remaining, 0.5)), self.changed:
-                    await self.changed.wait()
+                    while state.arrivals == arrivals and not (woken is not None and woken()):
+                        await self.changed.wait()
             except TimeoutError:
                 pass
         if claim is None:

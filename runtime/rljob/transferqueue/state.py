@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .schema import ColumnSpec, TaskSpec
 
@@ -85,8 +86,7 @@ class Lease:
     revoked: set[int] = field(default_factory=set)
 
 
-@dataclass(frozen=True)
-class ClaimedRow:
+class ClaimedRow(NamedTuple):  # a tuple: a claim makes one per row
     index: int
     partition: int
     unit: int
@@ -94,7 +94,7 @@ class ClaimedRow:
     version: int
     group: int
     rank: int = 0
-    tags: dict[str, str] = field(default_factory=dict)  # the row's (shared: read only)
+    tags: dict[str, str] = {}  # the row's (shared: read only)
 
 
 @dataclass
@@ -119,6 +119,7 @@ class TaskState:
 
     ready_parts: list[int] = field(default_factory=list)  # sorted ids of non-empty ready sets
     n_ready: int = 0
+    arrivals: int = 0  # rows that became ready, ever: a waiting claim looks again when it moves
 
     def ready_count(self) -> int:
         return self.n_ready

@@ -151,12 +151,17 @@ class MemoryUnit(StorageUnit):
         return np.concatenate(sizes), b"".join(pieces)
 
     def delete(self, cells: Sequence[tuple[int, Sequence[str]]]) -> None:
+        # rows that name the same columns (a cleared partition's share one tuple)
+        # are deleted a column at a time
+        by_names: dict[tuple[str, ...], list[int]] = {}
+        for index, columns in cells:
+            by_names.setdefault(tuple(columns), []).append(index)
         with self._lock:
-            for index, columns in cells:
+            for columns, indices in by_names.items():
                 for c in columns:
                     col = self._columns.get(c)
                     if col is not None:
-                        col.pop(index, None)
+                        list(map(col.pop, indices, repeat(None)))
                         if not col:  # a lease's tagged names go with its rows
                             del self._columns[c]
 
