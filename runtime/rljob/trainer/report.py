@@ -10,6 +10,8 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -129,7 +131,9 @@ def step_metrics(t, samples, train_spans, wall, sums) -> dict:
 
 class Reporter:
     """Rank 0's figures of each step, to the sinks; those the controller keeps (the
-    operator's status, the live profile), to the controller."""
+    operator's status, the live profile), to the controller. `submit` makes and
+    sends them from a thread of the reporter's own, in step order, while the next
+    step runs; a report that failed raises from a later `submit` or from `close`."""
 
     def __init__(self, tq, name: str, sinks):
         self.tq, self.name, self.sinks = tq, name, sinks
@@ -137,6 +141,8 @@ class Reporter:
         # for its first record): this life's steps after its first LIVE_PROFILE_SKIP
         self.recent: deque[dict] = deque(maxlen=LIVE_PROFILE_STEPS)
         self.reported = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rljob-report")
+        self._sent: list[Future] = []
 
     def report(self, m: dict, version: int) -> None:
         self.reported += 1
@@ -147,5 +153,18 @@ class Reporter:
                                **{k: m[k] for k in CONTROLLER_FIGURES})
         self.sinks.write(m, version)
 
+    def submit(self, figures: Callable[[], tuple[dict, int]]) -> None:
+        """`report(*figures())` in the reporter's thread."""
+        done = [f for f in self._sent if f.done()]
+        self._sent = [f for f in self._sent if not f.done()]
+        for f in done:
+            f.result()  # a failed report raises here
+        self._sent.append(self._thread.submit(lambda: self.report(*figures())))
+
     def close(self) -> None:
-        self.sinks.close()
+        try:
+            for f in self._sent:
+                f.result()
+        finally:
+            self._thread.shutdown()
+            self.sinks.close()

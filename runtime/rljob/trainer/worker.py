@@ -201,10 +201,10 @@ class TrainerWorker:
             # let the replicas pick up the last version before the sender goes away
             self.sender.wait_replicas(self.sender.version, timeout=5.0)
             self.sender.stop(grace=1.0)
+        if self.reporter is not None:  # its last figures go out through the consumer
+            self.reporter.close()
         if self.consumer is not None:
             self.consumer.close(refused=lambda exc: log.warning("an ack was refused: %s", exc))
-        if self.reporter is not None:
-            self.reporter.close()
         self.spans.close()
         if self.distributed:
             dist.destroy_process_group()
@@ -277,17 +277,8 @@ class TrainerWorker:
             self.uncommitted += self.source.take_leases()
             with self.spans.span("weight-sync", t):
                 self.sender.publish(self.version, tensors)
-            m = step_metrics(t, samples, train_spans, time.time() - t_wall, sums)
-            m |= off_policy_figures(off_policy)
-            if spec.algorithm.filter_groups:
-                m |= self.source.lanes.figures()
-                if m["groups_filled"]:
-                    log.warning("step %d: %d of its %d groups are trained without a "
-                                "signal (all rewards equal): no group with one came up in "
-                                "the %d prompts algorithm.maxPromptsPerStep allows (%d "
-                                "replacements drawn)", t + 1, m["groups_filled"],
-                                algo.step_prompts, algo.prompt_cap, m["extra_prompts"])
-            self._report(m, grad_norm, samples)
+            self._report(t, samples, train_spans, time.time() - t_wall, sums, off_policy,
+                         grad_norm)
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
             self.checkpoint()
         return True
@@ -323,16 +314,34 @@ class TrainerWorker:
             chunk = "stop"
         return broadcast_object(chunk) if self.world > 1 else chunk
 
-    def _report(self, m: dict, grad_norm: float, samples: list[Sample]) -> None:
+    def _report(self, t: int, samples: list[Sample], train_spans, wall: float, sums: dict,
+                off_policy: OffPolicyStats, grad_norm) -> None:
         """Rank 0: a step's figures to the sinks (metrics.jsonl, Prometheus,
-        TensorBoard, W&B) and the job's to the controller (the operator's status)."""
-        m["grad_norm"] = grad_norm
-        m["rows_claimed"] = self.source.rows_claimed
-        m["rows_regenerated"] = self.source.rows_regenerated
-        m["rows_reclaimed"] = self.source.rows_reclaimed
-        if self.critic is not None:
-            m |= critic_metrics(samples, self.critic)
-        self.reporter.report(m, self.version)
+        TensorBoard, W&B) and the job's to the controller (the operator's status),
+        made and sent from the reporter's thread while the next step runs (what
+        this step's source and critic hold is taken now)."""
+        algo = self.spec.algorithm
+        lanes = self.source.lanes.figures() if algo.filter_groups else {}
+        if lanes.get("groups_filled"):
+            log.warning("step %d: %d of its %d groups are trained without a "
+                        "signal (all rewards equal): no group with one came up in "
+                        "the %d prompts algorithm.maxPromptsPerStep allows (%d "
+                        "replacements drawn)", t + 1, lanes["groups_filled"],
+                        algo.step_prompts, algo.prompt_cap, lanes["extra_prompts"])
+        rows = {"rows_claimed": self.source.rows_claimed,
+                "rows_regenerated": self.source.rows_regenerated,
+                "rows_reclaimed": self.source.rows_reclaimed}
+        critic = critic_metrics(samples, self.critic) if self.critic is not None else {}
+        version = self.version
+
+        def figures() -> tuple[dict, int]:
+            m = step_metrics(t, samples, train_spans, wall, sums)
+            m |= off_policy_figures(off_policy)
+            m |= lanes
+            m["grad_norm"] = grad_norm
+            return m | rows | critic, version
+
+        self.reporter.submit(figures)
 
     def checkpoint(self) -> None:
         """Checkpoint the current version, then ack the rows it holds."""
