@@ -24,6 +24,7 @@ normalises over the same tokens."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 
@@ -101,6 +102,18 @@ def seeded_sample(logits, uniforms, dist: TokenDistribution):
 WIDTH_BUCKET = 16  # tokens: `row_logprobs` pads a row to a multiple of this
 
 
+def _right_padded(rows: list[list[int]], width: int, pad_id: int):
+    """The rows' tokens in a [len(rows), width] int64 array, right-padded (numpy,
+    one pass: no step per row)."""
+    import numpy as np
+
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    ids = np.full((len(rows), width), pad_id, np.int64)
+    ids[np.arange(width)[None, :] < lengths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
+    return ids
+
+
 def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
                  dist: TokenDistribution, by_width: bool | None = None) -> list[list[float]]:
     """Each response token's log-prob under `dist` from forwards of a transformers
@@ -133,9 +146,7 @@ def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[l
         buckets.setdefault(width, []).append(k)
     out: list[list[float]] = [[] for _ in rows]
     for width, members in sorted(buckets.items()):
-        ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-        for j, k in enumerate(members):
-            ids[j, :len(rows[k])] = torch.tensor(rows[k])
+        ids = torch.from_numpy(_right_padded([rows[k] for k in members], width, pad_id))
         with torch.no_grad():
             logits = model(input_ids=ids.to(device)).logits[:, :-1]
             logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).float().cpu()
