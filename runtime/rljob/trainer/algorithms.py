@@ -69,8 +69,7 @@ class GroupRelative(AdvantageEstimator):
 
     @staticmethod
     def of_group(rewards: list[float]) -> list[float]:
-        return group_advantages(torch.tensor(rewards),
-                                torch.zeros(len(rewards), dtype=torch.long)).tolist()
+        return _relative(torch.tensor(rewards).float(), 1e-6).tolist()
 
 
 @register_advantage_estimator("gae")
@@ -97,10 +96,14 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1
     adv = torch.empty_like(rewards, dtype=torch.float32)
     for g in torch.unique(groups):
         sel = groups == g
-        r = rewards[sel].float()
-        std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0)
-        adv[sel] = (r - r.mean()) / (std + eps)
+        adv[sel] = _relative(rewards[sel].float(), eps)
     return adv
+
+
+def _relative(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """One group's rewards (float32) → (r − mean) / (std + eps)."""
+    std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0)
+    return (r - r.mean()) / (std + eps)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float,
