@@ -133,7 +133,7 @@ class Reporter:
     """Rank 0's figures of each step, to the sinks; those the controller keeps (the
     operator's status, the live profile), to the controller. `submit` makes and
     sends them from a thread of the reporter's own, in step order, while the next
-    step runs; a report that failed raises from a later `submit` or from `close`."""
+    step runs; a report that failed raises from a later `submit` (`close` logs it)."""
 
     def __init__(self, tq, name: str, sinks):
         self.tq, self.name, self.sinks = tq, name, sinks
@@ -162,9 +162,14 @@ class Reporter:
         self._sent.append(self._thread.submit(lambda: self.report(*figures())))
 
     def close(self) -> None:
+        """Send what is left; a report that fails now is logged (the worker is
+        going, whatever it goes for)."""
         try:
             for f in self._sent:
-                f.result()
+                try:
+                    f.result()
+                except Exception as exc:  # noqa: BLE001 - stopping: report, do not mask
+                    log.warning("a step's figures were not reported: %s", exc)
         finally:
             self._thread.shutdown()
             self.sinks.close()
