@@ -102,16 +102,17 @@ def seeded_sample(logits, uniforms, dist: TokenDistribution):
 WIDTH_BUCKET = 16  # tokens: `row_logprobs` pads a row to a multiple of this
 
 
-def _right_padded(rows: list[list[int]], width: int, pad_id: int):
-    """The rows' tokens in a [len(rows), width] int64 array, right-padded (numpy,
+def right_padded(lengths, tokens, width: int, pad_id: int):
+    """Rows of `lengths` tokens each (`tokens`: theirs, one row after the other) in a
+    [rows, width] int64 array, right-padded, and the mask of their real tokens (numpy,
     one pass: no step per row)."""
     import numpy as np
 
-    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-    ids = np.full((len(rows), width), pad_id, np.int64)
-    ids[np.arange(width)[None, :] < lengths[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(rows), np.int64, int(lengths.sum()))
-    return ids
+    lengths = np.asarray(lengths, dtype=np.int64)
+    real = np.arange(width)[None, :] < lengths[:, None]
+    ids = np.full(real.shape, pad_id, np.int64)
+    ids[real] = np.fromiter(tokens, np.int64, int(lengths.sum()))
+    return ids, real
 
 
 def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[list[int]],
@@ -146,7 +147,10 @@ def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[l
         buckets.setdefault(width, []).append(k)
     out: list[list[float]] = [[] for _ in rows]
     for width, members in sorted(buckets.items()):
-        ids = torch.from_numpy(_right_padded([rows[k] for k in members], width, pad_id))
+        ids, _ = right_padded([len(rows[k]) for k in members],
+                              itertools.chain.from_iterable(rows[k] for k in members),
+                              width, pad_id)
+        ids = torch.from_numpy(ids)
         with torch.no_grad():
             logits = model(input_ids=ids.to(device)).logits[:, :-1]
             logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).float().cpu()

@@ -14,7 +14,7 @@ from itertools import chain, islice
 import numpy as np
 import torch
 
-from ..sampling import PLAIN, TokenDistribution, sampled_logprobs
+from ..sampling import PLAIN, TokenDistribution, right_padded, sampled_logprobs
 from .packing import Packed, pack, packed_logprobs
 
 
@@ -84,13 +84,9 @@ def _padded(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -
     lp = np.fromiter(map(len, prompts), np.int64, n)
     ls = lp + np.fromiter(map(len, responses), np.int64, n)
     length = int(ls.max())
-    tokens = np.fromiter(chain.from_iterable(chain(p, r) for p, r in zip(prompts, responses)),
-                         np.int64, int(ls.sum()))
-    col = np.arange(length)
-    real = col[None, :] < ls[:, None]
-    ids = np.full((n, length), pad_id, np.int64)
-    ids[real] = tokens
-    before = col[None, :length - 1]
+    ids, real = right_padded(ls, chain.from_iterable(chain(p, r) for p, r in
+                                                     zip(prompts, responses)), length, pad_id)
+    before = np.arange(length - 1)[None, :]
     # positions predicting the response tokens
     mask = (before >= (lp - 1)[:, None]) & (before < (ls - 1)[:, None])
     return TokenBatch(torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64)),

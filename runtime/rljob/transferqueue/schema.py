@@ -227,7 +227,6 @@ def decode_column(col: ColumnSpec, cells: list) -> list:
     return [np.frombuffer(c, dtype=dtype) for c in cells]
 
 
-
 def decode_block(col: ColumnSpec, sizes: np.ndarray, data) -> list:
     """`decode_column` of cells given as their sizes and their bytes back to back (a
     claim's block, column by column): a numeric column is one numpy view over the
@@ -239,11 +238,9 @@ def decode_block(col: ColumnSpec, sizes: np.ndarray, data) -> list:
             arr = np.frombuffer(data, dtype=dtype)
             if col.kind == "scalar" and (sizes == dtype.itemsize).all():
                 return arr.tolist()
-            if col.kind == "tensor":
-                ends = np.cumsum(sizes // dtype.itemsize).tolist()
-                if col.trailing_shape:
-                    return [arr[a:b].reshape(-1, *col.trailing_shape)
-                            for a, b in zip([0, *ends[:-1]], ends)]
+            if col.kind == "tensor":  # a row: its first dimension's slice
+                arr = arr.reshape(-1, *col.trailing_shape)
+                ends = np.cumsum(sizes // width).tolist()
                 return [arr[a:b] for a, b in zip([0, *ends[:-1]], ends)]
     ends = np.cumsum(np.maximum(sizes, 0)).tolist()
     view = memoryview(data)

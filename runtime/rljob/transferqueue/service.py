@@ -237,13 +237,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if (all(r.tags is first for r in unit_rows)  # rows written together
                     or not any(r.tags for r in unit_rows)):  # or untagged
                 sets[0] = (first, list(range(len(unit_rows))), [r.index for r in unit_rows])
-            for p, r in enumerate(() if sets else unit_rows):
-                key = id(r.tags) if r.tags else 0  # 0: untagged
-                s = sets.get(key)
-                if s is None:
-                    s = sets[key] = (r.tags or {}, [], [])
-                s[1].append(p)
-                s[2].append(r.index)
+            else:
+                for p, r in enumerate(unit_rows):
+                    key = id(r.tags) if r.tags else 0  # 0: untagged
+                    s = sets.get(key)
+                    if s is None:
+                        s = sets[key] = (r.tags or {}, [], [])
+                    s[1].append(p)
+                    s[2].append(r.index)
             sizes, data = [], []
             for c in read:
                 parts = [(positions, *unit.read_column(storage_column(c, tags.get(c, "")),

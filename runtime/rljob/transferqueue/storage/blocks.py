@@ -6,7 +6,6 @@ a block costs one join and one slice per cell."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
 
 import numpy as np
 
@@ -61,27 +60,33 @@ def unpack_keys(block: pb.CellBlock) -> list[tuple[int, str]]:
     return list(zip(block.indices, map(columns.__getitem__, column_of)))
 
 
+def _sized(block: pb.CellBlock, count: int) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    """The block's `count` sizes, where each cell's bytes end, and the bytes;
+    ValueError if there are not `count` sizes, one is below `ABSENT` or they do not
+    add up to the bytes."""
+    sizes = np.asarray(block.sizes, dtype=np.int64)
+    if len(sizes) != count:
+        raise ValueError(f"a cell block has {count} cells and {len(sizes)} sizes")
+    if len(sizes) and sizes.min() < ABSENT:
+        raise ValueError("a cell block has a negative size")
+    ends = np.cumsum(np.maximum(sizes, 0))
+    data = memoryview(block.data)
+    total = int(ends[-1]) if len(ends) else 0
+    if total != len(data):
+        raise ValueError(f"a cell block's sizes add up to {total} bytes, "
+                         f"its data has {len(data)}")
+    return sizes, ends, data
+
+
 def unpack_runs(block: pb.CellBlock) -> list[tuple[str, list[int], np.ndarray, memoryview]]:
     """The block's cells as runs of one column each, (column, indices, sizes, bytes):
     a write's block goes column by column, a run a column, its cells' bytes back to
     back in one view (no object made per cell). ValueError if malformed."""
     columns, column_of = _checked_keys(block)
     indices = list(block.indices)
-    sizes = np.asarray(block.sizes, dtype=np.int64)
-    if len(sizes) != len(indices):
-        raise ValueError(f"a cell block has {len(indices)} cells and {len(sizes)} sizes")
+    sizes, ends, data = _sized(block, len(indices))
     if not indices:
-        if len(block.data):
-            raise ValueError(f"a cell block's sizes add up to 0 bytes, its data has "
-                             f"{len(block.data)}")
         return []
-    if sizes.min() < ABSENT:
-        raise ValueError("a cell block has a negative size")
-    ends = np.cumsum(np.maximum(sizes, 0))
-    data = memoryview(block.data)
-    if int(ends[-1]) != len(data):
-        raise ValueError(f"a cell block's sizes add up to {int(ends[-1])} bytes, "
-                         f"its data has {len(data)}")
     at = np.asarray(column_of)
     bounds = [0, *(np.flatnonzero(at[1:] != at[:-1]) + 1).tolist(), len(indices)]
     starts = [0, *ends.tolist()]
@@ -94,19 +99,10 @@ def unpack_columns(block: pb.CellBlock, rows: int, columns: int
     """A claim's values block (`columns` columns of `rows` rows each, column by
     column) as each column's (sizes, bytes back to back); ValueError if it does not
     hold that many cells or its sizes do not add up."""
-    sizes = np.asarray(block.sizes, dtype=np.int64)
-    if len(sizes) != rows * columns:
-        raise ValueError(f"a cell block has {rows * columns} cells and {len(sizes)} sizes")
-    data = memoryview(block.data)
+    sizes, ends, data = _sized(block, rows * columns)
     if not len(sizes):
         return [(sizes, data)] * columns
-    if sizes.min() < ABSENT:
-        raise ValueError("a cell block has a negative size")
-    ends = np.cumsum(np.maximum(sizes, 0))
-    if int(ends[-1]) != len(data):
-        raise ValueError(f"a cell block's sizes add up to {int(ends[-1])} bytes, "
-                         f"its data has {len(data)}")
-    bounds = [0, *ends[rows - 1::rows].tolist()] if rows else [0] * (columns + 1)
+    bounds = [0, *ends[rows - 1::rows].tolist()]
     return [(sizes[j * rows:(j + 1) * rows], data[bounds[j]:bounds[j + 1]])
             for j in range(columns)]
 
@@ -127,21 +123,11 @@ def unpack_values(block: pb.CellBlock, count: int | None = None) -> list[memoryv
     """Each cell's bytes (views into the block's buffer), None where absent;
     ValueError if there are not `count` of them (default: one per index) or the
     sizes do not add up to the buffer."""
-    sizes = list(block.sizes)
-    count = len(block.indices) if count is None else count
-    if len(sizes) != count:
-        raise ValueError(f"a cell block has {count} cells and {len(sizes)} sizes")
-    absent = bool(sizes) and min(sizes) < 0
-    if absent and min(sizes) < ABSENT:
-        raise ValueError("a cell block has a negative size")
-    ends = list(accumulate([max(s, 0) for s in sizes] if absent else sizes))
-    data = memoryview(block.data)
-    if (ends[-1] if ends else 0) != len(data):
-        raise ValueError(f"a cell block's sizes add up to {ends[-1] if ends else 0} bytes, "
-                         f"its data has {len(data)}")
-    views = list(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)))
-    if absent:
-        return [None if s == ABSENT else v for s, v in zip(sizes, views)]
+    sizes, ends, data = _sized(block, len(block.indices) if count is None else count)
+    bounds = [0, *ends.tolist()]
+    views = list(map(data.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+    if len(sizes) and sizes.min() < 0:
+        return [None if s == ABSENT else v for s, v in zip(sizes.tolist(), views)]
     return views
 
 
