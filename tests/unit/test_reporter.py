@@ -1,6 +1,7 @@
 """The trainer's reporter sends each step's figures from its own thread, in step
 order, while the next step runs: a report that failed raises at the next step,
-and what is left goes out at close (a failure then is logged, not raised)."""
+and what is left goes out at close (a failure then is logged, not raised); a
+checkpoint waits for the figures of the steps it holds."""
 
 from __future__ import annotations
 
@@ -60,3 +61,51 @@ def test_a_failed_report_raises_at_the_next_step_and_is_logged_at_close(caplog):
     reporter.submit(_figures(2))  # (were it to go on, its failure is for later)
     reporter.close()  # step 2's report fails too: logged
     assert "not reported: controller away" in caplog.text and sinks.closed
+
+
+def test_flush_waits_for_every_submitted_report_and_raises_a_failure():
+    tq, sinks = _Controller(), _Sinks()
+    reporter = Reporter(tq, "trainer-0", sinks)
+    gate = threading.Event()
+
+    def slow():
+        gate.wait(5)
+        return _figures(0)()
+
+    reporter.submit(slow)
+    reporter.submit(_figures(1))
+    threading.Timer(0.2, gate.set).start()
+    reporter.flush()
+    assert sinks.written == [(0, 1), (1, 2)]
+    tq.fail = True
+    reporter.submit(_figures(2))
+    with pytest.raises(RuntimeError, match="controller away"):
+        reporter.flush()
+    reporter.close()
+
+
+def test_a_checkpoint_is_taken_after_its_steps_figures_are_written(monkeypatch):
+    """A trainer restarted from a checkpoint trains the steps after it again: the
+    steps up to it must each have their line already (none is written twice over a
+    gap)."""
+    from rljob.trainer import worker as worker_module
+
+    tq, sinks = _Controller(), _Sinks()
+    reporter = Reporter(tq, "trainer-0", sinks)
+    gate = threading.Event()
+
+    def slow():
+        gate.wait(0.3)  # the figures of step 3 take a while to make and send
+        return _figures(3)()
+
+    seen = []
+    monkeypatch.setattr(worker_module, "commit",
+                        lambda *args: seen.append(list(sinks.written)))
+    trainer = object.__new__(worker_module.TrainerWorker)
+    trainer.reporter, trainer.run_dir, trainer.version = reporter, None, 4
+    trainer.policy = trainer.opt = trainer.consumer = trainer.lineage = None
+    trainer.rank, trainer.world, trainer.uncommitted = 0, 1, []
+    reporter.submit(slow)
+    trainer.checkpoint()
+    assert seen == [[(3, 4)]] and trainer.checkpointed == 4
+    reporter.close()

@@ -133,7 +133,9 @@ class Reporter:
     """Rank 0's figures of each step, to the sinks; those the controller keeps (the
     operator's status, the live profile), to the controller. `submit` makes and
     sends them from a thread of the reporter's own, in step order, while the next
-    step runs; a report that failed raises from a later `submit` (`close` logs it)."""
+    step runs; a report that failed raises from a later `submit` or `flush` (`close`
+    logs it). `flush` waits for every step's: a checkpoint comes after its steps'
+    figures, so a trainer restarted from it has every earlier step's line."""
 
     def __init__(self, tq, name: str, sinks):
         self.tq, self.name, self.sinks = tq, name, sinks
@@ -160,6 +162,13 @@ class Reporter:
         for f in done:
             f.result()  # a failed report raises here
         self._sent.append(self._thread.submit(lambda: self.report(*figures())))
+
+    def flush(self) -> None:
+        """Wait until every submitted step's figures are out (the first failure
+        raises)."""
+        sent, self._sent = self._sent, []
+        for f in sent:
+            f.result()
 
     def close(self) -> None:
         """Send what is left; a report that fails now is logged (the worker is

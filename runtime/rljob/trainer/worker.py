@@ -344,7 +344,11 @@ class TrainerWorker:
         self.reporter.submit(figures)
 
     def checkpoint(self) -> None:
-        """Checkpoint the current version, then ack the rows it holds."""
+        """Checkpoint the current version, then ack the rows it holds (rank 0: once
+        the figures of its steps are written, so none is missing after a restart
+        from it)."""
+        if self.reporter is not None:
+            self.reporter.flush()
         commit(self.run_dir, self.version, self.policy, self.opt, self.rank, self.world,
                self.consumer, self.uncommitted, self.lineage)
         self.uncommitted, self.checkpointed = [], self.version
