@@ -309,13 +309,15 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             if r.tags and id(r.tags) not in sets:
                 tag_sets.append(pb.TagSet(tags=r.tags))
                 sets[id(r.tags)] = len(tag_sets)
-        return pb.ClaimResponse(
+        resp = pb.ClaimResponse(
             lease=claim.lease, lease_seconds=self.controller.lease_seconds, tag_sets=tag_sets,
-            cells=self._claimed_cells(claim.rows, list(request.read)) if request.read else (),
-            rows=[pb.RowMeta(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
-                             version=r.version, group=r.group, rank=r.rank,
-                             tag_set=sets.get(id(r.tags), 0) if r.tags else 0)
-                  for r in claim.rows])
+            cells=self._claimed_cells(claim.rows, list(request.read)) if request.read else ())
+        add = resp.rows.add  # in place: a third of building each RowMeta, then copying it
+        for r in claim.rows:
+            add(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
+                version=r.version, group=r.group, rank=r.rank,
+                tag_set=sets.get(id(r.tags), 0) if r.tags else 0)
+        return resp
 
     async def _ack(self, request):
         n, cleared = self.controller.ack(request.task, request.lease,
