@@ -258,3 +258,67 @@ def test_replaying_the_journal_rebuilds_the_same_state():
     compacted = Controller(2, 10.0, Clock())
     compacted.replay(c.snapshot())
     assert _state(compacted)[0] == _state(c)[0]
+
+
+def _check_ready_sets(c):
+    """Each task's ready bookkeeping equals what the rows say: a row is ready for a
+    task that consumes columns when they are all written and the task has neither
+    acked nor leased it."""
+    for name, s in c.tasks.items():
+        want: dict[int, set[int]] = {}
+        for r in c.rows.values():
+            if (s.spec.consumes and s.spec.consumes <= r.written and name not in r.acked
+                    and name not in r.leased):
+                want.setdefault(r.partition, set()).add(r.index)
+        assert {p: set(ix) for p, ix in s.ready.items()} == want, name
+        assert s.ready_parts == sorted(want) and s.n_ready == sum(map(len, want.values()))
+        groups: dict[int, int] = {}
+        for ix in want.values():
+            for i in ix:
+                groups[c.rows[i].group] = groups.get(c.rows[i].group, 0) + 1
+        assert {g: n for g, n in s.group_ready.items() if n} == groups, name
+
+
+def test_ready_sets_follow_random_writes_claims_acks_releases_and_expiries():
+    import random
+
+    rng = random.Random(7)
+    c, clock = make(units=2, lease=5.0)
+    arrivals = {n: 0 for n in c.tasks}
+    produce = {"rollout": ["resp", "reward"], "adv": ["advantage"]}
+    held: list[tuple[str, object]] = []
+    for op in range(600):
+        kind = rng.choice(["put", "claim", "claim", "write", "ack", "release", "tick"])
+        if kind == "put" or not c.rows:
+            n = 2 * rng.randint(1, 4)
+            rows = c.allocate(4 * (op // 60) + rng.randint(0, 3), n, group_size=2)  # later ones
+            c.notify_written([r.index for r in rows], ["prompt"])
+        elif kind == "claim":
+            task = rng.choice(["rollout", "adv", "train"])
+            got = claim(c, task, rng.randint(1, 6), min_count=1)
+            if got is not None:
+                held.append((task, got))
+        elif held and kind in ("write", "ack", "release"):
+            task, got = held.pop(rng.randrange(len(held)))
+            if got.lease not in c.tasks[task].leases:
+                continue  # expired meanwhile
+            live = sorted(c.tasks[task].leases[got.lease].rows)
+            if task in produce and kind != "release":  # a producer acks what it wrote
+                c.notify_written(live, produce[task], versions=[0] * len(live), task=task,
+                                 lease=got.lease)
+                c.ack(task, got.lease)
+            elif kind == "release":
+                c.release(task, got.lease)
+            else:
+                some = live[:rng.randint(1, len(live))]
+                c.ack(task, got.lease, some)
+                if some != live:
+                    held.append((task, got))
+        elif kind == "tick":
+            clock.t += rng.choice([0.5, 2.0, 6.0])
+            c.expire()
+        _check_ready_sets(c)
+        for name, s in c.tasks.items():
+            assert s.arrivals >= arrivals[name]
+            arrivals[name] = s.arrivals
+    assert c.cleared_partitions > 0 and c.tasks["train"].acked > 0

@@ -421,34 +421,41 @@ class Controller(LeaseOps):
             self.bytes_written += sum(sizes)
             self.live_bytes += sum(sizes)
         for state in touched:
-            for row in rows:
-                self._refresh(row, state)
+            self._refresh_rows(rows, state)
 
-    def _is_ready(self, row: Row, state: TaskState) -> bool:
-        name = state.spec.name
-        return (bool(state.spec.consumes) and state.spec.consumes <= row.written
-                and name not in row.acked and name not in row.leased)
+    def _refresh_rows(self, rows: Iterable[Row], state: TaskState) -> None:
+        """Put each row in `state`'s ready set, or take it out, as it is now ready for
+        the task or not (in one pass: a write, lease or return changes hundreds of
+        rows at once)."""
+        consumes = state.spec.consumes
+        if not consumes:  # a source task: no row is ever ready for it
+            return
+        name, ready_of, group_ready = state.spec.name, state.ready, state.group_ready
+        added = removed = 0
+        for row in rows:
+            p = row.partition
+            ready = ready_of.get(p)
+            if consumes <= row.written and name not in row.acked and name not in row.leased:
+                if ready is None:
+                    ready = ready_of[p] = {}
+                    bisect.insort(state.ready_parts, p)
+                elif row.index in ready:
+                    continue
+                ready[row.index] = None
+                added += 1
+                group_ready[row.group] = group_ready.get(row.group, 0) + 1
+            elif ready is not None and row.index in ready:
+                del ready[row.index]
+                removed += 1
+                group_ready[row.group] -= 1
+                if not ready:
+                    del ready_of[p]
+                    del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
+        state.n_ready += added - removed
+        state.arrivals += added
 
     def _refresh(self, row: Row, state: TaskState) -> None:
-        p = row.partition
-        ready = state.ready.get(p)
-        now = self._is_ready(row, state)
-        was = ready is not None and row.index in ready
-        if now and not was:
-            if ready is None:
-                ready = state.ready[p] = {}
-                bisect.insort(state.ready_parts, p)
-            ready[row.index] = None
-            state.n_ready += 1
-            state.arrivals += 1
-            state.group_ready[row.group] = state.group_ready.get(row.group, 0) + 1
-        elif was and not now:
-            del ready[row.index]
-            state.n_ready -= 1
-            state.group_ready[row.group] -= 1
-            if not ready:
-                del state.ready[p]
-                del state.ready_parts[bisect.bisect_left(state.ready_parts, p)]
+        self._refresh_rows((row,), state)
 
     # ---- cells ----------------------------------------------------------
     def writable(self, index: int) -> bool:

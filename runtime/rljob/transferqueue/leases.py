@@ -78,12 +78,12 @@ class LeaseOps:
         state.leases[lease_id] = lease
         self._next_expiry = min(self._next_expiry, lease.deadline)
         produces = bool(state.spec.produces)
-        for idx in rec["rows"]:
-            row = self.rows[idx]
+        rows = [self.rows[idx] for idx in rec["rows"]]
+        for row in rows:
             row.leased[task] = lease_id
             if produces:
                 row.issued[lease_id] = task  # its cells may exist: deleted with the row
-            self._refresh(row, state)
+        self._refresh_rows(rows, state)
         if rec["counted"]:
             state.claimed += len(rec["rows"])
 
@@ -244,12 +244,10 @@ class LeaseOps:
         lease = state.leases.pop(rec["lease"])
         if rec["expired"]:
             state.expired += len(lease.rows)
-        for idx in lease.rows:
-            row = self.rows.get(idx)
-            if row is None:
-                continue
+        rows = [row for row in map(self.rows.get, lease.rows) if row is not None]
+        for row in rows:
             row.leased.pop(state.spec.name, None)
-            self._refresh(row, state)
+        self._refresh_rows(rows, state)
 
     def expire(self) -> int:
         """Return the rows of every expired lease to their task's ready set (the leases
