@@ -1,7 +1,7 @@
 """`WeightClient`: a WeightSender's control plane and gRPC data path as its callers
 see it (versions, fetches, joins, replica reports, waiting for a version). It
 imports no tensor library, so the driver, which only asks for versions, starts
-without one; a fetch's tensors are built by codec.from_bytes."""
+without one; a fetch's tensors are assembled by codec.TensorAssembly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from .codec import OPTIONS, from_bytes
+from .codec import OPTIONS, TensorAssembly
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
 
@@ -41,9 +41,7 @@ class WeightClient:
         `last_epoch` afterwards."""
         state: dict[str, torch.Tensor] = {}
         version = -1
-        name = dtype = None
-        shape: list[int] = []
-        parts: list[bytes] = []
+        name, tensor = None, None
         request = pb.FetchRequest(min_version=min_version, wait_seconds=wait, epoch=epoch)
         first = None
         for chunk in self._stub.Fetch(request, timeout=wait + 600, wait_for_ready=True):
@@ -51,11 +49,12 @@ class WeightClient:
             version, self.last_epoch = chunk.version, chunk.epoch
             if chunk.name:
                 if name is not None:
-                    state[name] = from_bytes(dtype, shape, b"".join(parts))
-                name, dtype, shape, parts = chunk.name, chunk.dtype, list(chunk.shape), []
-            parts.append(chunk.data)
+                    state[name] = tensor.tensor()
+                name = chunk.name
+                tensor = TensorAssembly(chunk.dtype, list(chunk.shape), chunk.nbytes)
+            tensor.add(chunk.data)
         if name is not None:
-            state[name] = from_bytes(dtype, shape, b"".join(parts))
+            state[name] = tensor.tensor()
         self.last_transfer_seconds = time.monotonic() - first if first else 0.0
         return version, state
 

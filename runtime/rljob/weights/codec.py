@@ -1,5 +1,6 @@
 """What a weight version is on the gRPC path: tensors as raw buffers in chunks
-(no pickling), the channel options, and a sender life's epoch id."""
+(no pickling), each byte copied as few times as it can be (host copy, message,
+place in the received tensor), the channel options, and a sender life's epoch id."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import secrets
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .proto import weights_pb2 as pb
 
 if TYPE_CHECKING:
     import torch
@@ -18,22 +21,62 @@ OPTIONS = [("grpc.max_send_message_length", 64 << 20),
            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
-def to_bytes(t: torch.Tensor) -> tuple[str, bytes]:
+def host_bytes(t: torch.Tensor) -> tuple[str, memoryview]:
+    """A tensor's dtype name and the bytes of its host copy: one copy, from any device,
+    contiguous (the tensor may change once this returns; the copy does not)."""
     import torch
 
-    t = t.detach().cpu().contiguous()
-    dtype = str(t.dtype).removeprefix("torch.")
-    if t.dtype == torch.bfloat16:
-        return dtype, t.view(torch.int16).numpy().tobytes()
-    return dtype, t.numpy().tobytes()
+    host = torch.empty(t.shape, dtype=t.dtype)
+    host.copy_(t.detach())
+    return str(t.dtype).removeprefix("torch."), host.reshape(-1).view(torch.uint8).numpy().data
 
 
-def from_bytes(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
-    import torch
+class TensorAssembly:
+    """One tensor received in chunks: each chunk's bytes copied once into place."""
 
-    if dtype == "bfloat16":
-        return torch.from_numpy(np.frombuffer(data, np.int16).copy()).view(torch.bfloat16).reshape(shape)
-    return torch.from_numpy(np.frombuffer(data, np.dtype(dtype)).copy()).reshape(shape)
+    def __init__(self, dtype: str, shape: list[int], nbytes: int):
+        self.dtype, self.shape = dtype, shape
+        self.buf = np.empty(nbytes, np.uint8)
+        self.at = 0
+
+    def add(self, data: bytes) -> None:
+        end = self.at + len(data)
+        if end > len(self.buf):
+            raise ValueError(f"more than the {len(self.buf)} bytes announced for a tensor")
+        self.buf[self.at:end] = np.frombuffer(data, np.uint8)
+        self.at = end
+
+    def tensor(self) -> torch.Tensor:
+        import torch
+
+        if self.at != len(self.buf):
+            raise ValueError(f"a tensor of {len(self.buf)} bytes ended after {self.at}")
+        dtype = getattr(torch, self.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a tensor of an unknown dtype {self.dtype!r}")
+        if not len(self.buf):
+            return torch.empty(self.shape, dtype=dtype)
+        return torch.from_numpy(self.buf).view(dtype).reshape(self.shape)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# the key of WeightChunk.data (length-delimited: wire type 2)
+_DATA_KEY = _varint(pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number << 3 | 2)
+
+
+def chunk_bytes(header: pb.WeightChunk, data) -> bytes:
+    """`header` with `data` (any buffer) as its `data` field, serialized: protobuf's
+    encoding of the message (a field appended to a serialized message is read as set
+    in it), with `data` copied once, straight into the result."""
+    return b"".join((header.SerializeToString(), _DATA_KEY, _varint(len(data)), data))
 
 
 def new_epoch() -> int:

@@ -15,7 +15,7 @@ import grpc
 import torch
 
 from . import collective as coll
-from .codec import CHUNK, OPTIONS, new_epoch, to_bytes
+from .codec import CHUNK, OPTIONS, chunk_bytes, host_bytes, new_epoch
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
 
@@ -26,7 +26,7 @@ class _Published:
     """One version, in host memory: bytes per tensor (grpc), or buckets (collective)
     that each replica's group gets staged on `device` one at a time."""
 
-    def __init__(self, version: int, tensors: list[tuple[str, str, list[int], bytes]] = (),
+    def __init__(self, version: int, tensors: list[tuple[str, str, list[int], memoryview]] = (),
                  slots: list[coll.Slot] = (), buckets: list[torch.Tensor] = (),
                  device: torch.device = torch.device("cpu")):
         self.version = version
@@ -36,12 +36,12 @@ class _Published:
         self.total = (sum(len(t[3]) for t in self.tensors)
                       + sum(b.numel() for b in self.buckets))
 
-    def items(self) -> Iterator[tuple[str, str, list[int], bytes]]:
+    def items(self) -> Iterator[tuple[str, str, list[int], memoryview]]:
         """Every tensor as (name, dtype, shape, bytes); a collective version's are
         copied to the host one by one, only when a gRPC receiver asks."""
         yield from self.tensors
         for name, t in coll.unpack(self.slots, self.buckets).items():
-            dtype, data = to_bytes(t)
+            dtype, data = host_bytes(t)
             yield name, dtype, list(t.shape), data
 
     def plan(self, epoch: int) -> pb.BroadcastPlan:
@@ -95,6 +95,29 @@ class _Group:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _Handlers:
+    """What the generated registration hands a server: the service's name and its
+    methods' handlers."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def _add_to_server(servicer: WeightSender, server: grpc.Server) -> None:
+    """The service's methods as generated, but Fetch's answers are sent as they are:
+    WeightChunks serialized already (`chunk_bytes`)."""
+    got = _Handlers()
+    pbg.add_WeightServiceServicer_to_server(servicer, got)
+    got.handlers["Fetch"] = grpc.unary_stream_rpc_method_handler(
+        servicer.Fetch, request_deserializer=pb.FetchRequest.FromString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(got.service,
+                                                                          got.handlers),))
+    server.add_registered_method_handlers(got.service, got.handlers)
+
+
 class WeightSender(pbg.WeightServiceServicer):
     """Serves the latest version; `publish` replaces it (readers of the old one finish)."""
 
@@ -109,7 +132,7 @@ class WeightSender(pbg.WeightServiceServicer):
         self._closing = False
         self._replicas: dict[str, tuple[int, float]] = {}
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
-        pbg.add_WeightServiceServicer_to_server(self, self._server)
+        _add_to_server(self, self._server)
         self.port = self._server.add_insecure_port(listen)
         if not self.port:
             raise RuntimeError(f"weight sender cannot listen on {listen}")
@@ -132,7 +155,7 @@ class WeightSender(pbg.WeightServiceServicer):
         else:
             host = []
             for name, t in items:
-                dtype, data = to_bytes(t)
+                dtype, data = host_bytes(t)
                 host.append((name, dtype, list(t.shape), data))
             pub = _Published(version, host)
         with self._cond:
@@ -187,15 +210,17 @@ class WeightSender(pbg.WeightServiceServicer):
                 self._cond.wait(min(left, 1.0))
             return self._latest
 
-    def Fetch(self, request, context) -> Iterator[pb.WeightChunk]:
+    def Fetch(self, request, context) -> Iterator[bytes]:
+        """The version as WeightChunks, each already serialized (`chunk_bytes`: a
+        chunk's bytes go from the host copy into the message once)."""
         pub = self._await(request, context)
+        rest = pb.WeightChunk(version=pub.version, epoch=self.epoch)
         for name, dtype, shape, data in pub.items():
             for off in range(0, max(len(data), 1), CHUNK):
-                first = off == 0
-                yield pb.WeightChunk(version=pub.version, epoch=self.epoch,
-                                     name=name if first else "",
-                                     dtype=dtype if first else "", shape=shape if first else [],
-                                     nbytes=len(data) if first else 0, data=data[off:off + CHUNK])
+                header = rest if off else pb.WeightChunk(
+                    version=pub.version, epoch=self.epoch, name=name, dtype=dtype, shape=shape,
+                    nbytes=len(data))
+                yield chunk_bytes(header, data[off:off + CHUNK])
 
     def Join(self, request, context):
         if self.transport != "collective":
