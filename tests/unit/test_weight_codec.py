@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.weights.codec import TensorAssembly, chunk_bytes, host_bytes
+from rljob.weights.codec import TensorAssembly, chunk_bytes, host_bytes, split_chunk
 from rljob.weights.proto import weights_pb2 as pb
 
 
@@ -45,3 +45,17 @@ def test_an_assembly_refuses_too_many_and_too_few_bytes_and_unknown_dtypes():
     with pytest.raises(ValueError, match="unknown dtype 'load'"):
         TensorAssembly("load", [0], 0).tensor()
     assert TensorAssembly("float32", [0, 4], 0).tensor().shape == (0, 4)
+
+
+@pytest.mark.parametrize("size", [0, 1, 200, 70_000])
+def test_a_chunk_is_split_into_its_message_and_a_view_of_its_data(size):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    header = pb.WeightChunk(version=3, epoch=9, name="w", shape=[size], nbytes=size)
+    raw = chunk_bytes(header, data)
+    got, view = split_chunk(raw)
+    assert got == header and bytes(view) == data
+    assert isinstance(view, memoryview) and view.obj is raw  # not copied
+    # protobuf's own encoding (data last, or a message made elsewhere) is read too
+    whole = pb.WeightChunk(version=3, name="w", data=data)
+    got, view = split_chunk(whole.SerializeToString())
+    assert got.version == 3 and got.name == "w" and bytes(view) == data

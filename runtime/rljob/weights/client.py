@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from .codec import OPTIONS, TensorAssembly
+from .codec import OPTIONS, TensorAssembly, split_chunk
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
 
@@ -24,6 +24,11 @@ class WeightClient:
     def __init__(self, address: str):
         self._channel = grpc.insecure_channel(address, options=OPTIONS)
         self._stub = pbg.WeightServiceStub(self._channel)
+        # Fetch's chunks as they arrive (serialized): `split_chunk` reads each one's
+        # data in place
+        self._fetch = self._channel.unary_stream(
+            f"/{pb.DESCRIPTOR.services_by_name['WeightService'].full_name}/Fetch",
+            request_serializer=pb.FetchRequest.SerializeToString)
         self.address = address
         self.last_epoch = 0
         self.last_transfer_seconds = 0.0  # of the last fetch: first chunk to last
@@ -44,15 +49,16 @@ class WeightClient:
         name, tensor = None, None
         request = pb.FetchRequest(min_version=min_version, wait_seconds=wait, epoch=epoch)
         first = None
-        for chunk in self._stub.Fetch(request, timeout=wait + 600, wait_for_ready=True):
+        for raw in self._fetch(request, timeout=wait + 600, wait_for_ready=True):
             first = first or time.monotonic()
+            chunk, data = split_chunk(raw)
             version, self.last_epoch = chunk.version, chunk.epoch
             if chunk.name:
                 if name is not None:
                     state[name] = tensor.tensor()
                 name = chunk.name
                 tensor = TensorAssembly(chunk.dtype, list(chunk.shape), chunk.nbytes)
-            tensor.add(chunk.data)
+            tensor.add(data)
         if name is not None:
             state[name] = tensor.tensor()
         self.last_transfer_seconds = time.monotonic() - first if first else 0.0

@@ -39,7 +39,7 @@ class TensorAssembly:
         self.buf = np.empty(nbytes, np.uint8)
         self.at = 0
 
-    def add(self, data: bytes) -> None:
+    def add(self, data) -> None:
         end = self.at + len(data)
         if end > len(self.buf):
             raise ValueError(f"more than the {len(self.buf)} bytes announced for a tensor")
@@ -74,9 +74,31 @@ _DATA_KEY = _varint(pb.WeightChunk.DESCRIPTOR.fields_by_name["data"].number << 3
 
 def chunk_bytes(header: pb.WeightChunk, data) -> bytes:
     """`header` with `data` (any buffer) as its `data` field, serialized: protobuf's
-    encoding of the message (a field appended to a serialized message is read as set
-    in it), with `data` copied once, straight into the result."""
-    return b"".join((header.SerializeToString(), _DATA_KEY, _varint(len(data)), data))
+    encoding of the message, `data` first (a message's fields may come in any order),
+    copied once, straight into the result."""
+    return b"".join((_DATA_KEY, _varint(len(data)), data, header.SerializeToString()))
+
+
+def split_chunk(raw: bytes) -> tuple[pb.WeightChunk, memoryview]:
+    """A serialized WeightChunk as (the message but its data, its data as a view of
+    `raw`): `chunk_bytes`'s layout is read without copying the data; any other
+    encoding of the message is parsed whole."""
+    view = memoryview(raw)
+    if raw.startswith(_DATA_KEY):
+        size, shift, at = 0, 0, len(_DATA_KEY)
+        while at < len(raw):
+            byte = raw[at]
+            size |= (byte & 0x7F) << shift
+            at, shift = at + 1, shift + 7
+            if not byte & 0x80:
+                break
+        end = at + size
+        if end <= len(raw):
+            header = pb.WeightChunk.FromString(view[end:])
+            if not header.data:  # the data field came once: this is it
+                return header, view[at:end]
+    msg = pb.WeightChunk.FromString(raw)
+    return msg, memoryview(msg.data)
 
 
 def new_epoch() -> int:
