@@ -183,8 +183,7 @@ class Controller(LeaseOps):
             added = True
             state = TaskState(spec)
             self.tasks[spec.name] = state
-            for row in self.rows.values():
-                self._refresh(row, state)
+            self._refresh_rows(self.rows.values(), state)
         if added:
             self._relevance.clear()
             for row in self.rows.values():

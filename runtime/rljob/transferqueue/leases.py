@@ -160,18 +160,18 @@ class LeaseOps:
                     cleared |= {c.name for c in state.spec.produces}
                     changed = True
         self.tasks[rec["task"]].stale_regenerated += len(rec["indices"])
-        for idx in rec["indices"]:
-            row = self.rows[idx]
+        rows = [self.rows[idx] for idx in rec["indices"]]
+        for row in rows:
             for name in redo:  # a producer that wrote the row but has not acked it yet
                 lease_id = row.leased.pop(name, None)
                 if lease_id is not None:
                     lease = self.tasks[name].leases[lease_id]
-                    lease.rows.discard(idx)
-                    lease.revoked.add(idx)
+                    lease.rows.discard(row.index)
+                    lease.revoked.add(row.index)
             row.written -= cleared
             row.acked -= redo
-            for state in self.tasks.values():
-                self._refresh(row, state)
+        for state in self.tasks.values():
+            self._refresh_rows(rows, state)
 
     # ---- acks, releases, leases -----------------------------------------
     def _lease(self, task: str, lease_id: str) -> Lease:
