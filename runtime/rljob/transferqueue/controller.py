@@ -301,13 +301,15 @@ class Controller(LeaseOps):
 
     def _apply_rows(self, rec: dict) -> None:
         partition = rec["partition"]
+        k, rows = self.num_units, self.rows
         for gid, members in rec["groups"]:
             self._next_group = max(self._next_group, gid + 1)
-            for idx in members:
-                self._reserved.discard(idx)
-                self._next_index = max(self._next_index, idx + 1)
-                self.rows[idx] = Row(idx, partition, gid, idx % self.num_units)
-                self.partitions.setdefault(partition, set()).add(idx)
+            if members:  # a group's members at once (a put makes hundreds of rows)
+                self._reserved.difference_update(members)
+                self._next_index = max(self._next_index, max(members) + 1)
+                self.partitions.setdefault(partition, set()).update(members)
+                for idx in members:
+                    rows[idx] = Row(idx, partition, gid, idx % k)
             self.groups[gid] = list(members)
         self.partition_done.setdefault(partition, 0)
         self.next_partition = max(self.next_partition, partition + 1)
@@ -338,7 +340,8 @@ class Controller(LeaseOps):
             raise NotFound(f"unknown column(s) {unknown}: declare them in a task's produces")
         if create:
             self._check_partition(partition)
-            bad = [i for i in indices if i not in self._reserved]
+            bad = ([] if self._reserved.issuperset(indices)
+                   else [i for i in indices if i not in self._reserved])
             if bad or len(set(indices)) != len(indices):
                 raise Conflict(f"indices {bad[:5] or indices[:5]} are not reserved for new rows "
                                "(reserve them first; each index creates one row once)")
@@ -348,7 +351,8 @@ class Controller(LeaseOps):
                 raise ControllerError("a write that creates rows holds no lease")
             self._check_bytes()
         else:
-            missing = [i for i in indices if i not in self.rows]
+            missing = ([] if all(map(self.rows.__contains__, indices))
+                       else [i for i in indices if i not in self.rows])
             gone = [i for i in missing if self.cleared(i)]
             if gone:  # a late writer (its rows were made elsewhere and trained)
                 raise NotFound(f"rows {gone[:5]} are no longer in the table (consumed and "
@@ -358,7 +362,8 @@ class Controller(LeaseOps):
                                "writing (or the partition was already cleared)")
         if lease:
             held = self._lease(task, lease)
-            outside = [i for i in indices if i not in held.rows]
+            outside = ([] if held.rows.issuperset(indices)
+                       else [i for i in indices if i not in held.rows])
             if outside:
                 raise Conflict(f"rows {outside[:5]} are not in lease {lease!r}")
             foreign = set(columns) - {c.name for c in self.tasks[task].spec.produces}

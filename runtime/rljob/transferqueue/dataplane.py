@@ -15,7 +15,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import add
 from typing import Any
 
 import grpc
@@ -30,6 +29,7 @@ from .schema import (
     ColumnSpec,
     decode_block,
     decode_column,
+    encode_block,
     encode_column,
     storage_column,
 )
@@ -101,26 +101,51 @@ class Batch:
 
 
 @dataclass
+class ColumnCells:
+    """One column's cells of a write, made at once (`schema.encode_block`): each
+    cell's size and their bytes back to back."""
+
+    sizes: np.ndarray
+    data: bytes
+
+    def split(self) -> list[memoryview]:
+        """Each cell's bytes (views)."""
+        ends = np.cumsum(self.sizes).tolist()
+        view = memoryview(self.data)
+        return [view[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+@dataclass
 class UnitWrite:
     """A write's cells on one unit, column by column: the unit's rows, and per
-    column the name its cells are stored under and each row's bytes."""
+    column the name its cells are stored under and its cells (each row's bytes, or
+    a `ColumnCells` block)."""
 
     indices: list[int]
-    columns: list[tuple[str, list[Any]]] = field(default_factory=list)
+    columns: list[tuple[str, list[Any] | ColumnCells]] = field(default_factory=list)
 
     def cells(self) -> list[tuple[int, str, Any]]:
         """(index, column, bytes) cells, for `StorageUnit.put`."""
         return [(i, name, d) for name, data in self.columns
-                for i, d in zip(self.indices, data)]
+                for i, d in zip(self.indices,
+                                data.split() if isinstance(data, ColumnCells) else data)]
 
     def block(self) -> pb.CellBlock:
         """The cells as one block (`storage/blocks.py`), built column by column."""
         n = len(self.indices)
-        data = [d for _, column in self.columns for d in column]
+        sizes, parts = [], []
+        for _, column in self.columns:
+            if isinstance(column, ColumnCells):
+                sizes.append(column.sizes)
+                parts.append(column.data)
+            else:
+                sizes.append(np.fromiter(map(len, column), np.int64, len(column)))
+                parts.extend(column)
         return pb.CellBlock(indices=self.indices * len(self.columns),
                             columns=[name for name, _ in self.columns],
                             column_of=[k for k in range(len(self.columns)) for _ in range(n)],
-                            sizes=list(map(len, data)), data=b"".join(data))
+                            sizes=np.concatenate(sizes).tolist() if sizes else [],
+                            data=b"".join(parts))
 
 
 class DataPlane:
@@ -193,17 +218,29 @@ class DataPlane:
         per_unit = {u: UnitWrite(list(indices) if pos is None else [indices[r] for r in pos])
                     for u, pos in positions.items()}
         lengths = [0] * n
-        nbytes = [0] * n
+        sums = np.zeros(n, np.int64)  # each row's bytes
+        one = len(positions) == 1 and None in positions.values()  # every row on one unit
         for name, values in columns.items():
-            encoded = encode_column(specs[name], list(values))
+            values = list(values)
+            stored = storage_column(name, tag)
+            block = encode_block(specs[name], values) if one else None
+            if block is not None:  # the column's cells at once, none made one by one
+                sizes, joined, counts = block
+                sums += sizes
+                if name == length_column:
+                    lengths = counts.tolist()
+                for u in positions:
+                    per_unit[u].columns.append((stored, ColumnCells(sizes, joined)))
+                continue
+            encoded = encode_column(specs[name], values)
             data = [d for d, _ in encoded]
-            nbytes = list(map(add, nbytes, map(len, data)))
+            sums += np.fromiter(map(len, data), np.int64, n)
             if name == length_column:
                 lengths = [length for _, length in encoded]
-            stored = storage_column(name, tag)
             for u, pos in positions.items():
                 per_unit[u].columns.append((stored, data if pos is None
                                             else [data[r] for r in pos]))
+        nbytes = sums.tolist()
         too_big = [indices[r] for r in range(n) if self.max_row_bytes and nbytes[r] > self.max_row_bytes]
         if too_big:
             raise ColumnError(f"rows {too_big[:5]} are larger than max_row_bytes="

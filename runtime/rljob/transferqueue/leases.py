@@ -51,10 +51,16 @@ class LeaseOps:
         self.expire()
         if req.min_version is not None:
             self._filter_stale(state, req)
+        min_count = req.count if req.min_count is None else req.min_count
+        # a policy picks among the ready rows: fewer than the claim needs, and no pick
+        # can answer it (a waiting claim is looked at again at each arrival)
+        ready = (len(state.ready.get(req.partition, ())) if req.partition is not None
+                 else state.n_ready)
+        if ready < max(1, min(min_count, req.count)):
+            return None
         view = ReadyView([state.ready[p] for p in self._candidate_partitions(state, req)],
                          self.rows, self.groups, state.group_ready)
         picked = policy.pick(view, req.count, req.token_budget)
-        min_count = req.count if req.min_count is None else req.min_count
         if not picked or len(picked) < min(min_count, req.count):
             return None
         ranks = policy.ranks([self.rows[i].length for i in picked], req.dp_size)
@@ -201,14 +207,16 @@ class LeaseOps:
         lease.rows.difference_update(indices)
         state.acked += len(indices)
         state.ack_times.extend(repeat(self.clock(), min(len(indices), state.ack_times.maxlen)))
-        for idx in indices:
-            row = self.rows[idx]
+        done: dict[int, int] = {}  # partition -> its rows this ack completed
+        for row in map(self.rows.__getitem__, indices):
             del row.leased[task]
             row.acked.add(task)
             if row.relevant is not None and row.relevant <= row.acked:
-                c = self._maybe_done(row)
-                if c:
-                    cleared.append(c)
+                done[row.partition] = done.get(row.partition, 0) + 1
+        for p, n in done.items():  # a partition at a time: cleared once all its rows are
+            c = self._partition_done(p, n)
+            if c:
+                cleared.append(c)
         if not lease.rows:
             del state.leases[lease_id]
         return cleared
@@ -271,8 +279,11 @@ class LeaseOps:
         of it is now done."""
         if row.relevant is None or not row.relevant <= row.acked:
             return None
-        p = row.partition
-        self.partition_done[p] += 1
+        return self._partition_done(row.partition, 1)
+
+    def _partition_done(self, p: int, n: int) -> Cleared | None:
+        """`n` more rows of partition `p` are done: its cells, if every row of it is."""
+        self.partition_done[p] += n
         if self.partition_done[p] < len(self.partitions[p]):
             return None
         cells = []

@@ -200,6 +200,34 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
     return [encode(col, v) for v in values]
 
 
+def encode_block(col: ColumnSpec, values: list) -> tuple[np.ndarray, bytes, np.ndarray] | None:
+    """A column's cells at once, as a block holds them: (each cell's size, their bytes
+    back to back, each row's length), the bytes `encode_column` makes; for a tensor
+    column whose values are numpy arrays of its dtype and shape, or a scalar column of
+    plain numbers. None for any other column: its cells are encoded one by one."""
+    n = len(values)
+    if not n or col.kind == "json" or col.dtype == "bfloat16":
+        return None
+    want = _numpy_dtype(col.dtype)
+    if col.kind == "tensor":
+        dims, trailing = 1 + len(col.trailing_shape), col.trailing_shape
+        if not (all(type(v) is np.ndarray for v in values)
+                and all(v.dtype == want for v in values)
+                and all(v.ndim == dims for v in values)
+                and (not trailing or all(v.shape[1:] == trailing for v in values))):
+            return None
+        lengths = np.fromiter(map(len, values), np.int64, n)
+        width = want.itemsize * math.prod(trailing)
+        return lengths * width, np.concatenate(values).tobytes(), lengths
+    if col.kind == "scalar" and all(type(v) in _PLAIN_NUMBERS for v in values):
+        arr = np.asarray(values)
+        if arr.ndim == 1 and (arr.dtype == np.dtype(col.dtype)
+                              or np.can_cast(arr.dtype, col.dtype, "same_kind")):
+            return (np.full(n, want.itemsize, np.int64), arr.astype(want).tobytes(),
+                    np.ones(n, np.int64))
+    return None
+
+
 def decode_column(col: ColumnSpec, cells: list) -> list:
     """`decode` of each cell of one column (the values a read returns). A JSON
     column's equal cells that hold a string, number or null decode once (lists and

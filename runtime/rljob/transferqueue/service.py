@@ -210,12 +210,20 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         """A notify's memory-unit cells (`NotifyWrittenRequest.cells`), checked as a
         Put's are (`_unit_cells`) and of the rows the notify names."""
         stores = []
-        named = set(request.indices) if request.cells else set()
+        named: set[int] | None = None
         for uc in request.cells:
-            stores.append(self._unit_cells(uc.unit, uc.block))
-            stray = sorted(set(uc.block.indices) - named)
-            if stray:
-                raise ControllerError(f"cells of rows {stray[:5]} that the notify does not name")
+            unit, runs = self._unit_cells(uc.unit, uc.block)
+            stores.append((unit, runs))
+            checked: list[list[int]] = []  # a write's columns name the same rows: once
+            for _, indices, _, _ in runs:
+                if any(indices == c for c in checked):
+                    continue
+                checked.append(indices)
+                named = set(request.indices) if named is None else named
+                stray = sorted(set(indices) - named)
+                if stray:
+                    raise ControllerError(f"cells of rows {stray[:5]} that the notify does "
+                                          "not name")
         return stores
 
     def _claimed_cells(self, rows, read: list[str]) -> list[pb.UnitCells]:

@@ -82,16 +82,24 @@ def unpack_runs(block: pb.CellBlock) -> list[tuple[str, list[int], np.ndarray, m
     """The block's cells as runs of one column each, (column, indices, sizes, bytes):
     a write's block goes column by column, a run a column, its cells' bytes back to
     back in one view (no object made per cell). ValueError if malformed."""
-    columns, column_of = _checked_keys(block)
-    indices = list(block.indices)
+    columns = list(block.columns)
+    # the repeated fields as arrays (a buffer copy each, not an object per cell)
+    at = np.asarray(block.column_of, dtype=np.int64)
+    indices = np.asarray(block.indices, dtype=np.int64)
+    if len(at) != len(indices):
+        raise ValueError(f"a cell block has {len(indices)} indices and {len(at)} column "
+                         "positions")
+    if len(at) and (at.min() < 0 or at.max() >= len(columns)):
+        raise ValueError(f"a cell block names column positions outside its {len(columns)} "
+                         "columns")
     sizes, ends, data = _sized(block, len(indices))
-    if not indices:
+    if not len(indices):
         return []
-    at = np.asarray(column_of)
     bounds = [0, *(np.flatnonzero(at[1:] != at[:-1]) + 1).tolist(), len(indices)]
-    starts = [0, *ends.tolist()]
-    return [(columns[column_of[a]], indices[a:b], sizes[a:b], data[starts[a]:starts[b]])
-            for a, b in zip(bounds, bounds[1:])]
+    starts = [0, *ends[[b - 1 for b in bounds[1:]]].tolist()]
+    return [(columns[int(at[a])], indices[a:b].tolist(), sizes[a:b],
+             data[starts[k]:starts[k + 1]])
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def unpack_columns(block: pb.CellBlock, rows: int, columns: int
