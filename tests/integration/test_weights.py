@@ -41,7 +41,9 @@ class Engine:
 def weights(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
-        # larger than one chunk: streamed in several messages and joined
+        # small ones go together in a message (`WeightChunk.along`), before and after
+        # a tensor larger than one chunk, which goes in several messages and is joined
+        "norm": torch.randn(16, generator=g),
         "big": torch.randn(CHUNK // 4 + 1000, generator=g),
         "bf16": torch.randn(3, 5, generator=g).to(torch.bfloat16),
         "ints": torch.arange(7, dtype=torch.int64).reshape(7, 1) * seed,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.weights.codec import TensorAssembly, chunk_bytes, host_bytes, split_chunk
+from rljob.weights.codec import (BUNDLE, CHUNK, SMALL, TensorAssembly, chunk_bytes,
+                                 host_bytes, split_chunk, version_messages)
 from rljob.weights.proto import weights_pb2 as pb
 
 
@@ -59,3 +60,33 @@ def test_a_chunk_is_split_into_its_message_and_a_view_of_its_data(size):
     whole = pb.WeightChunk(version=3, name="w", data=data)
     got, view = split_chunk(whole.SerializeToString())
     assert got.version == 3 and got.name == "w" and bytes(view) == data
+
+
+def test_small_tensors_go_together_and_large_ones_in_chunks_all_in_order():
+    """A version's messages (`version_messages`): small tensors whole, several to a
+    message (at most about BUNDLE bytes), the first's data in place and the others
+    along with it; a large tensor in CHUNK-byte pieces; read back, every tensor's
+    bytes in the order they were given."""
+    per_message = BUNDLE // SMALL  # small ones until BUNDLE bytes are held
+    count = per_message + 3
+    tensors = [(f"norm{k}", "float32", [SMALL // 4], bytes([k]) * SMALL)
+               for k in range(count)]  # more than a message's worth, before a large one
+    tensors += [("empty", "float32", [0], b""),
+                ("big", "uint8", [CHUNK + 5], bytes(range(256)) * (CHUNK // 256) + b"12345"),
+                ("last", "int64", [1], bytes(8))]
+    raws = list(version_messages(7, 3, [(n, d, s, memoryview(b)) for n, d, s, b in tensors]))
+    got, messages = [], []
+    for raw in raws:
+        chunk, data = split_chunk(raw)
+        assert chunk.version == 7 and chunk.epoch == 3
+        messages.append([chunk.name] + [a.name for a in chunk.along])
+        if chunk.name:
+            got.append([chunk.name, chunk.dtype, list(chunk.shape), bytes(data)])
+        else:  # a large tensor's next piece
+            got[-1][3] += bytes(data)
+        got += [[a.name, a.dtype, list(a.shape), a.data] for a in chunk.along]
+        assert all(a.nbytes == len(a.data) for a in chunk.along)
+    assert [tuple(x) for x in got] == tensors
+    assert messages == [[f"norm{k}" for k in range(per_message)],
+                        [f"norm{k}" for k in range(per_message, count)] + ["empty"],
+                        ["big"], [""], ["last"]]

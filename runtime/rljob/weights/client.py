@@ -59,6 +59,13 @@ class WeightClient:
                 name = chunk.name
                 tensor = TensorAssembly(chunk.dtype, list(chunk.shape), chunk.nbytes)
             tensor.add(data)
+            if chunk.along:  # small tensors, each whole, after this one (whole too)
+                state[name] = tensor.tensor()
+                for whole in chunk.along:
+                    small = TensorAssembly(whole.dtype, list(whole.shape), whole.nbytes)
+                    small.add(whole.data)
+                    state[whole.name] = small.tensor()
+                name = tensor = None
         if name is not None:
             state[name] = tensor.tensor()
         self.last_transfer_seconds = time.monotonic() - first if first else 0.0

@@ -5,6 +5,7 @@ place in the received tensor), the channel options, and a sender life's epoch id
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     import torch
 
 CHUNK = 4 << 20
+# a tensor of at most SMALL bytes goes in one message with the small ones after it
+# (`WeightChunk.along`), up to BUNDLE bytes a message: a model's norms and biases
+# are hundreds of tensors of a few KB, and each message is a send's round trip
+SMALL, BUNDLE = 64 << 10, 1 << 20
 OPTIONS = [("grpc.max_send_message_length", 64 << 20),
            ("grpc.max_receive_message_length", 64 << 20),
            ("grpc.initial_reconnect_backoff_ms", 100),
@@ -77,6 +82,43 @@ def chunk_bytes(header: pb.WeightChunk, data) -> bytes:
     encoding of the message, `data` first (a message's fields may come in any order),
     copied once, straight into the result."""
     return b"".join((_DATA_KEY, _varint(len(data)), data, header.SerializeToString()))
+
+
+def version_messages(version: int, epoch: int, tensors) -> Iterator[bytes]:
+    """A version's tensors, (name, dtype, shape, bytes) in order, as the serialized
+    WeightChunks of a Fetch: a large tensor in CHUNK-byte pieces, its name on the
+    first; small ones together, each whole, the first's data in place
+    (`chunk_bytes`), the others along with it."""
+    small: list[tuple[str, str, list[int], memoryview]] = []
+    held = 0
+
+    def together() -> bytes:
+        (name, dtype, shape, data), *others = small
+        small.clear()
+        return chunk_bytes(pb.WeightChunk(
+            version=version, epoch=epoch, name=name, dtype=dtype, shape=shape, nbytes=len(data),
+            along=[pb.WeightChunk(name=n, dtype=d, shape=s, nbytes=len(b), data=bytes(b))
+                   for n, d, s, b in others]), data)
+
+    rest = pb.WeightChunk(version=version, epoch=epoch)
+    for name, dtype, shape, data in tensors:
+        if len(data) <= SMALL:
+            small.append((name, dtype, shape, data))
+            held += len(data)
+            if held >= BUNDLE:
+                yield together()
+                held = 0
+            continue
+        if small:  # the tensors go in order
+            yield together()
+            held = 0
+        for off in range(0, len(data), CHUNK):
+            header = rest if off else pb.WeightChunk(
+                version=version, epoch=epoch, name=name, dtype=dtype, shape=shape,
+                nbytes=len(data))
+            yield chunk_bytes(header, data[off:off + CHUNK])
+    if small:
+        yield together()
 
 
 def split_chunk(raw: bytes) -> tuple[pb.WeightChunk, memoryview]:

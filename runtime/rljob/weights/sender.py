@@ -15,7 +15,7 @@ import grpc
 import torch
 
 from . import collective as coll
-from .codec import CHUNK, OPTIONS, chunk_bytes, host_bytes, new_epoch
+from .codec import OPTIONS, host_bytes, new_epoch, version_messages
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
 
@@ -214,13 +214,7 @@ class WeightSender(pbg.WeightServiceServicer):
         """The version as WeightChunks, each already serialized (`chunk_bytes`: a
         chunk's bytes go from the host copy into the message once)."""
         pub = self._await(request, context)
-        rest = pb.WeightChunk(version=pub.version, epoch=self.epoch)
-        for name, dtype, shape, data in pub.items():
-            for off in range(0, max(len(data), 1), CHUNK):
-                header = rest if off else pb.WeightChunk(
-                    version=pub.version, epoch=self.epoch, name=name, dtype=dtype, shape=shape,
-                    nbytes=len(data))
-                yield chunk_bytes(header, data[off:off + CHUNK])
+        yield from version_messages(pub.version, self.epoch, pub.items())
 
     def Join(self, request, context):
         if self.transport != "collective":

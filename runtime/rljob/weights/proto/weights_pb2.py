@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!rljob/weights/proto/weights.proto\x12\x10rljob.weights.v1\"\x0f\n\rLatestRequest\"B\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"H\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"w\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\"A\n\x0eReplicaVersion\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x0b\n\tReportAck\"`\n\rStatusRequest\x12\x15\n\rfresh_seconds\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x14\n\x0cwait_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"d\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x32\n\x08replicas\x18\x02 \x03(\x0b\x32 .rljob.weights.v1.ReplicaVersion\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\\\n\x0bJoinRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\r\n\x05store\x18\x03 \x01(\t\x12\r\n\x05world\x18\x04 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\"\t\n\x07JoinAck\"l\n\x10\x42roadcastRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x13\n\x0bmin_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"h\n\nTensorSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0e\n\x06nbytes\x18\x06 \x01(\x03\"o\n\rBroadcastPlan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07\x62uckets\x18\x03 \x03(\x03\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.rljob.weights.v1.TensorSlot2\xcd\x03\n\rWeightService\x12H\n\x06Latest\x12\x1f.rljob.weights.v1.LatestRequest\x1a\x1d.rljob.weights.v1.VersionInfo\x12H\n\x05\x46\x65tch\x12\x1e.rljob.weights.v1.FetchRequest\x1a\x1d.rljob.weights.v1.WeightChunk0\x01\x12G\n\x06Report\x12 .rljob.weights.v1.ReplicaVersion\x1a\x1b.rljob.weights.v1.ReportAck\x12K\n\x06Status\x12\x1f.rljob.weights.v1.StatusRequest\x1a .rljob.weights.v1.StatusResponse\x12@\n\x04Join\x12\x1d.rljob.weights.v1.JoinRequest\x1a\x19.rljob.weights.v1.JoinAck\x12P\n\tBroadcast\x12\".rljob.weights.v1.BroadcastRequest\x1a\x1f.rljob.weights.v1.BroadcastPlanb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!rljob/weights/proto/weights.proto\x12\x10rljob.weights.v1\"\x0f\n\rLatestRequest\"B\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"H\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\xa5\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12,\n\x05\x61long\x18\x08 \x03(\x0b\x32\x1d.rljob.weights.v1.WeightChunk\"A\n\x0eReplicaVersion\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x0b\n\tReportAck\"`\n\rStatusRequest\x12\x15\n\rfresh_seconds\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\x14\n\x0cwait_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\"d\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x32\n\x08replicas\x18\x02 \x03(\x0b\x32 .rljob.weights.v1.ReplicaVersion\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\\\n\x0bJoinRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\r\n\x05store\x18\x03 \x01(\t\x12\r\n\x05world\x18\x04 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\"\t\n\x07JoinAck\"l\n\x10\x42roadcastRequest\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x13\n\x0bmin_version\x18\x03 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"h\n\nTensorSlot\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06\x62ucket\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0e\n\x06nbytes\x18\x06 \x01(\x03\"o\n\rBroadcastPlan\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0f\n\x07\x62uckets\x18\x03 \x03(\x03\x12-\n\x07tensors\x18\x04 \x03(\x0b\x32\x1c.rljob.weights.v1.TensorSlot2\xcd\x03\n\rWeightService\x12H\n\x06Latest\x12\x1f.rljob.weights.v1.LatestRequest\x1a\x1d.rljob.weights.v1.VersionInfo\x12H\n\x05\x46\x65tch\x12\x1e.rljob.weights.v1.FetchRequest\x1a\x1d.rljob.weights.v1.WeightChunk0\x01\x12G\n\x06Report\x12 .rljob.weights.v1.ReplicaVersion\x1a\x1b.rljob.weights.v1.ReportAck\x12K\n\x06Status\x12\x1f.rljob.weights.v1.StatusRequest\x1a .rljob.weights.v1.StatusResponse\x12@\n\x04Join\x12\x1d.rljob.weights.v1.JoinRequest\x1a\x19.rljob.weights.v1.JoinAck\x12P\n\tBroadcast\x12\".rljob.weights.v1.BroadcastRequest\x1a\x1f.rljob.weights.v1.BroadcastPlanb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,26 +37,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERSIONINFO']._serialized_end=138
   _globals['_FETCHREQUEST']._serialized_start=140
   _globals['_FETCHREQUEST']._serialized_end=212
-  _globals['_WEIGHTCHUNK']._serialized_start=214
-  _globals['_WEIGHTCHUNK']._serialized_end=333
-  _globals['_REPLICAVERSION']._serialized_start=335
-  _globals['_REPLICAVERSION']._serialized_end=400
-  _globals['_REPORTACK']._serialized_start=402
-  _globals['_REPORTACK']._serialized_end=413
-  _globals['_STATUSREQUEST']._serialized_start=415
-  _globals['_STATUSREQUEST']._serialized_end=511
-  _globals['_STATUSRESPONSE']._serialized_start=513
-  _globals['_STATUSRESPONSE']._serialized_end=613
-  _globals['_JOINREQUEST']._serialized_start=615
-  _globals['_JOINREQUEST']._serialized_end=707
-  _globals['_JOINACK']._serialized_start=709
-  _globals['_JOINACK']._serialized_end=718
-  _globals['_BROADCASTREQUEST']._serialized_start=720
-  _globals['_BROADCASTREQUEST']._serialized_end=828
-  _globals['_TENSORSLOT']._serialized_start=830
-  _globals['_TENSORSLOT']._serialized_end=934
-  _globals['_BROADCASTPLAN']._serialized_start=936
-  _globals['_BROADCASTPLAN']._serialized_end=1047
-  _globals['_WEIGHTSERVICE']._serialized_start=1050
-  _globals['_WEIGHTSERVICE']._serialized_end=1511
+  _globals['_WEIGHTCHUNK']._serialized_start=215
+  _globals['_WEIGHTCHUNK']._serialized_end=380
+  _globals['_REPLICAVERSION']._serialized_start=382
+  _globals['_REPLICAVERSION']._serialized_end=447
+  _globals['_REPORTACK']._serialized_start=449
+  _globals['_REPORTACK']._serialized_end=460
+  _globals['_STATUSREQUEST']._serialized_start=462
+  _globals['_STATUSREQUEST']._serialized_end=558
+  _globals['_STATUSRESPONSE']._serialized_start=560
+  _globals['_STATUSRESPONSE']._serialized_end=660
+  _globals['_JOINREQUEST']._serialized_start=662
+  _globals['_JOINREQUEST']._serialized_end=754
+  _globals['_JOINACK']._serialized_start=756
+  _globals['_JOINACK']._serialized_end=765
+  _globals['_BROADCASTREQUEST']._serialized_start=767
+  _globals['_BROADCASTREQUEST']._serialized_end=875
+  _globals['_TENSORSLOT']._serialized_start=877
+  _globals['_TENSORSLOT']._serialized_end=981
+  _globals['_BROADCASTPLAN']._serialized_start=983
+  _globals['_BROADCASTPLAN']._serialized_end=1094
+  _globals['_WEIGHTSERVICE']._serialized_start=1097
+  _globals['_WEIGHTSERVICE']._serialized_end=1558
 # @@protoc_insertion_point(module_scope)

@@ -31,7 +31,7 @@ class FetchRequest(_message.Message):
     def __init__(self, min_version: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "nbytes", "data", "epoch")
+    __slots__ = ("version", "name", "dtype", "shape", "nbytes", "data", "epoch", "along")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class WeightChunk(_message.Message):
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ALONG_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: str
@@ -46,7 +47,8 @@ class WeightChunk(_message.Message):
     nbytes: int
     data: bytes
     epoch: int
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
+    along: _containers.RepeatedCompositeFieldContainer[WeightChunk]
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ..., along: _Optional[_Iterable[_Union[WeightChunk, _Mapping]]] = ...) -> None: ...
 
 class ReplicaVersion(_message.Message):
     __slots__ = ("replica", "version", "epoch")
