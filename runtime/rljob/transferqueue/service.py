@@ -320,11 +320,19 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         resp = pb.ClaimResponse(
             lease=claim.lease, lease_seconds=self.controller.lease_seconds, tag_sets=tag_sets,
             cells=self._claimed_cells(claim.rows, list(request.read)) if request.read else ())
-        add = resp.rows.add  # in place: a third of building each RowMeta, then copying it
+        # each RowMeta made in place and its fields set one by one, those at their
+        # default left alone (0.50 ms for 256 rows with keywords, 0.29 ms so)
+        add = resp.rows.add
         for r in claim.rows:
-            add(index=r.index, partition=r.partition, unit=r.unit, length=r.length,
-                version=r.version, group=r.group, rank=r.rank,
-                tag_set=sets.get(id(r.tags), 0) if r.tags else 0)
+            m = add()
+            m.index, m.partition, m.group = r.index, r.partition, r.group
+            m.length, m.version = r.length, r.version
+            if r.unit:
+                m.unit = r.unit
+            if r.rank:
+                m.rank = r.rank
+            if r.tags:
+                m.tag_set = sets.get(id(r.tags), 0)
         return resp
 
     async def _ack(self, request):
