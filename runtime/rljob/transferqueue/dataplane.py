@@ -106,7 +106,7 @@ class ColumnCells:
     cell's size and their bytes back to back."""
 
     sizes: np.ndarray
-    data: bytes
+    data: memoryview | bytes
 
     def split(self) -> list[memoryview]:
         """Each cell's bytes (views)."""

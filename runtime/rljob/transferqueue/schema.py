@@ -200,11 +200,13 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
     return [encode(col, v) for v in values]
 
 
-def encode_block(col: ColumnSpec, values: list) -> tuple[np.ndarray, bytes, np.ndarray] | None:
+def encode_block(col: ColumnSpec, values: list
+                 ) -> tuple[np.ndarray, memoryview, np.ndarray] | None:
     """A column's cells at once, as a block holds them: (each cell's size, their bytes
-    back to back, each row's length), the bytes `encode_column` makes; for a tensor
-    column whose values are numpy arrays of its dtype and shape, or a scalar column of
-    plain numbers. None for any other column: its cells are encoded one by one."""
+    back to back in a new buffer, each row's length), the bytes `encode_column`
+    makes; for a tensor column whose values are numpy arrays of its dtype and shape,
+    or a scalar column of plain numbers. None for any other column: its cells are
+    encoded one by one."""
     n = len(values)
     if not n or col.kind == "json" or col.dtype == "bfloat16":
         return None
@@ -218,12 +220,12 @@ def encode_block(col: ColumnSpec, values: list) -> tuple[np.ndarray, bytes, np.n
             return None
         lengths = np.fromiter(map(len, values), np.int64, n)
         width = want.itemsize * math.prod(trailing)
-        return lengths * width, np.concatenate(values).tobytes(), lengths
+        return lengths * width, _cell_view(np.concatenate(values))[0], lengths
     if col.kind == "scalar" and all(type(v) in _PLAIN_NUMBERS for v in values):
         arr = np.asarray(values)
         if arr.ndim == 1 and (arr.dtype == np.dtype(col.dtype)
                               or np.can_cast(arr.dtype, col.dtype, "same_kind")):
-            return (np.full(n, want.itemsize, np.int64), arr.astype(want).tobytes(),
+            return (np.full(n, want.itemsize, np.int64), _cell_view(arr.astype(want))[0],
                     np.ones(n, np.int64))
     return None
 
