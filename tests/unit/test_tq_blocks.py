@@ -57,7 +57,7 @@ def test_a_writes_cells_go_to_their_units_column_by_column():
             assert back[(i, "ids:l1")] == ids[indices.index(i)].tobytes()
             assert back[(i, "prompt:l1")] == b'"p"'
     single = DataPlane("unused:0", None)
-    single.columns, single.units = plane.columns, [object()]
+    single.columns, single.units = plane.columns, [type("Unit", (), {"backend": "redis"})()]
     (write,) = single.encode_rows(indices, {"reward": [1.0] * 5}, None)[0].values()
     assert write.indices == indices and unpack_cells(write.block())[0][0] == 4
 

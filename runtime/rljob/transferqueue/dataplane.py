@@ -219,7 +219,10 @@ class DataPlane:
                     for u, pos in positions.items()}
         lengths = [0] * n
         sums = np.zeros(n, np.int64)  # each row's bytes
-        one = len(positions) == 1 and None in positions.values()  # every row on one unit
+        # every row on one unit that lives in the controller: its columns go as blocks
+        # (a Redis unit stores cells, views of the values as they are)
+        one = (len(positions) == 1 and None in positions.values()
+               and self.in_controller(next(iter(positions))))
         for name, values in columns.items():
             values = list(values)
             stored = storage_column(name, tag)

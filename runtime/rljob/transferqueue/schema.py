@@ -184,20 +184,24 @@ def encode_column(col: ColumnSpec, values: list) -> list[tuple[memoryview | byte
             else:
                 out.append(_encode_json(col, v))
         return out
-    if col.kind == "tensor" and col.dtype != "bfloat16":
-        want, dims = _numpy_dtype(col.dtype), 1 + len(col.trailing_shape)
-        if all(type(v) is np.ndarray and v.dtype == want and v.ndim == dims
-               and v.shape[1:] == col.trailing_shape for v in values):
-            return [_cell_view(np.ascontiguousarray(v)) for v in values]
-    if (col.kind == "scalar" and col.dtype != "bfloat16" and values
-            and all(type(v) in _PLAIN_NUMBERS for v in values)):
-        arr = np.asarray(values)
-        want = np.dtype(col.dtype)
-        if arr.ndim == 1 and (arr.dtype == want or np.can_cast(arr.dtype, want, "same_kind")):
-            size = want.itemsize
-            raw = memoryview(arr.astype(_numpy_dtype(col.dtype)).tobytes())
-            return [(raw[k * size:(k + 1) * size], 1) for k in range(len(values))]
+    if col.kind == "tensor" and _arrays_fit(col, values):
+        return [_cell_view(np.ascontiguousarray(v)) for v in values]
+    if col.kind == "scalar" and (block := encode_block(col, values)) is not None:
+        size, raw = _numpy_dtype(col.dtype).itemsize, block[1]
+        return [(raw[k * size:(k + 1) * size], 1) for k in range(len(values))]
     return [encode(col, v) for v in values]
+
+
+def _arrays_fit(col: ColumnSpec, values: list) -> bool:
+    """Whether a tensor column's values are numpy arrays of its dtype and shape (then
+    their bytes are the cells as they are)."""
+    if col.dtype == "bfloat16":
+        return False
+    want, dims, trailing = _numpy_dtype(col.dtype), 1 + len(col.trailing_shape), col.trailing_shape
+    return (all(type(v) is np.ndarray for v in values)
+            and all(v.dtype == want for v in values)
+            and all(v.ndim == dims for v in values)
+            and (not trailing or all(v.shape[1:] == trailing for v in values)))
 
 
 def encode_block(col: ColumnSpec, values: list
@@ -212,14 +216,10 @@ def encode_block(col: ColumnSpec, values: list
         return None
     want = _numpy_dtype(col.dtype)
     if col.kind == "tensor":
-        dims, trailing = 1 + len(col.trailing_shape), col.trailing_shape
-        if not (all(type(v) is np.ndarray for v in values)
-                and all(v.dtype == want for v in values)
-                and all(v.ndim == dims for v in values)
-                and (not trailing or all(v.shape[1:] == trailing for v in values))):
+        if not _arrays_fit(col, values):
             return None
         lengths = np.fromiter(map(len, values), np.int64, n)
-        width = want.itemsize * math.prod(trailing)
+        width = want.itemsize * math.prod(col.trailing_shape)
         return lengths * width, _cell_view(np.concatenate(values))[0], lengths
     if col.kind == "scalar" and all(type(v) in _PLAIN_NUMBERS for v in values):
         arr = np.asarray(values)

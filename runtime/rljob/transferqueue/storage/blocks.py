@@ -42,13 +42,15 @@ def pack_cells(cells: Sequence[tuple[int, str, Buffer | None]]) -> pb.CellBlock:
     return block
 
 
-def _checked_keys(block: pb.CellBlock) -> tuple[list[str], list[int]]:
-    """The block's columns and column positions; ValueError if they do not fit."""
-    columns, column_of = list(block.columns), list(block.column_of)
+def _checked_keys(block: pb.CellBlock) -> tuple[list[str], np.ndarray]:
+    """The block's columns and column positions (an array: a buffer copy, not an
+    object per cell); ValueError if they do not fit."""
+    columns = list(block.columns)
+    column_of = np.asarray(block.column_of, dtype=np.int64)
     if len(column_of) != len(block.indices):
         raise ValueError(f"a cell block has {len(block.indices)} indices and "
                          f"{len(column_of)} column positions")
-    if column_of and (min(column_of) < 0 or max(column_of) >= len(columns)):
+    if len(column_of) and (column_of.min() < 0 or column_of.max() >= len(columns)):
         raise ValueError(f"a cell block names column positions outside its {len(columns)} "
                          "columns")
     return columns, column_of
@@ -82,16 +84,8 @@ def unpack_runs(block: pb.CellBlock) -> list[tuple[str, list[int], np.ndarray, m
     """The block's cells as runs of one column each, (column, indices, sizes, bytes):
     a write's block goes column by column, a run a column, its cells' bytes back to
     back in one view (no object made per cell). ValueError if malformed."""
-    columns = list(block.columns)
-    # the repeated fields as arrays (a buffer copy each, not an object per cell)
-    at = np.asarray(block.column_of, dtype=np.int64)
+    columns, at = _checked_keys(block)
     indices = np.asarray(block.indices, dtype=np.int64)
-    if len(at) != len(indices):
-        raise ValueError(f"a cell block has {len(indices)} indices and {len(at)} column "
-                         "positions")
-    if len(at) and (at.min() < 0 or at.max() >= len(columns)):
-        raise ValueError(f"a cell block names column positions outside its {len(columns)} "
-                         "columns")
     sizes, ends, data = _sized(block, len(indices))
     if not len(indices):
         return []
