@@ -367,3 +367,16 @@ def test_an_environment_in_a_file_beside_the_job_is_found_from_anywhere(tmp_path
     assert out.stderr.strip().splitlines() == [
         f"{gone}: rollout.environment: rollout.environment '{envs / 'gone.py'}:Guess': "
         f"cannot import it: FileNotFoundError: {envs / 'gone.py'} is not a file"]
+
+
+def test_a_benchmark_keeps_its_runs_only_in_a_new_or_empty_directory(tmp_path):
+    """An earlier benchmark's runs in the --keep directory would add their metrics and
+    timelines to the new runs' figures: refused with one line, before any run starts."""
+    kept = tmp_path / "kept"
+    (kept / "round-0" / "sync" / "spans").mkdir(parents=True)
+    for command in (["overhead"], ["workflow"]):
+        out = rljob("bench", *command, "--keep", str(kept))
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "--keep" in out.stderr and "not an empty directory" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert sorted(p.name for p in kept.rglob("*")) == ["round-0", "spans", "sync"]

@@ -25,6 +25,21 @@ def _bench(
     use(examples)
 
 
+def _fresh_dir(keep: Path | None) -> Path | None:
+    """--keep names a new or empty directory: runs kept in one that holds an earlier
+    benchmark's would add their metrics and timelines to its runs' (the figures then
+    mix both)."""
+    if keep is not None and keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
+        raise typer.BadParameter(f"{keep} is not an empty directory (an earlier benchmark's "
+                                 "runs would mix into this one's figures): give a new or "
+                                 "empty one", param_hint="--keep")
+    return keep
+
+
+def _keep(text: str = "Keep the run directories here (a new or empty directory).") -> Path:
+    return typer.Option(None, help=text, callback=_fresh_dir)
+
+
 def _check_warmup(warmup: int, steps: int) -> None:
     """--warmup leaves steps to measure (one line naming the option, else)."""
     if warmup >= steps:
@@ -69,7 +84,7 @@ def bench_dispatch(
 @bench_app.command("workflow")
 def bench_workflow(
     steps: int = typer.Option(12, help="Steps per mode (the first 3 are not measured)."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     rounds: int = typer.Option(2, min=1, help="Rounds of the four modes; medians are printed."),
     prompts: int = typer.Option(None, min=1, help="Prompts per step (16 samples each, one "
                                 "micro-batch per prompt; default: the size a short probe "
@@ -109,7 +124,7 @@ def bench_updates(
                                        "tool takes (agentic-slow-tool)."),
     engine: str = typer.Option("hf", help="rollout.engine of every run: hf, or vllm (in an "
                                "environment with vLLM)."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """Drain against interrupt (workflow.weightUpdate) on the long-tail, slow-tool agentic
@@ -141,7 +156,7 @@ def bench_offpolicy(
                               "algorithm.seed; their means are printed."),
     temperature: float = typer.Option(None, help="rollout.temperature of every run."),
     top_p: float = typer.Option(None, "--top-p", help="rollout.topP of every run."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The job in sync, then async(1) and async(2) under each offPolicyCorrection (none,
@@ -163,7 +178,7 @@ def bench_engines(
                                "printed."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1,
                                      help="rollout.maxNumSeqs of the job."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The same small job with the hf and the vllm rollout engine: generated tokens/s,
@@ -181,7 +196,7 @@ def bench_optimisations(
                                "printed."),
     config: list[str] = typer.Option([], "--config", metavar="NAME",
                                      help="Run only these configurations (repeat)."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The papers' mechanisms, each off and on side by side: skew-aware dispatch (and an
@@ -211,7 +226,7 @@ def bench_weights(
 @bench_app.command("calibration")
 def bench_calibration(
     steps: int = typer.Option(12, min=5, help="Steps of each mode's run."),
-    keep: Path = typer.Option(None, help="Keep the runs in this directory."),
+    keep: Path = _keep("Keep the runs in this directory (a new or empty one)."),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The bench workflow job in sync, periodic and async(1): measured seconds a step
@@ -284,7 +299,7 @@ def bench_peer(
                                     help="algorithm.samplesPerMicroBatch."),
     peer: bool = typer.Option(True, "--peer/--no-peer", help="Also run TRL's GRPOTrainer "
                               "on the job (needs `pip install trl`)."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """One GRPO job by `rljob run` in sync and async(1) and by TRL's GRPOTrainer, side by
@@ -310,7 +325,7 @@ def bench_overhead(
                                "printed."),
     modes: str = typer.Option("sync,periodic,async", help="Comma-separated: sync, periodic, "
                               "async (maxStaleness 1)."),
-    keep: Path = typer.Option(None, help="Keep the run directories here."),
+    keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
     """The orchestration's milliseconds a step (claims, puts, acks, weight publication,
