@@ -263,6 +263,16 @@ class LocalRun:
             return None
 
     def _start_forkserver(self) -> None:
+        standing = os.environ.get("RLJOB_FORK_SERVER")
+        if standing:  # a standing server many runs share (its imports done once)
+            pid_file = self.layout.pid_file("forkserver")
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self._forks = ForkServer.connect(standing)
+                pid_file.write_text(f"{self._forks.pid}\n")
+                return
+            except ForkServerGone as exc:
+                self.event(f"{exc}: this run starts a fork server of its own")
         try:
             config = model_config(self.job.spec.model)
         except (OSError, ValueError):

@@ -38,6 +38,12 @@ def rljob_run(job_file: Path, run_dir: Path, *extra: str, timeout: int = 300):
                           str(run_dir), *extra], capture_output=True, text=True, cwd=REPO,
                          timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    pid_file = run_dir / "logs" / "forkserver.pid"
+    standing = os.environ.get("RLJOB_FORK_SERVER")
+    if standing and Path(standing).exists() and pid_file.exists():  # the session's
+        # standing server (tests/conftest.py) forked this run's workers
+        cmd = Path(f"/proc/{pid_file.read_text().strip()}/cmdline").read_bytes()
+        assert b"--listen" in cmd, cmd
     return out
 
 

@@ -23,7 +23,7 @@ if __name__ == "__main__":
         json.dump({"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv[1:],
                    "env": {k: os.environ.get(k) for k in ("POD_NAME", "OMP_NUM_THREADS")},
                    "cpus": sorted(os.sched_getaffinity(0)),
-                   "threads": torch.get_num_threads() if torch else None,
+                   "threads": torch.get_num_threads() if torch else None, "cwd": os.getcwd(),
                    "preloaded": torch is not None}, f)
     print("hello from the child")
     if what[:1] == ["exit"]:

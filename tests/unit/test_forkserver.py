@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rljob.infra.forkserver import ForkServer, ForkServerGone, preload_modules
+from rljob.infra.forkserver import ForkServer, ForkServerGone, preload_modules, start_standing
 
 CHILD = "tests.unit.forked_child"
 
@@ -115,3 +115,53 @@ def test_children_die_with_a_killed_server_and_a_gone_server_says_so(server, tmp
         time.sleep(0.05)
     with pytest.raises(ForkServerGone):
         _spawn(server, tmp_path, "f", "exit", "0")
+
+
+@pytest.fixture
+def standing(tmp_path):
+    sock = tmp_path / "fs.sock"
+    proc = start_standing(sock, ["torch"], tmp_path / "standing.log")
+    try:
+        yield proc, sock
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_a_standing_server_forks_for_each_client_and_stops_what_a_gone_one_left(
+        standing, tmp_path, monkeypatch):
+    """Many runs share one standing server (`RLJOB_FORK_SERVER`): each client's
+    children are forked in its working directory and reported to it alone; those a
+    client leaves when it disconnects get SIGTERM, and the others go on."""
+    proc, sock = standing
+    first, second = ForkServer.connect(str(sock)), ForkServer.connect(str(sock))
+    assert first.pid == second.pid == proc.pid
+    sleeper, out = _spawn(first, tmp_path, "a", "sleep")
+    _started(out)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    child, out2 = _spawn(second, tmp_path, "b", "exit", "3")
+    assert child.wait(timeout=120) == 3
+    assert json.loads(out2.read_text())["cwd"] == str(work)
+    assert json.loads(out.read_text())["preloaded"]
+    first.close()
+    deadline = time.monotonic() + 30
+    while not _gone(sleeper.pid):
+        assert time.monotonic() < deadline, "a gone client's child was left running"
+        time.sleep(0.05)
+    again, _ = _spawn(second, tmp_path, "c", "exit", "0")
+    assert again.wait(timeout=120) == 0
+    second.close()
+    assert proc.poll() is None  # it stands until it is stopped
+
+
+def test_a_standing_server_of_another_import_path_is_refused(standing, monkeypatch):
+    """A run whose PYTHONPATH is not the server's would fork workers importing other
+    code: it is refused (the run then starts a server of its own)."""
+    _, sock = standing
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    with pytest.raises(ForkServerGone, match="pythonpath"):
+        ForkServer.connect(str(sock))
+    with pytest.raises(ForkServerGone, match="no fork server answered"):
+        ForkServer.connect(str(sock) + ".none")

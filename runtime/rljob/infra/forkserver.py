@@ -19,6 +19,13 @@ child and waits for them: the workers stop as they would had `rljob run` started
 its children with it by SIGKILL: to `rljob run` they are killed workers, which it
 restarts.
 
+Many runs can share one standing server instead (`--listen PATH`; `rljob run` with
+`RLJOB_FORK_SERVER=PATH`): each run is a connection to it, its requests and answers
+the same JSON lines, preceded by the server's hello (its pid, interpreter and
+PYTHONPATH, which must be the run's). A fork takes on the run's working directory
+too; the forks a run leaves when its connection closes get SIGTERM, and the server
+goes on until SIGTERM (or the death of whoever started it).
+
 What a fork cannot change: the OpenMP and BLAS libraries read their thread counts
 when they load, in the server (which loads them with 1 thread); a worker's count
 (OMP_NUM_THREADS) is set through torch.set_num_threads after the fork. A worker's
@@ -34,9 +41,11 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -92,7 +101,7 @@ class Forked:
 
 class ForkServer:
     """Starts the server (it imports while the caller goes on) and forks workers
-    from it."""
+    from it; or, `connect`, forks them from a standing server others use too."""
 
     def __init__(self, run_dir: Path, preload: list[str], log: Path):
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +111,41 @@ class ForkServer:
                  *preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 env=dict(os.environ, **SERVER_ENV), start_new_session=True,
                 preexec_fn=die_with_parent)
-        self.pid = self._proc.pid
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._sock: socket.socket | None = None
+        self._setup(self._proc.pid, self._proc.stdout, self._proc.stdin)
+
+    @classmethod
+    def connect(cls, path: str, timeout: float = 300) -> ForkServer:
+        """A client of the standing server listening at `path` (`--listen`). Its
+        workers are this process's as a server of its own would make them; those left
+        when the connection closes get SIGTERM. ForkServerGone if nothing answers
+        there, or the server runs another interpreter or PYTHONPATH than this process
+        (its workers would import other code)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)  # the server says hello once it has imported
+            sock.connect(path)
+            rfile = sock.makefile("rb")
+            hello = json.loads(rfile.readline() or b"{}").get("hello")
+            sock.settimeout(None)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ForkServerGone(f"no fork server answered at {path}: {exc}") from None
+        mine = _identity()
+        if not hello or any(hello.get(k) != v for k, v in mine.items()):
+            sock.close()
+            theirs = {k: (hello or {}).get(k) for k in mine}
+            raise ForkServerGone(f"the fork server at {path} runs {theirs}, this run {mine}")
+        self = cls.__new__(cls)
+        self._proc = None
+        self._sock = sock
+        self._setup(int(hello["pid"]), rfile, sock.makefile("wb"))
+        return self
+
+    def _setup(self, pid: int, rfile, wfile) -> None:
+        self.pid = pid
+        self._rfile, self._wfile = rfile, wfile
         self._lock = threading.Lock()
         self._next = 0
         self._answers: dict[int, int] = {}
@@ -113,25 +156,31 @@ class ForkServer:
         threading.Thread(target=self._read, name="forkserver-reader", daemon=True).start()
 
     def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            msg = json.loads(line)
-            with self._lock:
-                if "exit" in msg:
-                    child = self._children.pop(msg["pid"], None)
-                    if child is None:
-                        self._early[msg["pid"]] = msg["exit"]
-                    else:
-                        child._exited(msg["exit"])
-                else:
-                    self._answers[msg["id"]] = msg["pid"]
-                    self._answered.notify_all()
+        try:
+            for line in self._rfile:
+                self._message(json.loads(line))
+        except (OSError, ValueError):
+            pass  # the connection broke
+        if self._sock is not None:
+            self._rfile.close()
         with self._lock:  # the server died: its children had their SIGKILL
             self._gone = True
             for child in self._children.values():
                 child._exited(-signal.SIGKILL)
             self._children.clear()
             self._answered.notify_all()
+
+    def _message(self, msg: dict) -> None:
+        with self._lock:
+            if "exit" in msg:
+                child = self._children.pop(msg["pid"], None)
+                if child is None:
+                    self._early[msg["pid"]] = msg["exit"]
+                else:
+                    child._exited(msg["exit"])
+            else:
+                self._answers[msg["id"]] = msg["pid"]
+                self._answered.notify_all()
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path,
               cpus: set[int] | None, timeout: float = 300, module: str = "rljob") -> Forked:
@@ -143,18 +192,19 @@ class ForkServer:
             self._next += 1
             rid = self._next
             request = {"id": rid, "module": module, "argv": argv, "env": env,
-                       "log": str(log), "cpus": sorted(cpus) if cpus else None}
+                       "log": str(log), "cpus": sorted(cpus) if cpus else None,
+                       "cwd": os.getcwd()}
             try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-                self._proc.stdin.flush()
-            except (BrokenPipeError, ValueError) as exc:
+                self._wfile.write(json.dumps(request).encode() + b"\n")
+                self._wfile.flush()
+            except (OSError, ValueError) as exc:
                 raise ForkServerGone(f"the fork server exited: {exc}") from exc
             if not self._answered.wait_for(lambda: rid in self._answers or self._gone,
                                            timeout):
                 # it goes (and its children with it, which their supervisor restarts):
-                # a request it read late would fork a worker nobody knows of
-                self._proc.kill()
+                # a request it read late would fork a worker nobody knows of (a
+                # standing server SIGTERMs the children of a connection that closed)
+                self._abandon()
                 raise ForkServerGone(f"the fork server did not answer in {timeout:.0f}s")
             if rid not in self._answers:
                 raise ForkServerGone("the fork server exited")
@@ -165,11 +215,33 @@ class ForkServer:
                 self._children[child.pid] = child
             return child
 
-    def close(self, timeout: float = 10) -> None:
-        """End the server (its children, if any are left, get SIGTERM)."""
+    def _abandon(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+        else:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        """Close the connection: the reader sees its end (and closes its file)."""
+        assert self._sock is not None
         try:
-            if self._proc.stdin is not None:
-                self._proc.stdin.close()
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._wfile.close()
+        except OSError:
+            pass
+        self._sock.close()
+
+    def close(self, timeout: float = 10) -> None:
+        """End the server, or this run's connection to a standing one (its children, if
+        any are left, get SIGTERM)."""
+        if self._proc is None:
+            self._disconnect()
+            return
+        try:
+            self._wfile.close()
         except OSError:
             pass
         try:
@@ -179,18 +251,84 @@ class ForkServer:
             self._proc.wait()
 
 
+def start_standing(path: Path, preload: list[str], log: Path) -> subprocess.Popen:
+    """A standing server listening at `path` (it binds before it imports), for runs
+    to share through `RLJOB_FORK_SERVER=PATH`; it dies with the caller, and SIGTERM
+    stops it and whatever children it has."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rljob.infra.forkserver", "--listen", str(path), *preload],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            env=dict(os.environ, **SERVER_ENV), start_new_session=True,
+            preexec_fn=die_with_parent)
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise ForkServerGone(f"the standing fork server did not listen at {path} "
+                                 f"(exit {proc.wait()}; see {log})")
+        time.sleep(0.02)
+    return proc
+
+
+def _identity() -> dict[str, str]:
+    """What a forked worker's code depends on beyond the request: the interpreter, its
+    environment and the import path set at start."""
+    return {"python": os.path.realpath(sys.executable), "prefix": sys.prefix,
+            "pythonpath": os.environ.get("PYTHONPATH", "")}
+
+
 # ---- the server -------------------------------------------------------------------
-def _send(msg: dict) -> None:
+class _Peer:
+    """One client: a run's `rljob run` (its stdin and stdout, or a connection to a
+    standing server), the bytes of its next request and the children it asked for."""
+
+    def __init__(self, rfd: int, wfd: int):
+        self.rfd, self.wfd = rfd, wfd
+        self.buf = b""
+        self.children: set[int] = set()
+        self.open = True
+
+    def send(self, msg: dict) -> None:
+        if not self.open:
+            return
+        try:
+            os.write(self.wfd, json.dumps(msg).encode() + b"\n")
+        except OSError:  # `rljob run` went: nobody to tell
+            pass
+
+
+def _listen(path: str) -> socket.socket:
+    """The standing server's socket, bound before it imports (clients wait in its
+    backlog); a socket file left by a server that is gone is replaced."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        os.write(1, json.dumps(msg).encode() + b"\n")
-    except BrokenPipeError:  # `rljob run` went: nobody to tell
+        probe.connect(path)
+    except FileNotFoundError:
         pass
+    except ConnectionRefusedError:
+        os.unlink(path)
+    else:
+        raise SystemExit(f"forkserver: a server already listens at {path}")
+    finally:
+        probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staged = f"{path}.{os.getpid()}"
+    sock.bind(staged)
+    sock.listen(64)
+    os.rename(staged, path)  # there once it takes connections
+    return sock
 
 
-def serve(preload: list[str]) -> dict:
-    """Import `preload`, then fork a child for each request until stdin closes (then
-    exit) or SIGTERM comes (then pass it on to the children, wait for them and exit).
-    Returns only in a child: its request."""
+def serve(preload: list[str], listen: str | None = None) -> dict:
+    """Import `preload`, then fork a child for each request, until SIGTERM comes (then
+    pass it on to the children, wait for them and exit). Its client is `rljob run` on
+    stdin and stdout (the server exits when stdin closes), or, with `listen`, any
+    number of clients connecting to that Unix socket (a standing server: the children
+    a client leaves when it disconnects get SIGTERM). Returns only in a child: its
+    request."""
+    listener = _listen(listen) if listen else None
     for name in preload:
         try:
             importlib.import_module(name)
@@ -204,12 +342,14 @@ def serve(preload: list[str]) -> dict:
     terminated: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
     signal.set_wakeup_fd(wake_w)
-    children: set[int] = set()
-    buf = b""
+    peers: dict[int, _Peer] = {} if listener else {0: _Peer(0, 1)}
+    owner: dict[int, _Peer] = {}  # child pid -> the peer that asked for it
+    hello = {"hello": {"pid": os.getpid(), **_identity()}}
     while True:
         if terminated:
-            _stop(children)
-        ready, _, _ = select.select([0, wake_r], [], [])
+            _stop(owner)
+        waits = [*peers, wake_r, *([listener.fileno()] if listener else [])]
+        ready, _, _ = select.select(waits, [], [])
         if wake_r in ready:
             while True:
                 try:
@@ -217,45 +357,55 @@ def serve(preload: list[str]) -> dict:
                         break
                 except BlockingIOError:
                     break
-        _reap(children)
-        if 0 not in ready:
-            continue
-        data = os.read(0, 1 << 16)
-        if not data:
-            _exit(0)
-        buf += data
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            request = json.loads(line)
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                return request
-            children.add(pid)
-            _send({"id": request["id"], "pid": pid})
+        _reap(owner)
+        if listener is not None and listener.fileno() in ready:
+            fd = listener.accept()[0].detach()
+            peers[fd] = _Peer(fd, fd)
+            peers[fd].send(hello)
+        for fd in [fd for fd in ready if fd in peers]:
+            peer = peers[fd]
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                if listener is None:
+                    _exit(0)
+                _disconnected(peers.pop(fd))
+                continue
+            peer.buf += data
+            while b"\n" in peer.buf:
+                line, peer.buf = peer.buf.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    if listener is not None:  # the clients' ends are the server's alone
+                        listener.close()
+                        for other in peers:
+                            os.close(other)
+                    return request
+                peer.children.add(pid)
+                owner[pid] = peer
+                peer.send({"id": request["id"], "pid": pid})
 
 
-def _reap(children: set[int], block: bool = False) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        children.discard(pid)
-        _send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+def _disconnected(peer: _Peer) -> None:
+    """A standing server's client went: the children it left get SIGTERM (as a server
+    of its own passes on its death signal); they are reaped as they end."""
+    peer.open = False
+    os.close(peer.rfd)
+    _terminate(peer.children)
 
 
-def _stop(children: set[int]) -> None:
-    """SIGTERM to each child's session (the worker and what it started), wait for
-    them all, exit."""
-    for pid in list(children):
+def _terminate(pids) -> None:
+    """SIGTERM to each child's session (the worker and what it started)."""
+    for pid in list(pids):
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:  # not yet in a session of its own
@@ -263,7 +413,26 @@ def _stop(children: set[int]) -> None:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-    _reap(children, block=True)
+
+
+def _reap(owner: dict[int, _Peer], block: bool = False) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        peer = owner.pop(pid, None)
+        if peer is not None:
+            peer.children.discard(pid)
+            peer.send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
+
+
+def _stop(owner: dict[int, _Peer]) -> None:
+    """SIGTERM to each child's session, wait for them all, exit."""
+    _terminate(list(owner))
+    _reap(owner, block=True)
     _exit(0)
 
 
@@ -277,7 +446,7 @@ def _exit(code: int) -> None:
 
 def become(request: dict, server: int) -> None:
     """In a fresh child: take on the worker's session, death signal, cores, log,
-    environment and thread count, and its command line."""
+    working directory, environment and thread count, and its command line."""
     os.setsid()
     die_with_parent(signal.SIGKILL)  # the server passes a SIGTERM on; only its death
     # without one reaches here
@@ -292,6 +461,12 @@ def become(request: dict, server: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    cwd = request.get("cwd")
+    if cwd and cwd != os.getcwd():  # a standing server's client: `python -m` puts the
+        # working directory first on the import path
+        if sys.path and sys.path[0] == os.getcwd():
+            sys.path[0] = cwd
+        os.chdir(cwd)
     os.environ.clear()
     os.environ.update(request["env"])
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -325,9 +500,13 @@ def run_worker(module: str) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    listen = None
     if args[:1] == ["--run-dir"]:  # names the run in `ps`; nothing else
         args = args[2:]
+    elif args[:1] == ["--listen"]:  # a standing server: `ForkServer.connect`
+        listen, args = args[1], args[2:]
+        die_with_parent()  # it lives as long as whoever started it
     server = os.getpid()
-    request = serve(args)
+    request = serve(args, listen)
     become(request, server)
     run_worker(request.get("module", "rljob"))

@@ -59,7 +59,7 @@ def _checked_keys(block: pb.CellBlock) -> tuple[list[str], np.ndarray]:
 def unpack_keys(block: pb.CellBlock) -> list[tuple[int, str]]:
     """The block's (index, column) keys; ValueError if it names a column it lacks."""
     columns, column_of = _checked_keys(block)
-    return list(zip(block.indices, map(columns.__getitem__, column_of)))
+    return list(zip(block.indices, map(columns.__getitem__, column_of.tolist())))
 
 
 def _sized(block: pb.CellBlock, count: int) -> tuple[np.ndarray, np.ndarray, memoryview]:
