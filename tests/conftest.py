@@ -11,6 +11,7 @@ differs from the server's starts one of its own, as does every run of the chaos 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,3 +36,4 @@ def standing_fork_server(request):
         os.environ.pop("RLJOB_FORK_SERVER", None)
         server.terminate()
         server.wait(60)
+        shutil.rmtree(where, ignore_errors=True)

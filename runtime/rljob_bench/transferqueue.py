@@ -157,6 +157,7 @@ def _consumer(address: str, password: str, task: str, total_rows: int, done, col
         for batch in loader:
             with done.get_lock():
                 done.value += len(batch.rows)
+    _leave()
 
 
 def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consumers: int,
@@ -186,8 +187,7 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
         while done.value < total and any(p.is_alive() for p in procs):
             time.sleep(0.0005)
         elapsed = time.perf_counter() - start
-        for p in procs:  # they leave once idle
-            p.join()
+        _join(procs)  # they leave once idle
         if done.value < total:
             raise RuntimeError(f"consumers read {done.value} of {total} rows")
     return total * row_bytes / elapsed / 1e6
@@ -208,6 +208,28 @@ def _claimer(address: str, password: str, task: str, claims: int, out) -> None:
             lat.append(time.perf_counter() - t0)
         c.ack(batch)
     out.put(lat)
+    out.close()
+    out.join_thread()  # the figures are in the pipe
+    _leave()
+
+
+def _leave() -> None:
+    """A bench child's end, without Python's finalization: a gRPC call object
+    collected there once waited forever on a lock that a thread gone at shutdown
+    held, and so did the parent joining it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _join(procs) -> None:
+    """Wait for the children; one still there a minute after its work is done is
+    killed (its figures are in)."""
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def claim_latency(address: str, password: str, consumers: int = 8, claims: int = 150) -> list[float]:
@@ -225,8 +247,7 @@ def claim_latency(address: str, password: str, consumers: int = 8, claims: int =
         for p in procs:
             p.start()
         lat = [x for _ in procs for x in out.get(timeout=300)]
-        for p in procs:
-            p.join()
+        _join(procs)
     return lat
 
 
