@@ -140,6 +140,9 @@ def test_a_standing_server_forks_for_each_client_and_stops_what_a_gone_one_left(
     _started(out)
     work = tmp_path / "elsewhere"
     work.mkdir()
+    # the child's module, found from there as `python -m` would (the working
+    # directory first on the import path)
+    (work / "tests").symlink_to(Path(__file__).resolve().parents[1])
     monkeypatch.chdir(work)
     child, out2 = _spawn(second, tmp_path, "b", "exit", "3")
     assert child.wait(timeout=120) == 3
