@@ -282,12 +282,12 @@ def _identity() -> dict[str, str]:
 # ---- the server -------------------------------------------------------------------
 class _Peer:
     """One client: a run's `rljob run` (its stdin and stdout, or a connection to a
-    standing server), the bytes of its next request and the children it asked for."""
+    standing server) and the bytes of its next request (the children it asked for
+    are those `owner` maps to it in `serve`)."""
 
     def __init__(self, rfd: int, wfd: int):
         self.rfd, self.wfd = rfd, wfd
         self.buf = b""
-        self.children: set[int] = set()
         self.open = True
 
     def send(self, msg: dict) -> None:
@@ -371,7 +371,7 @@ def serve(preload: list[str], listen: str | None = None) -> dict:
             if not data:
                 if listener is None:
                     _exit(0)
-                _disconnected(peers.pop(fd))
+                _disconnected(peers.pop(fd), owner)
                 continue
             peer.buf += data
             while b"\n" in peer.buf:
@@ -390,17 +390,16 @@ def serve(preload: list[str], listen: str | None = None) -> dict:
                         for other in peers:
                             os.close(other)
                     return request
-                peer.children.add(pid)
                 owner[pid] = peer
                 peer.send({"id": request["id"], "pid": pid})
 
 
-def _disconnected(peer: _Peer) -> None:
+def _disconnected(peer: _Peer, owner: dict[int, _Peer]) -> None:
     """A standing server's client went: the children it left get SIGTERM (as a server
     of its own passes on its death signal); they are reaped as they end."""
     peer.open = False
     os.close(peer.rfd)
-    _terminate(peer.children)
+    _terminate([pid for pid, asked in owner.items() if asked is peer])
 
 
 def _terminate(pids) -> None:
@@ -425,7 +424,6 @@ def _reap(owner: dict[int, _Peer], block: bool = False) -> None:
             return
         peer = owner.pop(pid, None)
         if peer is not None:
-            peer.children.discard(pid)
             peer.send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
 
 
