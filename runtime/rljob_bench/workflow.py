@@ -2,7 +2,7 @@
 async(2), side by side: generated tokens/s over the steady state, bubble ratio
 (idle share of the rollout and trainer processes), each mode's speedup over sync,
 the most overlap could give (`planner.cost.overlap_bound`, from the round's own
-sync Tgen, Ttrain and the reference's forwards, which either side takes) and the
+sync Tgen, Ttrain and the reference's forwards) and the
 fraction of it reached, and each side's compute a
 step next to the other over its compute alone (sync), which is what contention
 for the machine costs.
@@ -331,11 +331,12 @@ def render(results: dict) -> None:
         for mode, r in results["modes"].items()))
     pieces = results["periodic_pieces_per_step"]
     Console().print("bound: the most overlap can give over sync from sync's Tgen, Ttrain "
-                    "and ref (the reference's forwards a step, which either side takes: sync "
-                    "splits them over both) (async: (Tgen + Ttrain + ref/2) / "
-                    "max(Tgen, Ttrain, (Tgen + Ttrain + ref)/2); periodic: "
+                    "and ref (the reference's forwards a step: sync splits them over both "
+                    "sides, async gives them to whichever waits) (async: (Tgen + Ttrain + "
+                    "ref/2) / max(Tgen, Ttrain, (Tgen + Ttrain + ref)/2); periodic: "
                     f"{pieces} rollout batch(es) a step, fill and drain included, each batch "
-                    "paying generation's fixed part); busy: each side's own compute a step, "
+                    "paying generation's fixed part, the trainer computing each batch's "
+                    "reference); busy: each side's own compute a step, "
                     "and in brackets over sync's, where it runs alone")
 
 

@@ -165,13 +165,16 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     signal = [x for x in ms["sync"] if x["reward_mean"] > 0]
     assert signal and all(x["grad_norm"] > 1e-3 for x in signal), ms["sync"]
     assert norms_apart <= 2e-5  # README: within 2e-5 of sync's
-    # the reference task: the trainer (waiting for samples) and the replicas (parked)
-    # computed the rows' reference log-probs between them, each side some
+    # sync's reference task: the trainer (waiting for samples) and the replicas (parked)
+    # computed the rows' reference log-probs between them, each side some; periodic's
+    # trainer computed its samples' own as they arrived (no task: its replicas
+    # generate meanwhile), the same bits
     from rljob.infra.timeline import load_spans
 
-    workers = {s.worker.split("-")[0] for mode in ("sync", "periodic", "periodic-collective")
-               for s in load_spans(runs[mode]) if s.kind == "reference"}
-    assert workers == {"trainer", "rollout"}, workers
+    workers = {mode: {s.worker.split("-")[0] for s in load_spans(d) if s.kind == "reference"}
+               for mode, d in runs.items()}
+    assert workers["sync"] == {"trainer", "rollout"}, workers
+    assert all(workers[m] == {"trainer"} for m in runs if m != "sync"), workers
     logs = sorted((runs["periodic-collective"] / "logs").glob("rollout-*.log"))
     assert len(logs) == 2
     for log in logs:

@@ -159,14 +159,19 @@ def test_overlap_bounds_of_the_workflow_modes():
     assert overlap_bound("periodic", 0.4, 1.0, pieces=1, gen_fixed=0.2) == 1.0
     assert overlap_bound("periodic", 0.4, 1.0, pieces=4, gen_fixed=9) == pytest.approx(
         1.4 / (0.4 + 0.25 + 3 * 0.4))  # never more than the whole step's generation
-    # work either side takes (the reference task): sync splits it over both sides,
-    # async gives it to whichever waits, up to evening the two sides out
+    # the reference's forwards: sync splits them over both sides, async gives them to
+    # whichever waits, up to evening the two sides out; periodic's trainer computes
+    # each piece's itself (its replicas generate the next piece meanwhile), so one
+    # piece is sync without the split, and many pieces hide what generation can
     assert overlap_bound("sync", 0.4, 1.0, t_either=0.3) == 1.0
     assert overlap_bound("async", 0.4, 1.0, t_either=0.3) == pytest.approx(1.55 / 1.0)
     assert overlap_bound("async", 0.4, 1.0, t_either=0.8) == pytest.approx(1.8 / 1.1)
-    assert overlap_bound("periodic", 0.4, 1.0, pieces=1, t_either=0.8) == pytest.approx(1.0)
+    assert overlap_bound("periodic", 0.4, 1.0, pieces=1, t_either=0.8) == pytest.approx(
+        1.8 / 2.2)
     assert overlap_bound("periodic", 0.4, 1.0, pieces=4, t_either=0.8) == pytest.approx(
-        1.8 / (0.1 + 0.1 + 0.25 + 3 * 0.275))
+        1.8 / (0.1 + 0.2 + 0.25 + 3 * 0.45))
+    assert overlap_bound("periodic", 1.0, 0.4, pieces=4, t_either=0.2) == pytest.approx(
+        1.5 / (0.25 + 0.05 + 0.1 + 3 * 0.25))  # generation-bound: the pieces' generation
     with pytest.raises(ValueError):
         overlap_bound("periodic", 0.0, 1.0)
 

@@ -8,7 +8,7 @@ import torch
 
 from rljob.api.spec import AlgorithmSpec
 from rljob.trainer.algorithms import PolicyInputs, gae, outcome_rewards, policy_loss, value_loss
-from rljob.workflow.tasks import tasks_for, train_reads
+from rljob.workflow.tasks import reference_in_trainer, reference_task, tasks_for, train_reads
 
 
 def test_gae_equals_a_hand_computed_example():
@@ -180,11 +180,13 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
     assert AlgorithmSpec.model_validate({"name": "ppo", "groupSize": 4, "lambda": 0.9}).lam == 0.9
 
     class Spec:  # what tasks_for and train_reads look at
-        def __init__(self, algorithm, engine="torch"):
+        def __init__(self, algorithm, engine="torch", mode="async", accelerator="cpu"):
             self.algorithm = algorithm
-            self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False})()
+            self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False,
+                                          "engine": "hf"})()
             self.trainer = type("T", (), {"engine": engine})()
-            self.workflow = type("W", (), {"update_policy": "drain"})()
+            self.workflow = type("W", (), {"update_policy": "drain", "mode": mode})()
+            self.accelerator_for = lambda role: type("A", (), {"type": accelerator})()
 
     names = {t.name: t for t in tasks_for(Spec(ppo))}
     assert "critic" in names and "advantages" in names["train"].consumes
@@ -196,8 +198,16 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
         names = {t.name: t for t in tasks_for(Spec(algo))}
         assert "ref_logp" in names["train"].consumes and "ref_logp" in train_reads(Spec(algo))
         assert names["reference"].consumes == {"response_ids"}
+    # ...only where rollout replicas take it too (hf on CPU, in sync or async): in
+    # periodic, or on an accelerator, the trainer computes its samples' own
+    for spec in (Spec(grpo, mode="periodic"), Spec(grpo, accelerator="gpu")):
+        names = {t.name: t for t in tasks_for(spec)}
+        assert "reference" not in names and "ref_logp" not in train_reads(spec)
+        assert reference_in_trainer(spec) and not reference_task(spec)
+    assert reference_task(Spec(grpo, mode="sync"))
     no_kl = AlgorithmSpec(kl_coef=0.0)
     for spec in (Spec(grpo, "megatron"), Spec(no_kl)):
+        assert not reference_in_trainer(spec)
         names = {t.name: t for t in tasks_for(spec)}
         assert "reference" not in names and "ref_logp" not in names["train"].consumes
         assert "ref_logp" not in train_reads(spec)

@@ -95,21 +95,22 @@ def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1,
                   gen_fixed: float = 0.0, t_either: float = 0.0) -> float:
     """The most a mode can speed a step up over sync, from the step's generation and
     training times measured apart (sync runs them one after the other, the step's
-    generation in one batch) and `t_either`, work a step either side can take
-    (the reference's forwards, a task of their own): in sync both sides split it
-    between generation and training, so sync's step is Tgen + t_either/2 + Ttrain.
+    generation in one batch) and `t_either`, the reference's forwards a step, which
+    the sides share where it is a task of their own (`workflow.tasks.reference_task`):
+    in sync both sides split it between generation and training, so sync's step is
+    Tgen + t_either/2 + Ttrain.
 
     async(k): generation of later steps hides behind training entirely and the
     shared work goes to whichever side waits, so a step takes
     max(Tgen, Ttrain, (Tgen + Ttrain + t_either)/2). periodic: one step is a
-    two-stage pipeline of `pieces` pieces (the rollout's batches): the first
-    piece's generation (fill) and the last piece's share of the shared work and
-    training (drain) are not hidden, and each piece in between takes the longer
-    stage, or half the piece's work where the shared part evens them out:
-    g + e/2 + t + (p − 1)·max(g, t, (g + t + e)/2), where a piece's generation g is
-    `gen_fixed` (what a generation batch costs whatever its size: per-token
-    overhead of a small model) plus its share of the rest, (Tgen − gen_fixed)/p,
-    and t, e are Ttrain/p and t_either/p. sync: 1."""
+    two-stage pipeline of `pieces` pieces (the rollout's batches), and the trainer
+    computes each piece's reference itself while the rollout generates the next:
+    the first piece's generation (fill) and the last piece's reference and training
+    (drain) are not hidden, and each piece in between takes the longer stage:
+    g + e + t + (p − 1)·max(g, t + e), where a piece's generation g is `gen_fixed`
+    (what a generation batch costs whatever its size: per-token overhead of a small
+    model) plus its share of the rest, (Tgen − gen_fixed)/p, and t, e are Ttrain/p
+    and t_either/p. sync: 1."""
     if t_gen <= 0 or t_train <= 0:
         raise ValueError("t_gen and t_train must be positive")
     either = max(t_either, 0.0)
@@ -122,5 +123,5 @@ def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1,
         p = max(int(pieces), 1)
         fixed = min(max(gen_fixed, 0.0), t_gen)
         g, t, e = fixed + (t_gen - fixed) / p, t_train / p, either / p
-        return serial / (g + e / 2 + t + (p - 1) * max(g, t, (g + t + e) / 2))
+        return serial / (g + e + t + (p - 1) * max(g, t + e))
     raise ValueError(f"unknown workflow mode {mode!r}")

@@ -1,17 +1,19 @@
-"""The reference task: the frozen reference's log-probs of each finished sample,
-computed by whichever side of the job waits.
+"""The frozen reference's log-probs of each finished sample: a task of its own,
+computed by whichever side of the job waits, or the trainer's own work.
 
 With `algorithm.klCoef` > 0 the trainer needs, for every response token, the
-reference policy's log-prob (the KL term). It is a TransferQueue task of its
-own (`workflow/tasks.py`: `reference` reads prompt_ids and response_ids and
-writes ref_logp; `train` reads ref_logp), so it is not tied to the trainer's
-micro-steps: a sample's reference log-probs can be computed as soon as the
-sample exists, by any worker holding the reference weights.
+reference policy's log-prob (the KL term). Where a rollout replica can compute
+it too (`workflow.tasks.reference_task`: the hf engine on CPU in a local run, in
+sync and async, the modes that park the replicas) it is a TransferQueue task of
+its own (`reference` reads prompt_ids and response_ids and writes ref_logp;
+`train` reads ref_logp), so it is not tied to the trainer's micro-steps: a
+sample's reference log-probs can be computed as soon as the sample exists, by
+any worker holding the reference weights.
 
 Two kinds of worker take it, each only while it has nothing else to do:
 
 - the trainer (rank 0), while it waits for the samples of its next micro-batch,
-  takes the rows of the step it trains;
+  takes the rows of the step it trains (`ReferenceWork`);
 - in a local run, a rollout replica of the hf engine on CPU, while its claim for
   prompts waits (parked by the staleness bound in a training-bound job), takes
   any rows. The trainer writes the reference weights into the run directory
@@ -19,11 +21,19 @@ Two kinds of worker take it, each only while it has nothing else to do:
   first time it has time.
 
 So in a training-bound job the idle rollout cores compute what the trainer
-would, and in a generation-bound one the waiting trainer keeps them. Who
-computes a row changes nothing in it: `sampling.row_logprobs` gives a row the
+would, and in a generation-bound one the waiting trainer keeps them.
+
+Everywhere else (periodic, whose replicas generate the next batch while the
+trainer computes this one's; accelerators; vLLM replicas) only the trainer could
+take the task, and its claims, writes and acks would be round trips for
+nothing: the trainer computes its step's samples' reference log-probs itself as
+they arrive, while the rest of its micro-batch comes (`LocalReference`).
+
+Who computes a row changes nothing in it: `sampling.row_logprobs` gives a row the
 same bits whatever was batched with it, from the same weights in the same
 dtype (float32 on CPU), so a streamed step still makes the update a whole-step
-step makes (tests/training: periodic equals sync bit for bit)."""
+step makes (tests/training: periodic, the trainer's own, equals sync, a task,
+bit for bit)."""
 
 from __future__ import annotations
 
@@ -47,10 +57,9 @@ log = logging.getLogger("rljob.reference")
 def replicas_take_it(spec) -> bool:
     """Whether the rollout replicas of a local run take the reference task too: an
     in-process transformers model (hf engine) on the device the trainer's
-    reference runs on (CPU: the bits of a row then do not depend on the side)."""
-    return (reference_task(spec) and spec.rollout.engine == "hf"
-            and spec.accelerator_for("rollout").type == "cpu"
-            and spec.accelerator_for("trainer").type == "cpu")
+    reference runs on (CPU: the bits of a row then do not depend on the side), in
+    the modes that park them (`workflow.tasks.reference_task`)."""
+    return reference_task(spec)
 
 
 def save_weights(path: Path, model) -> None:
@@ -167,6 +176,33 @@ class ReferenceWork:
         self.wake()
         self._claims.shutdown(wait=True)  # a claim in flight ends within its wait
         self.tq.close()
+
+
+class LocalReference:
+    """The trainer's own reference log-probs of its step's samples, computed in its
+    process as they arrive, where the reference is not a task (`reference_task`):
+    the same function, weights and dtype as `ReferenceWork`, so a row gets the same
+    bits either way, and no claim, write or ack goes through TransferQueue for them."""
+
+    def __init__(self, model, pad_id: int, dist: TokenDistribution, rows: int,
+                 compute=nullcontext, spans=None):
+        self.model, self.pad_id, self.dist, self.rows = model, pad_id, dist, rows
+        self.compute = compute  # () -> the context the forwards run in
+        self.spans = spans  # the trainer's SpanLog: a "reference" span per forward batch
+
+    def __call__(self, samples: list, step: int) -> None:
+        """Set each sample's `ref_logp` (those without), `rows` at a time."""
+        todo = [s for s in samples if s.ref_logp is None]
+        for k in range(0, len(todo), self.rows):
+            part = todo[k:k + self.rows]
+            t0 = time.time()
+            with self.compute():
+                logps = row_logprobs(self.model(), self.pad_id, [s.prompt_ids for s in part],
+                                     [s.response_ids for s in part], self.dist)
+            for s, lp in zip(part, logps):  # float32, as the task's column holds them
+                s.ref_logp = np.asarray(lp, np.float32).tolist()
+            if self.spans is not None:
+                self.spans.add("reference", t0, time.time(), step)
 
 
 class ReferenceFromRunDir:

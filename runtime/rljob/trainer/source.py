@@ -74,7 +74,10 @@ class StepSource:
     the next mb samples to arrive, so a slow early group holds up nothing but
     itself (the samples of a step: see the lanes below). Groups
     made by weights outside the trainer's lineage or the staleness bound (after a
-    trainer restart) are sent back to the rollouts.
+    trainer restart) are sent back to the rollouts. While it waits, the trainer
+    computes the reference's log-probs: the reference task's rows (`idle`), or,
+    where the reference is not a task, those of the samples that arrived
+    (`reference`, a `LocalReference`: every sample handed out has them).
 
     The step trains one group per lane (workflow/dynamic_sampling.py): lane i trains
     group i, or with `algorithm.filterGroups` the first group with a signal of its
@@ -84,12 +87,16 @@ class StepSource:
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None,
-                 health=None, draw=None, idle=None, spans=None):
+                 health=None, draw=None, idle=None, spans=None, reference=None):
         self.spec, self.tq, self.step = spec, tq, step
         self.spans = spans  # the trainer's SpanLog: each claim and read
         # work done while the next micro-batch is not there (the reference task's
         # ReferenceWork: its claim waits until rows of either kind arrive)
         self.idle = idle
+        # reference.LocalReference where the reference is not a task: the arrived
+        # samples' log-probs, computed while the rest of the micro-batch comes
+        self.reference = reference
+        self._unreferenced: list[Sample] = []
         self.lineage = lineage
         self.health = health  # raises if a producer in this process (the critic) failed
         self.reads = train_reads(spec)
@@ -119,7 +126,9 @@ class StepSource:
         self._thread.start()
 
     def _claimer(self) -> None:
-        streaming = self.spec.workflow.mode != "sync"
+        # sync with the reference computed here: whole groups as they come too, so their
+        # reference log-probs overlap the rest of the step's generation
+        streaming = self.spec.workflow.mode != "sync" or self.reference is not None
         try:
             while not self._stop.is_set():
                 with self._arrived:
@@ -193,6 +202,8 @@ class StepSource:
                     continue
                 self.rows_claimed += len(members)
                 self.groups[group] = members
+                if self.reference is not None:
+                    self._unreferenced += members
                 draws += self.lanes.arrive(group, [m.reward for m in members])
             self._arrived.notify_all()
             idle_waits = self._idle_claim is not None
@@ -270,6 +281,14 @@ class StepSource:
                     raise Stopped
                 if self.health is not None:
                     self.health()
+                if self._unreferenced:  # arrived samples' reference log-probs meanwhile
+                    todo, self._unreferenced = self._unreferenced, []
+                    self._arrived.release()  # the claimer adds arrivals meanwhile
+                    try:
+                        self.reference(todo, self.step)
+                    finally:
+                        self._arrived.acquire()
+                    continue
                 if self.idle is not None and self._idle_claim is None:
                     if quiet:  # its last claim found nothing, unwoken: not at once again
                         quiet = False
@@ -293,6 +312,8 @@ class StepSource:
                 self._arrived.wait(0.2)
             chunk = [self._trained(p) for p in range(start, end)]
         self.next_slot = end
+        if self.reference is not None:  # those that came last
+            self.reference(chunk, self.step)
         if self.spec.algorithm.critic:
             return chunk  # the critic's advantages came with the samples
         # claims bring whole groups, so each sample's group is complete

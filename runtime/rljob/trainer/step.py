@@ -5,9 +5,10 @@ the job's temperature and top-p): the policy's (with grad); the proximal policy'
 the same detached (one optimizer step per step, so the weights at the step's start
 are the current ones: no second forward); the behaviour policy's, which the
 rollout engine reported while sampling and the row carries; the frozen
-reference's, which the row carries too when the reference is a task of its own
-(reference.py: computed by rank 0 while it waits for samples, or by an idle
-replica), else (megatron) computed in the micro-step. The policy loss that
+reference's, which the sample carries too with the torch engine (reference.py: a
+task of its own, computed by rank 0 while it waits for samples or by an idle
+replica, or rank 0's own as samples arrive), else (megatron) computed in the
+micro-step. The policy loss that
 combines them is the one `algorithm.offPolicyCorrection` names (algorithms.py),
 and each step reports the importance weights and the engine mismatch they show
 (`OffPolicyStats`). The loss, the KL and those figures count the model's own tokens

@@ -40,7 +40,7 @@ from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import Consumer, ride_out, warn
 from ..transferqueue.loader import broadcast_object
 from ..weights import WeightSender, new_epoch
-from ..workflow.tasks import reference_task, tasks_for
+from ..workflow.tasks import reference_in_trainer, reference_task, tasks_for
 from ..workflow.dynamic_sampling import replacement_example
 from ..sampling import TokenDistribution
 from ..tools.catalog import announced
@@ -49,7 +49,7 @@ from .checkpoint import commit, make_optimizer, optimizer_state_bytes, restore
 from .lineage import Lineage
 from . import mcore  # noqa: F401 - registers trainer.engine megatron
 from .policy import make_policy
-from .reference import ReferenceWork, replicas_take_it, save_weights
+from .reference import LocalReference, ReferenceWork, replicas_take_it, save_weights
 from .report import Reporter, critic_metrics, off_policy_figures, step_metrics
 from .sinks import open_sinks
 from .source import Sample, StepSource, Stopped, data_parallel_shard
@@ -81,6 +81,7 @@ class TrainerWorker:
         self.spans = SpanLog(run_dir, self.name)
         self.sender = self.consumer = self.critic = self.reporter = self.source = None
         self.reference: ReferenceWork | None = None
+        self.local_reference: LocalReference | None = None
         self.examples = None  # the dataset, once filterGroups draws from it
         self.start = self.version = self.checkpointed = 0
         self.uncommitted: list = []  # leases of trained rows not yet in a checkpoint
@@ -147,6 +148,8 @@ class TrainerWorker:
                 log.info("gave back %d rows an earlier trainer held", self.consumer.released)
             if reference_task(spec):
                 self.reference = self._reference_work()
+            elif reference_in_trainer(spec):
+                self.local_reference = self._local_reference()
             if spec.algorithm.critic:
                 self.critic = _start_critic(spec, self.tok, state, self.torch_device,
                                             self.tq_address, self.run_dir, self.start,
@@ -175,6 +178,20 @@ class TrainerWorker:
                              rows=max(16, self.spec.algorithm.micro_samples),
                              compute=compute,
                              spans=self.spans)
+
+    def _local_reference(self) -> LocalReference:
+        """Rank 0's reference log-probs of its own samples, where they are not a task."""
+        policy = self.policy
+
+        @contextmanager
+        def compute():
+            with computing(self.cores), policy.autocast():
+                yield
+
+        return LocalReference(lambda: policy.ref, self.tok.pad_token_id,
+                              TokenDistribution.of(self.spec.rollout, len(self.tok)),
+                              rows=max(16, self.spec.algorithm.micro_samples),
+                              compute=compute, spans=self.spans)
 
     def run(self) -> None:
         for t in range(self.start, self.steps):
@@ -225,6 +242,7 @@ class TrainerWorker:
                                      health=self.critic.check if self.critic else None,
                                      draw=self._draw_replacements,
                                      idle=self.reference,
+                                     reference=self.local_reference,
                                      spans=self.spans)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []

@@ -16,7 +16,8 @@ rollout : prompt_ids → response_ids (int32), rollout_logp (float32),
           workflow/versions.py; the row's version is the first's)
 reference: prompt_ids, response_ids → ref_logp (float32, one per response token: the
           frozen reference's log-probs); algorithm.klCoef > 0 with trainer.engine
-          torch, computed by whichever side waits (trainer/reference.py)
+          torch where rollout replicas take it too (`reference_task`), computed by
+          whichever side waits (trainer/reference.py)
 train   : response_ids, reward (+ the row's policy version in its metadata), and
           ref_logp when the reference task runs
 lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
@@ -60,11 +61,27 @@ TRAIN_PPO = TaskSpec("train", ["response_ids", "reward", "advantages"])
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 
-def reference_task(spec) -> bool:
-    """Whether the reference's log-probs are a task of their own: a KL term to a
-    reference the torch trainer holds as a transformers model (megatron's
-    reference computes inside the trainer's micro-steps)."""
+def reference_in_trainer(spec) -> bool:
+    """Whether the trainer computes reference log-probs with the torch engine: a KL
+    term (algorithm.klCoef > 0) to a reference it holds as a transformers model
+    (megatron's reference computes inside the trainer's micro-steps)."""
     return spec.algorithm.kl_coef > 0 and spec.trainer.engine == "torch"
+
+
+def reference_task(spec) -> bool:
+    """Whether the reference's log-probs are a task of their own, which a rollout
+    replica takes too (`trainer/reference.py`): where replicas can compute the bits
+    the trainer would (the hf engine, rollout and trainer on CPU: a local run's
+    replicas load the reference from the run directory) and sit parked while the
+    trainer has reference rows to compute: sync (between its generation and the next
+    release) and async (held by the staleness bound). Everywhere else, periodic
+    included (its replicas generate the next batch while the trainer computes this
+    one's), the trainer computes its samples' reference log-probs itself as they
+    arrive, and none of them goes through TransferQueue (`LocalReference`)."""
+    return (reference_in_trainer(spec) and spec.workflow.mode in ("sync", "async")
+            and spec.rollout.engine == "hf"
+            and spec.accelerator_for("rollout").type == "cpu"
+            and spec.accelerator_for("trainer").type == "cpu")
 
 
 def interrupting(spec) -> bool:
