@@ -1,12 +1,14 @@
 """The reference task against a real TransferQueue controller and Redis storage:
 the trainer's frozen reference and a replica's copy of it (loaded from the run
 directory) share a step's rows, and each row gets the bits it would get from
-either side alone, whatever else each side batched with it."""
+either side alone, whatever else each side batched with it, and the bits the
+trainer computes itself where the reference is no task."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -16,8 +18,9 @@ from rljob.inputs.models import build_model, load_tokenizer
 from rljob.preflight import resolve_paths
 from rljob.sampling import TokenDistribution, row_logprobs
 from rljob.infra.rundir import RunDir
-from rljob.trainer.reference import (ReferenceFromRunDir, ReferenceWork, replicas_take_it,
-                                     save_weights)
+from rljob.infra.timeline import SpanLog, load_spans
+from rljob.trainer.reference import (LocalReference, ReferenceFromRunDir, ReferenceWork,
+                                     replicas_take_it, save_weights)
 from rljob.transferqueue import TransferQueueClient
 from rljob.workflow.tasks import ROLLOUT_READS, tasks_for, train_reads
 
@@ -79,8 +82,16 @@ def test_the_trainer_and_a_replica_share_the_reference_rows_bit_for_bit(tq, tmp_
     alone = [row_logprobs(trainer_ref, tok.pad_token_id, [p], [r], dist)[0] for p, r in rows]
     together = row_logprobs(trainer_ref, tok.pad_token_id, [p for p, _ in rows],
                             [r for _, r in rows], dist)
+    # where the reference is no task (periodic, accelerators), the trainer's own
+    # (LocalReference, a few rows a forward): the bits the task's rows carry
+    samples = [SimpleNamespace(prompt_ids=p, response_ids=r, ref_logp=None) for p, r in rows]
+    spans = SpanLog(tmp_path, "trainer-0")
+    LocalReference(lambda: trainer_ref, tok.pad_token_id, dist, rows=7, spans=spans)(samples, 0)
+    spans.close()
+    assert sum(1 for s in load_spans(tmp_path) if s.kind == "reference") == 5  # 32 / 7
     for slot, (p, r) in enumerate(rows):
         assert got[slot].tolist() == np.asarray(alone[slot], np.float32).tolist()
+        assert samples[slot].ref_logp == got[slot].tolist()
         assert together[slot] == alone[slot]
         assert len(got[slot]) == len(r)
     client.ack(train)
