@@ -27,7 +27,8 @@ from pathlib import Path
 
 from rljob.api import RLJob
 from rljob.local import write_plots
-from rljob.planner.cost import overlap_bound
+from rljob.planner.cost import bound_times, overlap_bound
+from rljob.workflow.tasks import reference_task
 
 from .examples import example
 from .trainer import MODELS, model_config
@@ -103,9 +104,11 @@ def run(accelerator: str = "cpu", model: str = "tiny", steps: int = 10, warmup: 
 
             trl = run_trl(job("sync", None), steps, warmup_steps=warmup)
     sync = results["sync"]
+    t_train, t_either = bound_times(sync["train_seconds"], sync["reference_seconds"],
+                                    reference_task(job("sync", None).spec))
     for name, r in results.items():
-        r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
-                                   sync["train_seconds"], t_either=sync["reference_seconds"])
+        r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"], t_train,
+                                   t_either=t_either)
         r["speedup"] = r["tokens_per_s"] / sync["tokens_per_s"]
         r["of_bound"] = r["speedup"] / r["bound"]
         if trl is not None:

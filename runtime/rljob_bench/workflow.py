@@ -30,9 +30,9 @@ from pathlib import Path
 
 from rljob.api import RLJob
 from rljob.local import LocalRun
-from rljob.planner.cost import overlap_bound
+from rljob.planner.cost import bound_times, overlap_bound
 from rljob.infra.timeline import bubble_ratio, load_spans
-from rljob.workflow.tasks import rollout_batch_rows
+from rljob.workflow.tasks import reference_task, rollout_batch_rows
 
 from .examples import example, tiny_model
 
@@ -210,12 +210,15 @@ def run(steps: int = 12, keep: Path | None = None, rounds: int = 2,
     names = list(per_round[0])
     spec = bench_job("periodic", None, steps, Path("."), prompts, max_num_seqs).spec
     pieces = _pieces(spec)  # periodic's batches a step (the other modes' bounds need none)
+    shared = reference_task(bench_job("sync", None, steps, Path("."), prompts,
+                                      max_num_seqs).spec)
     for res in per_round:  # each round's bounds from its own sync run (Tgen, Ttrain apart)
         sync = res["sync"]
+        t_train, t_either = bound_times(sync["train_seconds"], sync["reference_seconds"],
+                                        shared)
         for name, r in res.items():
-            r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"],
-                                       sync["train_seconds"], pieces, shape["gen_fixed"],
-                                       t_either=sync["reference_seconds"])
+            r["bound"] = overlap_bound(name.split("(")[0], sync["gen_seconds"], t_train,
+                                       pieces, shape["gen_fixed"], t_either=t_either)
             r["of_bound"] = r["tokens_per_s"] / sync["tokens_per_s"] / r["bound"]
     modes = {}
     for m in names:

@@ -174,6 +174,14 @@ def test_overlap_bounds_of_the_workflow_modes():
         1.5 / (0.25 + 0.05 + 0.1 + 3 * 0.25))  # generation-bound: the pieces' generation
     with pytest.raises(ValueError):
         overlap_bound("periodic", 0.0, 1.0)
+    # the reference's forwards: shared where they are a task the replicas take, else the
+    # trainer's (an accelerator): then async hides only what generation can
+    from rljob.planner.cost import bound_times
+
+    assert bound_times(1.0, 0.3, shared=True) == (1.0, 0.3)
+    assert bound_times(1.0, 0.3, shared=False) == (1.3, 0.0)
+    assert overlap_bound("async", 0.4, *bound_times(1.0, 0.8, False)) == pytest.approx(
+        2.2 / 1.8)
 
 
 def test_rollout_batches_a_step_by_mode():

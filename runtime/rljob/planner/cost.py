@@ -91,6 +91,14 @@ def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:
     return train.step_seconds(workload.train_tokens, npus)
 
 
+def bound_times(t_train: float, t_ref: float, shared: bool) -> tuple[float, float]:
+    """(Ttrain, t_either) for `overlap_bound` from the trainer's training and the
+    reference's forwards a step (pure): work either side takes where the reference is
+    a task the rollout replicas share (`workflow.tasks.reference_task`), else the
+    trainer's own, part of its training."""
+    return (t_train, t_ref) if shared else (t_train + t_ref, 0.0)
+
+
 def overlap_bound(mode: str, t_gen: float, t_train: float, pieces: int = 1,
                   gen_fixed: float = 0.0, t_either: float = 0.0) -> float:
     """The most a mode can speed a step up over sync, from the step's generation and
