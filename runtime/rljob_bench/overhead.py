@@ -9,7 +9,11 @@ job, and what a step costs beyond its compute is theirs.
 Printed per mode: the steady step's milliseconds, its compute (the timeline's
 generate, reference, train and optimizer spans a step: added up in sync, where
 they run one after the other, the busier side's in the overlapping modes) and
-the rest, the orchestration's milliseconds a step. CI's machine can run it, so a
+the rest, the orchestration's milliseconds a step; and the step's milliseconds
+during which no worker computes at all (every one waits on a claim, put, write,
+weights or the release): the orchestration on the step's path, where the
+overlapping modes' compute does not hide it (in periodic one side's compute waits
+for the other's: the rollout's last batch, then the trainer's). CI's machine can run it, so a
 fixed cost that creeps in shows without an accelerator (where a step is short,
 such costs are most of it)."""
 
@@ -69,11 +73,12 @@ def run(steps: int = 30, warmup: int = 5, rounds: int = 1, keep: Path | None = N
                 step = 1e3 * m["step_seconds"]
                 comp = compute_ms(mode, m["step_parts"])
                 res[mode_name(mode, k)] = {"step_ms": step, "compute_ms": comp,
-                             "orchestration_ms": step - comp, "step_parts": m["step_parts"],
-                             "steps": m["steps"]}
+                             "orchestration_ms": step - comp,
+                             "idle_ms": step - 1e3 * m["busy_seconds"],
+                             "step_parts": m["step_parts"], "steps": m["steps"]}
             per_round.append(res)
     figures = {name: {key: statistics.median(r[name][key] for r in per_round)
-                      for key in ("step_ms", "compute_ms", "orchestration_ms")}
+                      for key in ("step_ms", "compute_ms", "orchestration_ms", "idle_ms")}
                for name in per_round[0]}
     for name in figures:
         figures[name]["step_parts_ms"] = {
@@ -90,11 +95,11 @@ def render(results: dict) -> None:
     table = Table(title=f"orchestration a step: a nano model, {results['samples_per_step']} "
                         f"samples a step, steps {results['warmup'] + 1}-{results['steps']} "
                         f"(medians of {results['rounds']} round(s))")
-    for col in ("mode", "step ms", "compute ms", "orchestration ms"):
+    for col in ("mode", "step ms", "compute ms", "orchestration ms", "no compute ms"):
         table.add_column(col, justify="right")
     for name, m in results["modes"].items():
         table.add_row(name, f"{m['step_ms']:.1f}", f"{m['compute_ms']:.1f}",
-                      f"{m['orchestration_ms']:.1f}")
+                      f"{m['orchestration_ms']:.1f}", f"{m['idle_ms']:.1f}")
     console = Console(width=max(Console().width, 120))
     console.print(table)
     for name, m in results["modes"].items():
@@ -103,4 +108,5 @@ def render(results: dict) -> None:
             for role, kinds in sorted(m["step_parts_ms"].items())))
     console.print("compute: the generate, reference, train and optimizer spans a step "
                   "(added up in sync, the busier side's in the overlapping modes); "
-                  "orchestration: the rest of the step")
+                  "orchestration: the rest of the step; no compute: the step's time "
+                  "during which no worker computes")

@@ -31,7 +31,7 @@ from pathlib import Path
 from rljob.api import RLJob
 from rljob.local import LocalRun
 from rljob.planner.cost import bound_times, overlap_bound
-from rljob.infra.timeline import bubble_ratio, load_spans
+from rljob.infra.timeline import bubble_ratio, busy_seconds, load_spans
 from rljob.workflow.tasks import reference_task, rollout_batch_rows
 
 from .examples import example, tiny_model
@@ -122,6 +122,9 @@ def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool =
         # own: not in Ttrain, which counts the trainer's micro-steps and optimizer)
         "reference_seconds": sum(s.end - s.start for s in spans if s.kind == "reference") / n,
         "bubble_ratio": bubble_ratio(spans, window=(t0, t1)),
+        # a step's seconds during which some worker computes (the rest of it, every
+        # worker waits on claims, puts, writes, weights or the release)
+        "busy_seconds": busy_seconds(spans, (t0, t1)) / n,
         # the light processes' share of a core in the steady state (they share the
         # rollout's core)
         "light_cpu_share": {name: _share(reads, t0, t1) for name, reads in cpu.items()},

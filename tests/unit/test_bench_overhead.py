@@ -29,3 +29,15 @@ def test_compute_adds_up_in_sync_and_takes_the_busier_side_when_overlapped():
     assert compute_ms("async", parts) == pytest.approx(40.0)
     assert compute_ms("periodic", parts) == pytest.approx(40.0)
     assert compute_ms("sync", {}) == 0.0
+
+
+def test_busy_time_is_the_union_of_every_workers_compute():
+    from rljob.infra.timeline import busy_seconds, covered
+
+    assert covered([(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+    assert covered([]) == 0.0
+    spans = [Span("trainer-0", "train", 0.0, 0.3, 5), Span("rollout-0", "generate", 0.2, 0.5, 5),
+             Span("rollout-0", "claim", 0.5, 0.9, 5),  # the data path: no compute
+             Span("trainer-0", "reference", 0.8, 1.2, 6)]
+    assert busy_seconds(spans, (0.0, 1.0)) == pytest.approx(0.7)  # [0, 0.5] and [0.8, 1.0]
+    assert busy_seconds(spans, (0.0, 1.0), kinds=("train",)) == pytest.approx(0.3)

@@ -99,6 +99,28 @@ def load_spans(run_dir: str | Path) -> list[Span]:
     return spans
 
 
+def covered(intervals) -> float:
+    """The length of the union of (start, end) intervals (pure)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def busy_seconds(spans: list[Span], window: tuple[float, float],
+                 kinds: tuple[str, ...] = WORK) -> float:
+    """Seconds of `window` during which some worker runs a span of `kinds` (pure): the
+    rest of it, no work runs anywhere (everyone waits on the data path)."""
+    t0, t1 = window
+    return covered((max(s.start, t0), min(s.end, t1)) for s in spans
+                   if s.kind in kinds and s.end > t0 and s.start < t1)
+
+
 def bubble_ratio(spans: list[Span], weights: dict[str, float] | None = None,
                  window: tuple[float, float] | None = None) -> float:
     """Idle share of worker-time between the first and last span (work kinds only;
@@ -112,20 +134,8 @@ def bubble_ratio(spans: list[Span], weights: dict[str, float] | None = None,
     weights = weights or {}
     busy = total = 0.0
     for w in workers:
-        ivs = sorted((max(s.start, t0), min(s.end, t1)) for s in spans
-                     if s.worker == w and s.kind in WORK and s.end > t0 and s.start < t1)
-        covered, cur_s, cur_e = 0.0, None, None
-        for a, b in ivs:  # union of intervals
-            if cur_e is None or a > cur_e:
-                if cur_e is not None:
-                    covered += cur_e - cur_s
-                cur_s, cur_e = a, b
-            else:
-                cur_e = max(cur_e, b)
-        if cur_e is not None:
-            covered += cur_e - cur_s
         wt = weights.get(w, 1.0)
-        busy += covered * wt
+        busy += busy_seconds([s for s in spans if s.worker == w], (t0, t1)) * wt
         total += (t1 - t0) * wt
     return 1 - busy / total if total > 0 else 0.0
 
