@@ -59,7 +59,4 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
         assert m["step_ms"] > 0 and m["compute_ms"] > 0
         assert m["compute_ms"] + m["orchestration_ms"] == pytest.approx(m["step_ms"])
         assert 0 < m["idle_ms"] < m["step_ms"]  # part of a step no worker computes
-    # overlapped, the two sides compute at least as long as the busier one alone
-    a = res["modes"]["async(1)"]
-    assert a["idle_ms"] <= a["orchestration_ms"] + 1e-6
         assert m["step_parts_ms"]["trainer"]["train"] > 0
