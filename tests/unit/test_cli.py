@@ -380,3 +380,14 @@ def test_a_benchmark_keeps_its_runs_only_in_a_new_or_empty_directory(tmp_path):
         assert "--keep" in out.stderr and "not an empty directory" in out.stderr
         assert "Traceback" not in out.stderr
     assert sorted(p.name for p in kept.rglob("*")) == ["round-0", "spans", "sync"]
+
+
+def test_bench_overhead_names_the_field_a_problem_is_in(tmp_path):
+    """An unknown mode is --modes' problem; a missing examples folder is named as such
+    (not blamed on --modes); each one line, before any run starts."""
+    out = rljob("bench", "overhead", "--modes", "sync,fast")
+    assert out.returncode == 2 and "--modes" in out.stderr and "fast" in out.stderr
+    out = rljob("bench", "overhead", "--steps", "4", "--warmup", "1", cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "--modes" not in out.stderr and "rljob bench --examples DIR" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

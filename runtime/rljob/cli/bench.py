@@ -334,9 +334,9 @@ def bench_overhead(
     from rljob_bench import overhead as bench
 
     _check_warmup(warmup, steps)
-    try:
-        results = bench.run(steps, warmup, rounds, keep,
-                            tuple(m.strip() for m in modes.split(",") if m.strip()))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--modes") from None
-    _report(bench, results, json_out)
+    names = tuple(m.strip() for m in modes.split(",") if m.strip())
+    unknown = sorted(set(names) - {m for m, _ in bench.MODES})
+    if unknown or not names:
+        raise typer.BadParameter(f"{', '.join(unknown) or 'none given'}: use sync, periodic, "
+                                 "async", param_hint="--modes")
+    _report(bench, bench.run(steps, warmup, rounds, keep, names), json_out)
