@@ -13,9 +13,9 @@ the rest, the orchestration's milliseconds a step; and the step's milliseconds
 during which no worker computes at all (every one waits on a claim, put, write,
 weights or the release): the orchestration on the step's path, where the
 overlapping modes' compute does not hide it (in periodic one side's compute waits
-for the other's: the rollout's last batch, then the trainer's). CI's machine can run it, so a
-fixed cost that creeps in shows without an accelerator (where a step is short,
-such costs are most of it)."""
+for the other's: the rollout's last batch, then the trainer's). CI's machine can
+run it, so a fixed cost that creeps in shows without an accelerator (where a step
+is short, such costs are most of it)."""
 
 from __future__ import annotations
 
