@@ -119,14 +119,9 @@ class ReferenceWork:
             return 0
         if self.spans is not None:
             self.spans.claimed(batch, batch.rows[0].partition)
-        t0 = time.time()
-        with self.compute():
-            logps = row_logprobs(self.model(), self.pad_id,
-                                 [x.tolist() for x in batch.data["prompt_ids"]],
-                                 [x.tolist() for x in batch.data["response_ids"]], self.dist)
-        t1 = time.time()
-        if self.spans is not None:
-            self.spans.add("reference", t0, t1, batch.rows[0].partition)
+        logps = _forward(self, [x.tolist() for x in batch.data["prompt_ids"]],
+                         [x.tolist() for x in batch.data["response_ids"]],
+                         batch.rows[0].partition)
         return self._write(batch, logps)
 
     def abandon(self, claim: Future) -> None:
@@ -195,14 +190,22 @@ class LocalReference:
         todo = [s for s in samples if s.ref_logp is None]
         for k in range(0, len(todo), self.rows):
             part = todo[k:k + self.rows]
-            t0 = time.time()
-            with self.compute():
-                logps = row_logprobs(self.model(), self.pad_id, [s.prompt_ids for s in part],
-                                     [s.response_ids for s in part], self.dist)
+            logps = _forward(self, [s.prompt_ids for s in part],
+                             [s.response_ids for s in part], step)
             for s, lp in zip(part, logps):  # float32, as the task's column holds them
                 s.ref_logp = np.asarray(lp, np.float32).tolist()
-            if self.spans is not None:
-                self.spans.add("reference", t0, time.time(), step)
+
+
+def _forward(work, prompts: list[list[int]], responses: list[list[int]],
+             step: int) -> list[list[float]]:
+    """The rows' reference log-probs, computed as `work` (a `ReferenceWork` or a
+    `LocalReference`) computes them, with a "reference" span of `step`."""
+    t0 = time.time()
+    with work.compute():
+        logps = row_logprobs(work.model(), work.pad_id, prompts, responses, work.dist)
+    if work.spans is not None:
+        work.spans.add("reference", t0, time.time(), step)
+    return logps
 
 
 class ReferenceFromRunDir:

@@ -162,36 +162,29 @@ class TrainerWorker:
     def _reference_work(self) -> ReferenceWork:
         """Rank 0's share of the reference task (reference.py); in a local run the
         reference's weights also go into the run directory, for the replicas."""
-        policy, tok = self.policy, self.tok
         if self.run_dir is not None and replicas_take_it(self.spec):
-            save_weights(self.run_dir.reference, policy.ref)
-
-        @contextmanager
-        def compute():
-            with computing(self.cores), policy.autocast():
-                yield
-
-        return ReferenceWork(self.tq_address, lambda: policy.ref, tok.pad_token_id,
-                             TokenDistribution.of(self.spec.rollout, len(tok)),
-                             # what is ready, up to a micro-batch (its forward's size):
-                             # each claim, write and ack is a round trip
-                             rows=max(16, self.spec.algorithm.micro_samples),
-                             compute=compute,
-                             spans=self.spans)
+            save_weights(self.run_dir.reference, self.policy.ref)
+        return ReferenceWork(self.tq_address, **self._reference_forwards())
 
     def _local_reference(self) -> LocalReference:
         """Rank 0's reference log-probs of its own samples, where they are not a task."""
-        policy = self.policy
+        return LocalReference(**self._reference_forwards())
+
+    def _reference_forwards(self) -> dict:
+        """How rank 0 computes reference log-probs, a task's rows or its own samples':
+        the frozen reference in the compute dtype, on its cores, up to a micro-batch
+        a forward (each claim, write and ack of the task is a round trip)."""
+        policy, tok = self.policy, self.tok
 
         @contextmanager
         def compute():
             with computing(self.cores), policy.autocast():
                 yield
 
-        return LocalReference(lambda: policy.ref, self.tok.pad_token_id,
-                              TokenDistribution.of(self.spec.rollout, len(self.tok)),
-                              rows=max(16, self.spec.algorithm.micro_samples),
-                              compute=compute, spans=self.spans)
+        return {"model": lambda: policy.ref, "pad_id": tok.pad_token_id,
+                "dist": TokenDistribution.of(self.spec.rollout, len(tok)),
+                "rows": max(16, self.spec.algorithm.micro_samples), "compute": compute,
+                "spans": self.spans}
 
     def run(self) -> None:
         for t in range(self.start, self.steps):
