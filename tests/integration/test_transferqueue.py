@@ -202,7 +202,7 @@ def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, cap
 
             def claim_then_pause(*args, **kwargs):
                 held = claim(*args, **kwargs)
-                assert len(held.rows) == 4
+                assert len(held.rows.index) == 4
                 deadline = time.monotonic() + 30
                 while not (other := b.claim("t", 4, min_count=4)).rows:  # the lease ran out
                     assert time.monotonic() < deadline, "the rows never came back"

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from .dataplane import Batch, DataPlane, TransferQueueError, rpc_error
+from .dataplane import Batch, DataPlane, TransferQueueError, claimed_rows, rpc_error
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .policies import get_claim_policy
@@ -32,7 +32,7 @@ _STALE_PB = {"discard": pb.DISCARD, "regenerate": pb.REGENERATE}
 
 
 def _claimed(task: str, resp: pb.ClaimResponse) -> Batch:
-    return Batch(task, resp.lease, list(resp.rows), lease_seconds=resp.lease_seconds,
+    return Batch(task, resp.lease, claimed_rows(resp.rows), lease_seconds=resp.lease_seconds,
                  tag_sets=[dict(t.tags) for t in resp.tag_sets])
 
 

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Any
+from itertools import chain, repeat
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -75,13 +75,35 @@ def unit_errors(unit: int) -> Iterator[None]:
         raise rpc_error(exc) from None
 
 
+class RowMeta(NamedTuple):
+    """A claimed row: where it is and what the controller knows of it."""
+
+    index: int
+    partition: int
+    unit: int
+    length: int
+    version: int
+    group: int
+    rank: int = 0  # TOKEN_BALANCED: the DP rank the row goes to
+    # fenced writes: Batch.tag_sets[tag_set - 1] names its cells; 0: none
+    tag_set: int = 0
+
+
+def claimed_rows(rows: pb.ClaimedRows) -> list[RowMeta]:
+    """A claim's rows (`ClaimResponse.rows`: one column a field) as RowMetas."""
+    n = len(rows.index)
+    return list(map(RowMeta, rows.index, rows.partition, rows.unit or repeat(0, n),
+                    rows.length, rows.version, rows.group, rows.rank or repeat(0, n),
+                    rows.tag_set or repeat(0, n)))
+
+
 @dataclass
 class Batch:
     """A claimed set of rows: metadata, and the columns once fetched."""
 
     task: str
     lease: str
-    rows: list[pb.RowMeta]
+    rows: list[RowMeta]
     data: dict[str, list[Any]] = field(default_factory=dict)
     lease_seconds: float = 0.0
     # wall-clock seconds (`claim_get`): the claim sent, its answer, the cells read
@@ -288,7 +310,7 @@ class DataPlane:
         """`ClaimRequest.read`: the columns, where some unit lives in the controller."""
         return list(columns) if any(map(self.in_controller, range(len(self.units)))) else []
 
-    def read(self, rows: Sequence[pb.RowMeta], columns: Sequence[str],
+    def read(self, rows: Sequence[RowMeta], columns: Sequence[str],
              tag_sets: Sequence[Mapping[str, str]] = (),
              claimed: Sequence[pb.UnitCells] = ()) -> dict[str, list[Any]]:
         """The rows' cells of `columns`, decoded; `claimed`: the cells that came with

@@ -320,19 +320,20 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         resp = pb.ClaimResponse(
             lease=claim.lease, lease_seconds=self.controller.lease_seconds, tag_sets=tag_sets,
             cells=self._claimed_cells(claim.rows, list(request.read)) if request.read else ())
-        # each RowMeta made in place and its fields set one by one, those at their
-        # default left alone (0.50 ms for 256 rows with keywords, 0.29 ms so)
-        add = resp.rows.add
-        for r in claim.rows:
-            m = add()
-            m.index, m.partition, m.group = r.index, r.partition, r.group
-            m.length, m.version = r.length, r.version
-            if r.unit:
-                m.unit = r.unit
-            if r.rank:
-                m.rank = r.rank
-            if r.tags:
-                m.tag_set = sets.get(id(r.tags), 0)
+        # the rows as columns, each one extend (unit, rank, tag_set: empty where all 0)
+        index, partition, unit, length, version, group, rank, tags = zip(*claim.rows)
+        out = resp.rows
+        out.index.extend(index)
+        out.partition.extend(partition)
+        out.length.extend(length)
+        out.version.extend(version)
+        out.group.extend(group)
+        if any(unit):
+            out.unit.extend(unit)
+        if any(rank):
+            out.rank.extend(rank)
+        if sets:
+            out.tag_set.extend([sets.get(id(t), 0) if t else 0 for t in tags])
         return resp
 
     async def _ack(self, request):

@@ -212,7 +212,7 @@ class ClaimRequest(_message.Message):
     read: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class RowMeta(_message.Message):
+class ClaimedRows(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tag_set")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -222,15 +222,15 @@ class RowMeta(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TAG_SET_FIELD_NUMBER: _ClassVar[int]
-    index: int
-    partition: int
-    unit: int
-    length: int
-    version: int
-    group: int
-    rank: int
-    tag_set: int
-    def __init__(self, index: _Optional[int] = ..., partition: _Optional[int] = ..., unit: _Optional[int] = ..., length: _Optional[int] = ..., version: _Optional[int] = ..., group: _Optional[int] = ..., rank: _Optional[int] = ..., tag_set: _Optional[int] = ...) -> None: ...
+    index: _containers.RepeatedScalarFieldContainer[int]
+    partition: _containers.RepeatedScalarFieldContainer[int]
+    unit: _containers.RepeatedScalarFieldContainer[int]
+    length: _containers.RepeatedScalarFieldContainer[int]
+    version: _containers.RepeatedScalarFieldContainer[int]
+    group: _containers.RepeatedScalarFieldContainer[int]
+    rank: _containers.RepeatedScalarFieldContainer[int]
+    tag_set: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[_Iterable[int]] = ..., partition: _Optional[_Iterable[int]] = ..., unit: _Optional[_Iterable[int]] = ..., length: _Optional[_Iterable[int]] = ..., version: _Optional[_Iterable[int]] = ..., group: _Optional[_Iterable[int]] = ..., rank: _Optional[_Iterable[int]] = ..., tag_set: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TagSet(_message.Message):
     __slots__ = ("tags",)
@@ -253,11 +253,11 @@ class ClaimResponse(_message.Message):
     TAG_SETS_FIELD_NUMBER: _ClassVar[int]
     CELLS_FIELD_NUMBER: _ClassVar[int]
     lease: str
-    rows: _containers.RepeatedCompositeFieldContainer[RowMeta]
+    rows: ClaimedRows
     lease_seconds: float
     tag_sets: _containers.RepeatedCompositeFieldContainer[TagSet]
     cells: _containers.RepeatedCompositeFieldContainer[UnitCells]
-    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[RowMeta, _Mapping]]] = ..., lease_seconds: _Optional[float] = ..., tag_sets: _Optional[_Iterable[_Union[TagSet, _Mapping]]] = ..., cells: _Optional[_Iterable[_Union[UnitCells, _Mapping]]] = ...) -> None: ...
+    def __init__(self, lease: _Optional[str] = ..., rows: _Optional[_Union[ClaimedRows, _Mapping]] = ..., lease_seconds: _Optional[float] = ..., tag_sets: _Optional[_Iterable[_Union[TagSet, _Mapping]]] = ..., cells: _Optional[_Iterable[_Union[UnitCells, _Mapping]]] = ...) -> None: ...
 
 class AckRequest(_message.Message):
     __slots__ = ("task", "lease", "indices")
