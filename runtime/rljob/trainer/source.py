@@ -163,17 +163,19 @@ class StepSource:
         if self.spans is not None:
             self.spans.claimed(batch, self.step)
         d = batch.data
-        samples = [Sample(int(d["slot"][i]), row.group, row.version, d["prompt_ids"][i].tolist(),
-                          d["response_ids"][i].tolist(), d["rollout_logp"][i].tolist(),
-                          float(d["reward"][i]), released_at=float(d["released_at"][i]),
-                          started_at=float(d["started_at"][i]),
-                          finished_at=float(d["finished_at"][i]),
-                          epoch=int(d["weights_epoch"][i]),
-                          gen_calls=list(d["gen_calls"][i] or []))
-                   for i, row in enumerate(batch.rows)]
+        # column by column (a claim brings hundreds of rows, each step's on the path
+        # from their write to training)
+        samples = [Sample(int(slot), row.group, row.version, p.tolist(), r.tolist(), lp.tolist(),
+                          float(reward), released_at=float(released), started_at=float(started),
+                          finished_at=float(finished), epoch=int(epoch),
+                          gen_calls=list(calls or []))
+                   for row, slot, p, r, lp, reward, released, started, finished, epoch, calls
+                   in zip(batch.rows, d["slot"], d["prompt_ids"], d["response_ids"],
+                          d["rollout_logp"], d["reward"], d["released_at"], d["started_at"],
+                          d["finished_at"], d["weights_epoch"], d["gen_calls"])]
         if "ref_logp" in d:  # the reference task's
-            for i, s in enumerate(samples):
-                s.ref_logp = d["ref_logp"][i].tolist()
+            for s, x in zip(samples, d["ref_logp"]):
+                s.ref_logp = x.tolist()
         if "advantages" in d:  # ppo
             for i, s in enumerate(samples):
                 s.token_advantages = d["advantages"][i].tolist()
@@ -234,8 +236,15 @@ class StepSource:
         if self.lineage is None:
             return batch, samples
         bound = self.spec.workflow.staleness_bound
-        bad = {s.group for s in samples
-               if not self.lineage.accepts_tokens(s.changes, self.step, bound)}
+        verdicts: dict[tuple, bool] = {}  # a claim's samples share a few weights
+        bad = set()
+        for s in samples:
+            key = (s.version, s.epoch) if s.versions is None else tuple(s.versions)
+            ok = verdicts.get(key)
+            if ok is None:
+                ok = verdicts[key] = self.lineage.accepts_tokens(s.changes, self.step, bound)
+            if not ok:
+                bad.add(s.group)
         if not bad:
             return batch, samples
         refused = [row.index for row in batch.rows if row.group in bad]
