@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, repeat
 from typing import Any, NamedTuple
 
@@ -89,12 +90,15 @@ class RowMeta(NamedTuple):
     tag_set: int = 0
 
 
+_ROW = partial(tuple.__new__, RowMeta)  # a RowMeta of a tuple of its fields, in C
+
+
 def claimed_rows(rows: pb.ClaimedRows) -> list[RowMeta]:
     """A claim's rows (`ClaimResponse.rows`: one column a field) as RowMetas."""
     n = len(rows.index)
-    return list(map(RowMeta, rows.index, rows.partition, rows.unit or repeat(0, n),
-                    rows.length, rows.version, rows.group, rows.rank or repeat(0, n),
-                    rows.tag_set or repeat(0, n)))
+    return list(map(_ROW, zip(rows.index, rows.partition, rows.unit or repeat(0, n),
+                              rows.length, rows.version, rows.group,
+                              rows.rank or repeat(0, n), rows.tag_set or repeat(0, n))))
 
 
 @dataclass
