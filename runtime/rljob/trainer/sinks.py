@@ -162,20 +162,21 @@ class TensorBoardSink(StepSink):
 
     def __init__(self, directory: Path, start: int):
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+        # imported once, when the sink is made: a job without it never loads tensorboard
+        self.event, self.summary = Event, Summary
         self.writer = EventFileWriter(str(directory))
         if start:  # a resumed run: TensorBoard drops its points after the checkpoint
             self.writer.add_event(Event(wall_time=time.time(), step=start + 1,
                                         session_log=SessionLog(status=SessionLog.START)))
 
     def write(self, m: dict, version: int) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        values = [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars(m).items()]
-        self.writer.add_event(Event(wall_time=time.time(), step=version,
-                                    summary=Summary(value=values)))
+        values = [self.summary.Value(tag=tag, simple_value=float(v))
+                  for tag, v in scalars(m).items()]
+        self.writer.add_event(self.event(wall_time=time.time(), step=version,
+                                         summary=self.summary(value=values)))
         self.writer.flush()  # a step's points show while the job runs
 
     def close(self) -> None:
