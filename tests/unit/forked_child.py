@@ -2,6 +2,7 @@
 [exit CODE | sleep | raise | open-file PATH | stop-file PATH]` writes what it sees of
 itself to OUT, then does what its arguments say."""
 
+import gc
 import json
 import os
 import signal
@@ -24,7 +25,9 @@ if __name__ == "__main__":
                    "env": {k: os.environ.get(k) for k in ("POD_NAME", "OMP_NUM_THREADS")},
                    "cpus": sorted(os.sched_getaffinity(0)),
                    "threads": torch.get_num_threads() if torch else None, "cwd": os.getcwd(),
-                   "preloaded": torch is not None}, f)
+                   "preloaded": torch is not None,
+                   # the server's imports, frozen out of the child's collections
+                   "frozen": gc.get_freeze_count(), "collecting": gc.isenabled()}, f)
     print("hello from the child")
     if what[:1] == ["exit"]:
         sys.exit(int(what[1]))

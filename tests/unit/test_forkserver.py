@@ -48,6 +48,8 @@ def test_a_forked_child_is_the_worker_it_was_asked_for(server, tmp_path):
     assert seen["env"] == {"POD_NAME": "rollout-0", "OMP_NUM_THREADS": "2"}
     assert seen["cpus"] == sorted(cpus)
     assert seen["preloaded"] and seen["threads"] == 2  # torch from the server, 2 threads
+    # torch's objects are out of the child's collections, which still run
+    assert seen["frozen"] > 50_000 and seen["collecting"]
     assert seen["argv"] == [str(out), "exit", "0"]
     assert (tmp_path / "rollout-0.log").read_text() == "hello from the child\n"
     assert child.pid != server.pid

@@ -40,6 +40,20 @@ def test_the_end_flushes_files_runs_atexit_joins_threads_and_keeps_the_status(tm
     assert "atexit ran" in out.stdout
 
 
+def test_a_file_opened_before_the_heap_was_settled_is_flushed_too(tmp_path):
+    """A worker settles its heap after its imports (infra/heap.py): files opened by
+    then are out of the collector's lists, and the end still finds them."""
+    out = _run("""
+        from rljob.infra.heap import settle_heap
+        f = open("before.txt", "w")
+        settle_heap()
+        f.write("written after")
+        end(0)
+    """, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "before.txt").read_text() == "written after"
+
+
 def test_a_system_exit_message_is_printed_and_ends_with_status_1(tmp_path):
     out = _run("""
         try:

@@ -34,10 +34,13 @@ def worker_transferqueue(
     import logging
     import os
 
-    from ..transferqueue.alloc import tune_allocator
-    from ..transferqueue.service import TransferQueueService, serve
-    from ..transferqueue.state import ControllerError, check_lease_seconds
-    from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
+    from ..infra.heap import importing
+
+    with importing():
+        from ..transferqueue.alloc import tune_allocator
+        from ..transferqueue.service import TransferQueueService, serve
+        from ..transferqueue.state import ControllerError, check_lease_seconds
+        from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
 
     tune_allocator()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -86,10 +89,13 @@ def worker_trainer(
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """One rank of the trainer gang."""
-    from ..transferqueue.alloc import tune_allocator
-    from ..trainer.worker import run_trainer
-
     import os
+
+    from ..infra.heap import importing
+
+    with importing():
+        from ..transferqueue.alloc import tune_allocator
+        from ..trainer.worker import run_trainer
 
     _worker_logging()
     tune_allocator()
@@ -110,8 +116,11 @@ def worker_rollout(
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
     """One rollout replica."""
-    from ..rollout.worker import run_rollout
-    from ..transferqueue.alloc import tune_allocator
+    from ..infra.heap import importing
+
+    with importing():
+        from ..rollout.worker import run_rollout
+        from ..transferqueue.alloc import tune_allocator
 
     _worker_logging()
     tune_allocator()
@@ -137,8 +146,11 @@ def worker_driver(
     import signal
     import sys
 
-    from ..inputs.models import load_tokenizer
-    from ..workflow.driver import run_driver
+    from ..infra.heap import importing
+
+    with importing():
+        from ..inputs.models import load_tokenizer
+        from ..workflow.driver import run_driver
 
     # in a pod the driver is its container's PID 1, which ignores SIGTERM unless it
     # handles it (the pod would wait out its grace period): it ends at once, losing

@@ -48,6 +48,8 @@ import threading
 import time
 from pathlib import Path
 
+from .heap import importing
+
 _PR_SET_PDEATHSIG = 1
 # the server's own environment: the libraries it loads read these once
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -329,12 +331,13 @@ def serve(preload: list[str], listen: str | None = None) -> dict:
     a client leaves when it disconnects get SIGTERM). Returns only in a child: its
     request."""
     listener = _listen(listen) if listen else None
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - a module it lacks: the child imports its own
-            print(f"forkserver: not preloaded: {name}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+    with importing():  # settled before any fork: the forks' collections skip it
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 - a module it lacks: the child's own
+                print(f"forkserver: not preloaded: {name}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

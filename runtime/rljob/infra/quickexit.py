@@ -25,6 +25,7 @@ def end(code: int, interrupted: bool = False) -> NoReturn:
     # the types of Python's open files, by type() (isinstance would ask every object
     # for its __class__, and some of torch's warn when asked)
     files = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    gc.unfreeze()  # those opened before the heap was settled too (infra/heap.py)
     for obj in gc.get_objects():
         if issubclass(type(obj), files):
             try:
