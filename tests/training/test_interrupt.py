@@ -9,7 +9,7 @@ import torch
 
 from rljob.rollout.engine import HFEngine, SamplingParams
 from rljob.rollout.updates import UpdateGate
-from rljob.workflow.versions import changed, token_versions
+from rljob.workflow.versions import changed, token_versions, version_counts
 from rljob.sampling import TokenDistribution
 from rljob.trainer.batch import make_batch, token_logprobs
 from tests.training.test_algorithms import tiny
@@ -143,6 +143,24 @@ def test_change_points_and_token_versions():
     assert changed(c, 5, 6, 1) == [(0, 3, 1), (5, 6, 1)]
     assert changed([(0, 3, 1), (5, 4, 1)], 5, 3, 1) == [(0, 3, 1)]
     assert changed([(0, 3, 1)], 0, 4, 1) == [(0, 4, 1)]
+
+
+def test_version_counts_are_token_versions_counted():
+    """A step's staleness by token (the reporter's) counts change points, not tokens:
+    the same counts on every shape of change list, cut short or not."""
+    import random
+    from collections import Counter
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        c, pos = [], 0
+        for _ in range(rng.randint(1, 5)):
+            pos += rng.randint(0, 6)
+            c = changed(c, pos, rng.randint(0, 9), rng.randint(0, 2))
+        length = rng.randint(0, 30)
+        assert version_counts(c, length) == dict(Counter(token_versions(c, length)))
+    assert version_counts([(0, 3, 1), (5, 4, 1)], 7) == {3: 5, 4: 2}
+    assert version_counts([(0, 3, 1)], 0) == {}
 
 
 def test_weights_of_a_new_trainer_life_start_the_batch_again():

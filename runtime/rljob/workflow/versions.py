@@ -32,3 +32,17 @@ def token_versions(changes: VersionChanges, length: int) -> list[int]:
         end = changes[i + 1][0] if i + 1 < len(changes) else length
         out += [v] * max(0, min(end, length) - max(p, len(out)))
     return out
+
+
+def version_counts(changes: VersionChanges, length: int) -> dict[int, int]:
+    """How many of `length` tokens each version generated: `token_versions` counted,
+    a change point at a time, not a token at a time (pure)."""
+    out: dict[int, int] = {}
+    done = 0
+    for i, (p, v, _) in enumerate(changes):
+        end = changes[i + 1][0] if i + 1 < len(changes) else length
+        n = max(0, min(end, length) - max(p, done))
+        if n:
+            out[v] = out.get(v, 0) + n
+            done += n
+    return out
