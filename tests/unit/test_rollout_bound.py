@@ -43,3 +43,35 @@ def test_on_policy_modes_never_give_rows_back():
     for mode in ("sync", "periodic"):
         w, given, _ = _worker(mode, None, version=0)
         assert not w.beyond_bound(_batch(3)) and given == []
+
+
+def _claiming(mode: str, holds: int):
+    """A worker whose claim brings a batch of step 3, holding weights `holds`; the
+    trainer's latest is asked through `asked`."""
+    import threading
+
+    w, _, _ = _worker(mode, 1 if mode == "async" else None, version=holds)
+    batch = SimpleNamespace(rows=[SimpleNamespace(partition=3)] * 4)
+    asked = []
+    w.consumer = SimpleNamespace(tq=SimpleNamespace(claim_get=lambda *a, **k: batch),
+                                 keeper=SimpleNamespace(hold=lambda b: None))
+    w.spans = SimpleNamespace(claimed=lambda b, step: None)
+    w.claim_rows, w.claim_policy, w.g, w.stop = 4, "fifo", 4, threading.Event()
+    w.wait_weights = True
+    w.receiver = SimpleNamespace(holds=lambda v: holds >= v,
+                                 latest=lambda: asked.append(1) or (4, 2))
+    return w, batch, asked
+
+
+def test_an_on_policy_claim_asks_the_trainer_only_when_the_steps_weights_are_not_held():
+    """sync and periodic: the driver released the step once every live replica held
+    its weights, and none newer comes before it is trained, so a replica that holds
+    them generates at once; one that does not (it was not live then) asks the trainer
+    for its newest and waits for them. async asks every time."""
+    for mode in ("sync", "periodic"):
+        w, batch, asked = _claiming(mode, holds=3)
+        assert w.claim() == (batch, (-1, 0)) and asked == []
+        w, batch, asked = _claiming(mode, holds=2)
+        assert w.claim() == (batch, (4, 2)) and asked == [1]
+    w, batch, asked = _claiming("async", holds=3)
+    assert w.claim() == (batch, (4, 2)) and asked == [1]

@@ -169,8 +169,18 @@ class RolloutWorker:
         if batch.rows:
             self.consumer.keeper.hold(batch)  # generation may outlast the lease
             self.spans.claimed(batch, batch.rows[0].partition)
-        return batch, (self.receiver.latest() if batch.rows and self.wait_weights
-                       else (-1, 0))
+        if not (batch.rows and self.wait_weights) or self.holds_step(batch):
+            return batch, (-1, 0)
+        return batch, self.receiver.latest()
+
+    def holds_step(self, batch: Batch) -> bool:
+        """sync and periodic: whether this replica holds the weights of the batch's step
+        (v = step). The driver released the step once every live replica held them,
+        and nothing newer is published before the step is trained, so they are the
+        newest: no need to ask the trainer (a round trip on the path from the claim to
+        generation, 3.2 ms a claim in a sync run on 2 cores; `latest`)."""
+        return (self.spec.workflow.mode != "async"
+                and self.receiver.holds(batch.rows[0].partition))
 
     def score(self, batch: Batch, first: int, samples: list) -> list:
         """The rewards of `samples`, generated for the batch's rows from `first` on."""
