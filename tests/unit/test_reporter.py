@@ -50,6 +50,26 @@ def test_figures_go_out_in_step_order_from_the_reporters_thread(caplog):
     assert tq.threads and all(n.startswith("rljob-report") for n in tq.threads)
 
 
+def test_figures_are_made_once_what_they_wait_for_returned_and_the_caller_goes_on():
+    """sync and periodic: a step's figures wait until the replicas hold its weights
+    (`after`), in the reporter's thread: the caller does not wait, and neither do the
+    weight service's threads for the figures' Python."""
+    tq, sinks = _Controller(), _Sinks()
+    reporter = Reporter(tq, "trainer-0", sinks)
+    out, made = threading.Event(), []
+
+    def figures():
+        made.append(out.is_set())
+        return _figures(0)()
+
+    reporter.submit(figures, after=lambda: out.wait(5))
+    assert made == [] and not reporter._sent[0].done()  # submit returned at once
+    threading.Timer(0.2, out.set).start()
+    reporter.flush()
+    assert made == [True] and sinks.written == [(0, 1)]
+    reporter.close()
+
+
 def test_a_failed_report_raises_at_the_next_step_and_is_logged_at_close(caplog):
     tq, sinks = _Controller(), _Sinks()
     reporter = Reporter(tq, "trainer-0", sinks)

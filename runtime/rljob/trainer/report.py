@@ -157,13 +157,20 @@ class Reporter:
                                **{k: m[k] for k in CONTROLLER_FIGURES})
         self.sinks.write(m, version)
 
-    def submit(self, figures: Callable[[], tuple[dict, int]]) -> None:
-        """`report(*figures())` in the reporter's thread."""
+    def submit(self, figures: Callable[[], tuple[dict, int]],
+               after: Callable[[], object] | None = None) -> None:
+        """`report(*figures())` in the reporter's thread, once `after()` returned."""
         done = [f for f in self._sent if f.done()]
         self._sent = [f for f in self._sent if not f.done()]
         for f in done:
             f.result()  # a failed report raises here
-        self._sent.append(self._thread.submit(lambda: self.report(*figures())))
+
+        def send() -> None:
+            if after is not None:
+                after()
+            self.report(*figures())
+
+        self._sent.append(self._thread.submit(send))
 
     def flush(self) -> None:
         """Wait until every submitted step's figures are out (the first failure

@@ -58,6 +58,10 @@ from .warmup import WarmupStopped, warm_up, warmup_reporter
 
 log = logging.getLogger("rljob.trainer")
 
+# the longest a step's figures wait for the replicas to hold its weights (a replica
+# that died stays live to the release rule for a while; the figures do not wait that)
+REPLICAS_WAIT = 2.0
+
 
 class TrainerWorker:
     """One trainer rank: `setup()` restores or warms up the policy and publishes its
@@ -352,7 +356,16 @@ class TrainerWorker:
             m["grad_norm"] = grad_norm
             return m | rows | critic, version
 
-        self.reporter.submit(figures)
+        # sync and periodic: the figures are made once the replicas hold the new
+        # weights. The next step is released only then, through this process's weight
+        # service (the replicas' fetch and report, the driver's wait), whose threads
+        # the figures' Python held up (docs/benchmarks.md). The next step cannot end
+        # sooner, so they never fall behind; async trains on meanwhile and makes them
+        # at once, and after the last step nothing is released.
+        wait = self.spec.workflow.mode != "async" and version < self.steps
+        self.reporter.submit(figures, after=(
+            (lambda: self.sender.wait_replicas(version, timeout=REPLICAS_WAIT))
+            if wait else None))
 
     def checkpoint(self) -> None:
         """Checkpoint the current version, then ack the rows it holds (rank 0: once
