@@ -89,10 +89,23 @@ def test_versions_stream_to_a_replica_and_it_reports_them(sender):
         client.close()
         # a version nobody reached yet: the wait gives up and says so
         assert not sender.wait_replicas(3, timeout=0.3)
+        started = time.monotonic()  # `live`: a live replica is waited for all the same
+        assert not sender.wait_replicas(3, timeout=0.3, live=True)
+        assert time.monotonic() - started >= 0.3
     finally:
         receiver.stop()
     assert not receiver._thread.is_alive()  # stop cancelled its long poll
     assert engine.loads == 3
+
+
+def test_with_no_replica_live_a_wait_for_replicas_that_asks_so_ends_at_once(sender):
+    """A trainer's figures wait for the replicas to hold the step's weights (on
+    policy), not for replicas that are not there."""
+    sender.publish(0, weights(0))
+    started = time.monotonic()
+    assert not sender.wait_replicas(0, timeout=10, live=True)
+    assert time.monotonic() - started < 5
+    assert not sender.wait_replicas(0, timeout=0.2)  # without: the whole timeout
 
 
 def test_a_fetch_of_a_version_not_yet_published_waits_for_it(sender):

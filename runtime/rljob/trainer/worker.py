@@ -361,10 +361,10 @@ class TrainerWorker:
         # service (the replicas' fetch and report, the driver's wait), whose threads
         # the figures' Python held up (docs/benchmarks.md). The next step cannot end
         # sooner, so they never fall behind; async trains on meanwhile and makes them
-        # at once, and after the last step nothing is released.
+        # at once, and after the last step, or with no replica live, nothing is released.
         wait = self.spec.workflow.mode != "async" and version < self.steps
         self.reporter.submit(figures, after=(
-            (lambda: self.sender.wait_replicas(version, timeout=REPLICAS_WAIT))
+            (lambda: self.sender.wait_replicas(version, timeout=REPLICAS_WAIT, live=True))
             if wait else None))
 
     def checkpoint(self) -> None:

@@ -162,14 +162,18 @@ class WeightSender(pbg.WeightServiceServicer):
             self._latest = pub
             self._cond.notify_all()
 
-    def wait_replicas(self, version: int, timeout: float, fresh_seconds: float = 10.0) -> bool:
-        """Wait until every live replica reports `version` or newer (or `timeout` s)."""
+    def wait_replicas(self, version: int, timeout: float, fresh_seconds: float = 10.0,
+                      live: bool = False) -> bool:
+        """Wait until every live replica reports `version` or newer (or `timeout` s);
+        with `live`, not at all while no replica is live (False)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 replicas = self._fresh(fresh_seconds)
                 if replicas and min(r.version for r in replicas) >= version:
                     return True
+                if live and not replicas:
+                    return False
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
