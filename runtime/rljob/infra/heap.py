@@ -17,9 +17,12 @@ the server (copy-on-write keeps them shared).
 
 Frozen objects are still freed when nothing refers to them; only a cycle among them
 would stay, so the call goes where what lives then lives as long as the process:
-after a process's imports, never in library code (like `tune_allocator`, it is the
-entrypoint's choice). At exit they are unfrozen, so a normal exit frees them as
-before and `quickexit.end` finds every open file."""
+after a process's imports, and after a trainer's or a rollout replica's set-up (its
+model, engine and clients; `run_trainer`, `run_rollout`), never in library code (like
+`tune_allocator`, it is the entrypoint's choice). At exit they are unfrozen, so a
+normal exit frees them as before and `quickexit.end` finds every open file. A
+worker's timeline shows each collection of a millisecond or more ("gc" spans,
+infra/timeline.py)."""
 
 from __future__ import annotations
 

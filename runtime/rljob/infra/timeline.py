@@ -4,9 +4,11 @@ Used by the local runtime (spans logged by each worker) and the simulator."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -29,10 +31,13 @@ WORK = ("generate", "train", "optimizer", "reference", "value", "value-update")
 # what a step spends between its compute (`rljob bench overhead` names them): a
 # claim's round trip (waiting for ready rows included), the claimed cells' read, a
 # write of produced cells with its notify and ack, the driver's put of a step's
-# prompts, generation waiting for the newest weights (weightSync sync). Neither
+# prompts, generation waiting for the newest weights (weightSync sync); and a
+# collection of Python's garbage collector that took GC_SPAN or longer ("gc": the
+# thread that set it off, and every other one of the process, stopped for it). Neither
 # drawn nor counted in the bubble ratio (the driver, which has only these, is no
 # worker of the chart)
-DATA = ("claim", "read", "write", "put", "weight-wait")
+DATA = ("claim", "read", "write", "put", "weight-wait", "gc")
+GC_SPAN = 0.001
 
 
 @dataclass
@@ -49,16 +54,31 @@ class Span:
 
 
 class SpanLog:
-    """Appends a worker's spans to RUN_DIR/spans/WORKER.jsonl (wall-clock seconds)."""
+    """Appends a worker's spans to RUN_DIR/spans/WORKER.jsonl (wall-clock seconds).
+    The process's garbage collections of GC_SPAN or longer go in too, as "gc" spans of
+    the step of the latest span added before them (written with the next span)."""
 
     def __init__(self, run_dir: str | Path | None, worker: str):
         self.worker = worker
         self._f = None
         self._lock = threading.Lock()  # a worker's threads add spans (claims, writes)
+        self.step = -1  # of the latest span added: a collection's
+        self._gc_start = 0.0
+        self._collections: deque[tuple[float, float, int]] = deque()
         if run_dir is not None:
             path = RunDir.of(run_dir).span_file(worker)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(path, "a", encoding="utf-8")
+            gc.callbacks.append(self._collected)
+
+    def _collected(self, phase: str, info: dict) -> None:
+        """The collector's callback: it runs inside the collection, in whichever
+        thread set it off (maybe one holding this log's lock), so it only notes the
+        collection; the next `add` writes it."""
+        if phase == "start":
+            self._gc_start = time.time()
+        elif (end := time.time()) - self._gc_start >= GC_SPAN:
+            self._collections.append((self._gc_start, end, self.step))
 
     @contextmanager
     def span(self, kind: str, step: int) -> Iterator[None]:
@@ -74,10 +94,20 @@ class SpanLog:
             row = asdict(Span(self.worker, kind, start, end, step, info))
             if info is None:
                 del row["info"]
-            line = json.dumps(row) + "\n"
+            line = self._pauses() + json.dumps(row) + "\n"
             with self._lock:
                 self._f.write(line)
                 self._f.flush()
+                self.step = max(self.step, step)
+
+    def _pauses(self) -> str:
+        """The lines of the collections noted since the last span."""
+        lines = ""
+        while self._collections:
+            start, end, step = self._collections.popleft()
+            lines += json.dumps({"worker": self.worker, "kind": "gc", "start": start,
+                                 "end": end, "step": step}) + "\n"
+        return lines
 
     def claimed(self, batch, step: int) -> None:
         """A claim's round trip and its cells' read (a `Batch` of `claim_get`)."""
@@ -87,6 +117,10 @@ class SpanLog:
 
     def close(self) -> None:
         if self._f is not None:
+            if self._collected in gc.callbacks:
+                gc.callbacks.remove(self._collected)
+            with self._lock:
+                self._f.write(self._pauses())
             self._f.close()
 
 

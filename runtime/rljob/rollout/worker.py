@@ -30,6 +30,7 @@ from ..inputs.models import build_model, load_tokenizer
 from ..reward import get_reward, score_all
 from ..sampling import TokenDistribution
 from ..trainer.reference import ReferenceFromRunDir, ReferenceWork, replicas_take_it
+from ..infra.heap import settle_heap
 from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
@@ -486,7 +487,9 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
     """`rljob worker rollout`: one replica until SIGTERM."""
     worker = RolloutWorker(spec, tq_address, weights_address, replica, run_dir, metrics_port)
     try:
-        worker.setup().run()
+        worker.setup()
+        settle_heap()  # the model, its engine and clients live as long as the process
+        worker.run()
     finally:
         worker.close()
 

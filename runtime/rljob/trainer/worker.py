@@ -33,6 +33,7 @@ from ..inputs.data import load_examples, prompt_columns
 from ..infra.cores import CoreShare, computing
 from ..infra.device import activate, cores_given, resolve as resolve_device
 from ..inputs.models import build_model, load_tokenizer
+from ..infra.heap import settle_heap
 from ..infra.rundir import RunDir, readable_as_new
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
@@ -387,7 +388,9 @@ def run_trainer(spec: RLJobSpec, tq_address: str, weights_listen: str, rank: int
     worker = TrainerWorker(spec, tq_address, weights_listen, rank, world, master, run_dir,
                            resume, max_steps, metrics_port, local_rank)
     try:
-        worker.setup().run()
+        worker.setup()
+        settle_heap()  # the model, its engine and clients live as long as the process
+        worker.run()
     except WarmupStopped as exc:  # SIGTERM before the first RL step: nothing to keep
         log.info("%s: exiting, no RL step trained, no checkpoint", exc)
     finally:
