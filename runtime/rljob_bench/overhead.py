@@ -13,7 +13,11 @@ the rest, the orchestration's milliseconds a step; and the step's milliseconds
 during which no worker computes at all (every one waits on a claim, put, write,
 weights or the release): the orchestration on the step's path, where the
 overlapping modes' compute does not hide it (in periodic one side's compute waits
-for the other's: the rollout's last batch, then the trainer's). CI's machine can
+for the other's: the rollout's last batch, then the trainer's). And each process's
+CPU milliseconds a step (all its threads, read from /proc while the job runs):
+where the step's wall time is its hops' latency, not the machine's CPU, they say
+which process's work grew, and they swing less than wall time on a shared
+machine. CI's machine can
 run it, so a fixed cost that creeps in shows without an accelerator (where a step
 is short, such costs are most of it)."""
 
@@ -75,12 +79,19 @@ def run(steps: int = 30, warmup: int = 5, rounds: int = 1, keep: Path | None = N
                 res[mode_name(mode, k)] = {"step_ms": step, "compute_ms": comp,
                              "orchestration_ms": step - comp,
                              "idle_ms": step - 1e3 * m["busy_seconds"],
-                             "step_parts": m["step_parts"], "steps": m["steps"]}
+                             "step_parts": m["step_parts"], "steps": m["steps"],
+                             "cpu_ms": {w: 1e3 * v for w, v in m["cpu_seconds"].items()}}
             per_round.append(res)
     figures = {name: {key: statistics.median(r[name][key] for r in per_round)
                       for key in ("step_ms", "compute_ms", "orchestration_ms", "idle_ms")}
                for name in per_round[0]}
     for name in figures:
+        figures[name]["cpu_ms"] = {
+            worker: statistics.median(r[name]["cpu_ms"][worker] for r in per_round
+                                      if worker in r[name]["cpu_ms"])
+            # the controller first, then the workers by name
+            for worker in sorted({w for r in per_round for w in r[name]["cpu_ms"]},
+                                 key=lambda w: (w != "transferqueue", w))}
         figures[name]["step_parts_ms"] = {
             role: {kind: 1e3 * sec for kind, sec in sorted(kinds.items())}
             for role, kinds in per_round[-1][name]["step_parts"].items()}
@@ -106,7 +117,13 @@ def render(results: dict) -> None:
         console.print(f"{name}, ms a step: " + "; ".join(
             f"{role} " + ", ".join(f"{k} {v:.1f}" for k, v in kinds.items())
             for role, kinds in sorted(m["step_parts_ms"].items())))
+    for name, m in results["modes"].items():
+        cpu = m.get("cpu_ms", {})
+        console.print(f"{name}, CPU ms a step: " + ", ".join(
+            f"{'controller' if w == 'transferqueue' else w} {v:.1f}" for w, v in cpu.items())
+            + f"; all {sum(cpu.values()):.1f} in a {m['step_ms']:.1f} ms step")
     console.print("compute: the generate, reference, train and optimizer spans a step "
                   "(added up in sync, the busier side's in the overlapping modes); "
                   "orchestration: the rest of the step; no compute: the step's time "
-                  "during which no worker computes")
+                  "during which no worker computes; CPU: each process's, all its "
+                  "threads (/proc)")

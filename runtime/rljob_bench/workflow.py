@@ -39,6 +39,7 @@ from .examples import example, tiny_model
 MODES = (("sync", None), ("periodic", None), ("async", 1), ("async", 2))
 PROMPTS = 16  # prompts per step, 16 samples each
 MAX_NEW_TOKENS = 22
+CPU_READS = 0.1  # seconds between two reads of the workers' CPU time
 
 
 def mode_name(mode: str, k: int | None) -> str:
@@ -92,11 +93,11 @@ def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool =
     cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
     try:
         while not run.supervise():
-            for name in ("transferqueue", "driver"):
-                used = _cpu_seconds(run.procs[name].pid) if name in run.procs else None
+            for name, proc in list(run.procs.items()):
+                used = _cpu_seconds(proc.pid)
                 if used is not None:
                     cpu.setdefault(name, []).append((time.time(), used))
-            time.sleep(0.2)
+            time.sleep(CPU_READS)
     finally:
         run.stop()
     ms = run.metrics()
@@ -127,7 +128,12 @@ def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool =
         "busy_seconds": busy_seconds(spans, (t0, t1)) / n,
         # the light processes' share of a core in the steady state (they share the
         # rollout's core)
-        "light_cpu_share": {name: _share(reads, t0, t1) for name, reads in cpu.items()},
+        "light_cpu_share": {name: _share(reads, t0, t1) for name, reads in cpu.items()
+                            if name in ("transferqueue", "driver")},
+        # each process's CPU seconds a step (all its threads; /proc): what a step costs
+        # the machine, steadier than its wall time on a shared one
+        "cpu_seconds": {name: used / n for name, reads in sorted(cpu.items())
+                        if (used := cpu_between(reads, t0, t1)) is not None},
         "staleness_max": max(m["staleness_max"] for m in steady),
         "step_parts": step_parts(spans, n),
     }
@@ -171,6 +177,26 @@ def _share(reads: list[tuple[float, float]], t0: float, t1: float) -> float:
     inside = [r for r in reads if t0 <= r[0] <= t1] or reads
     (w0, c0), (w1, c1) = inside[0], inside[-1]
     return (c1 - c0) / (w1 - w0) if w1 > w0 else 0.0
+
+
+def cpu_between(reads: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds a process used between wall times t0 and t1 (pure), from its
+    (wall, CPU seconds) reads in time order: each end read off the line between the
+    two reads around it, and clamped to the first and last read (a process that
+    started after t0 or ended before t1 used none outside its reads). None with
+    fewer than two reads."""
+    if len(reads) < 2:
+        return None
+
+    def at(t: float) -> float:
+        if t <= reads[0][0]:
+            return reads[0][1]
+        for (w0, c0), (w1, c1) in zip(reads, reads[1:]):
+            if t <= w1:
+                return c0 + (c1 - c0) * (t - w0) / (w1 - w0) if w1 > w0 else c1
+        return reads[-1][1]
+
+    return max(at(t1) - at(t0), 0.0)
 
 
 def _cpu_seconds(pid: int) -> float | None:

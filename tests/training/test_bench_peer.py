@@ -60,3 +60,10 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
         assert m["compute_ms"] + m["orchestration_ms"] == pytest.approx(m["step_ms"])
         assert 0 < m["idle_ms"] < m["step_ms"]  # part of a step no worker computes
         assert m["step_parts_ms"]["trainer"]["train"] > 0
+        # each process's CPU a step, read from /proc: the computing ones used some, and
+        # all together no more than the machine's cores give in a step (a read's tick
+        # of 10 ms a process aside)
+        cpu = m["cpu_ms"]
+        assert list(cpu) == ["transferqueue", "driver", "rollout-0", "trainer-0"]
+        assert cpu["trainer-0"] > 0 and cpu["rollout-0"] > 0 and min(cpu.values()) >= 0
+        assert sum(cpu.values()) <= (os.cpu_count() + 1) * m["step_ms"]

@@ -41,3 +41,16 @@ def test_busy_time_is_the_union_of_every_workers_compute():
              Span("trainer-0", "reference", 0.8, 1.2, 6)]
     assert busy_seconds(spans, (0.0, 1.0)) == pytest.approx(0.7)  # [0, 0.5] and [0.8, 1.0]
     assert busy_seconds(spans, (0.0, 1.0), kinds=("train",)) == pytest.approx(0.3)
+
+
+def test_cpu_between_reads_each_end_off_the_line_between_the_reads_around_it():
+    from rljob_bench.workflow import cpu_between
+
+    reads = [(10.0, 1.0), (11.0, 1.5), (12.0, 3.5)]  # (wall, CPU seconds)
+    assert cpu_between(reads, 10.0, 12.0) == pytest.approx(2.5)
+    # 10.5 → 1.25 (between the first two reads), 11.5 → 2.5 (between the last two)
+    assert cpu_between(reads, 10.5, 11.5) == pytest.approx(1.25)
+    # before the first read and after the last: none used there (started late, ended)
+    assert cpu_between(reads, 0.0, 100.0) == pytest.approx(2.5)
+    assert cpu_between(reads, 12.5, 13.0) == 0.0
+    assert cpu_between(reads[:1], 10.0, 12.0) is None  # one read says nothing
