@@ -205,3 +205,44 @@ def test_arrivals_wake_the_trainers_idle_claim(monkeypatch):
             idle.close()
         client.close()
         server.stop()
+
+
+def test_a_trainers_steps_claim_from_the_one_thread_it_gives_them():
+    """The trainer hands each step's source its one claimer thread (a thread started
+    a step waits until it runs, before the step's first claim): two steps in a row
+    each get their rows from it, and no thread of their own is started."""
+    job = resolve_paths(load_rljob(str(REPO / "examples/quickstart.yaml")), REPO / "examples")
+    spec = job.spec
+    n = spec.algorithm.samples_per_step
+    server = TQServer(None)
+    client = TransferQueueClient(server.address)
+    claimers = ThreadPoolExecutor(1, thread_name_prefix="test-step-claimer")
+    keeper = source = None
+    try:
+        client.register(*tasks_for(spec))
+        flow = Workflow(spec, client, None, load_tokenizer(spec.model))
+        examples = load_examples(spec.dataset)[:spec.algorithm.step_prompts]
+        keeper = LeaseKeeper(client)
+        for step in (0, 1):
+            flow.put_prepared(step, flow.prepare_prompts(examples))
+            source = StepSource(spec, client, step, keeper, claimers=claimers)
+            _roll_out(client, n)
+            trained = []
+            while (chunk := source.next_micro_batch()) is not None:
+                trained += [s.slot for s in chunk]
+            assert sorted(trained) == list(range(n)), (step, trained)
+            assert not [t for t in threading.enumerate() if t.name == "rljob-step-claimer"]
+            for batch in source.take_leases():
+                client.ack(batch)
+            source = None
+        assert len(claimers._threads) == 1
+        train = {t.name: t for t in client.stats().tasks}["train"]
+        assert train.acked == 2 * n
+    finally:
+        if source is not None:
+            source.close()
+        claimers.shutdown()
+        if keeper is not None:
+            keeper.close()
+        client.close()
+        server.stop()

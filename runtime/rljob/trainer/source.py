@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,7 +88,8 @@ class StepSource:
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, step: int, keeper,
                  stop: threading.Event | None = None, lineage: Lineage | None = None,
-                 health=None, draw=None, idle=None, spans=None, reference=None):
+                 health=None, draw=None, idle=None, spans=None, reference=None,
+                 claimers: ThreadPoolExecutor | None = None):
         self.spec, self.tq, self.step = spec, tq, step
         self.spans = spans  # the trainer's SpanLog: each claim and read
         # work done while the next micro-batch is not there (the reference task's
@@ -121,9 +123,17 @@ class StepSource:
         self._idle_since = 0  # the wakes its claim counts from
         self._error: BaseException | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._claimer, name="rljob-step-claimer",
-                                        daemon=True)
-        self._thread.start()
+        # the step's claims from `claimers` (the trainer's thread, started once: a new
+        # thread's start waits until it runs, 0.25 ms median and 1.4 ms p90 on 2 busy
+        # cores, before the step's first claim), else from a thread of its own
+        self._thread: threading.Thread | None = None
+        self._claiming: Future | None = None
+        if claimers is not None:
+            self._claiming = claimers.submit(self._claimer)
+        else:
+            self._thread = threading.Thread(target=self._claimer, name="rljob-step-claimer",
+                                            daemon=True)
+            self._thread.start()
 
     def _claimer(self) -> None:
         # sync with the reference computed here: whole groups as they come too, so their
@@ -344,7 +354,10 @@ class StepSource:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
+        else:
+            wait([self._claiming])  # its errors went to the training thread
         if self._idle_claim is not None:  # what it brings back goes back
             self.idle.abandon(self._idle_claim)
             self._idle_claim = None

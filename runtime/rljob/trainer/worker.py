@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,6 +86,8 @@ class TrainerWorker:
         self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
         self.spans = SpanLog(run_dir, self.name)
         self.sender = self.consumer = self.critic = self.reporter = self.source = None
+        # rank 0's step claims, one thread for every step (StepSource)
+        self.claimers = ThreadPoolExecutor(1, thread_name_prefix="rljob-step-claimer")
         self.reference: ReferenceWork | None = None
         self.local_reference: LocalReference | None = None
         self.examples = None  # the dataset, once filterGroups draws from it
@@ -208,6 +211,7 @@ class TrainerWorker:
     def close(self) -> None:
         if self.source is not None:
             self.source.close()
+        self.claimers.shutdown(wait=False)  # the source's claims ended with it
         if self.reference is not None:
             self.reference.close()
         if self.critic is not None:
@@ -241,7 +245,7 @@ class TrainerWorker:
                                      draw=self._draw_replacements,
                                      idle=self.reference,
                                      reference=self.local_reference,
-                                     spans=self.spans)
+                                     spans=self.spans, claimers=self.claimers)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
         sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
