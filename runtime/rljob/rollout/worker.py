@@ -373,11 +373,10 @@ class RolloutWorker:
         reference task's rows. A reference claim of its own waits beside it, so the
         prompts start the next generation the moment they come (a reference claim that
         polled held it up to the poll's length), and the controller is not asked again
-        and again while nothing comes; the prompts' answer ends that claim (whatever it
-        brings afterwards goes back)."""
+        and again while nothing comes; once the prompts came, one wake ends that claim
+        (whatever it brings afterwards goes back)."""
         if self.reference is None:
             return ahead.result()
-        ahead.add_done_callback(lambda _: self.reference.wake())
         pending: Future | None = None
         try:
             while not self.stop.is_set():
