@@ -17,14 +17,17 @@
 #   run: `rljob run` of the quickstart with accelerator.type gpu, 20 RL steps, once
 #      with each trainer engine (trainer and rollout share the one device, weights
 #      over grpc): step time, tokens/s, weight-sync seconds, reward per 10 steps,
-#      from its metrics.jsonl.
+#      from its metrics.jsonl; and torch's profiler over three of its steps in the
+#      trainer and a replica (`--torch-profile`): each one's host and device time a
+#      step, its copies between host and device and its waits for the device.
 # The wheels it needs beyond the machine's image (torch, transformers, accelerate,
 # pyarrow, pandas, grpcio's image version are used as they are there): pydantic,
 # pydantic-core, annotated-types, typing-inspection, protobuf, grpcio,
 # grpcio-health-checking, redis, hiredis, megatron-core (trainer), trl, datasets,
 # dill, multiprocess (peer): the versions of this repository's .venv, cp312 manylinux.
 # Output under $OUT (./gpu-check-out): peer.* and peer-runs/ (each run's directory),
-# trainer.*, weights.json, run-ENGINE/ and summary.txt.
+# trainer.*, weights.json, run-ENGINE/ (its profiles/ too), profile-ENGINE.txt and
+# summary.txt.
 #
 # Overrides, to try the script's logic on a machine without a GPU:
 # RLJOB_CHECK_ACCEL (gpu) cpu (the tiny model and a small job in the peer part),
@@ -112,7 +115,11 @@ out.write_text(yaml.safe_dump(doc))
 PY
 run=$OUT/run-$engine
 rm -rf "$run"
-python3 -m rljob run "$OUT/job-$engine.yaml" --run-dir "$run" 2>&1 | tee "$OUT/run-$engine.txt" | tail -5
+# torch's profiler over three steps past the middle (run-ENGINE/profiles/: traces, tables)
+pfirst=$(( steps / 2 > 2 ? steps / 2 : 2 )); plast=$(( pfirst + 2 < steps - 1 ? pfirst + 2 : steps - 1 ))
+(( plast >= pfirst )) || plast=$pfirst
+python3 -m rljob run "$OUT/job-$engine.yaml" --run-dir "$run" --torch-profile "$pfirst-$plast" \
+    2>&1 | tee "$OUT/run-$engine.txt" | tail -5
 python3 - "$run" "$accel" "$engine" "$((SECONDS - began))" <<'PY' | tee -a "$OUT/summary.txt"
 import json, statistics, sys
 from pathlib import Path
@@ -135,5 +142,32 @@ print(f"rljob run on {accel}, trainer.engine {engine}: {len(ms)} steps; steady s
       f"Ttrain {statistics.median(m['train_seconds'] for m in steady):.3f} s, "
       f"weight publish {statistics.median(sync) if sync else float('nan'):.3f} s; "
       f"mean reward per 10 steps {rewards}; the check so far {seconds} s")
+PY
+python3 - "$run" "$engine" <<'PY' | tee "$OUT/profile-$engine.txt" | tee -a "$OUT/summary.txt"
+import json, re, sys
+from pathlib import Path
+
+run, engine = Path(sys.argv[1]), sys.argv[2]
+# host-device copies and the host's waits for the device, by the names torch and CUDA give them
+MOVES = re.compile(r"memcpy|synchroniz|_local_scalar_dense|aten::copy_|aten::to$|aten::_to_copy",
+                   re.I)
+for worker in ("trainer-0", "rollout-0"):
+    path = run / "profiles" / f"{worker}.summary.json"
+    if not path.exists():
+        sys.exit(f"{worker} wrote no torch profile ({path})")
+    p = json.loads(path.read_text())
+    n = max(p["steps"], 1)
+    ms = lambda us: us / 1e3 / n  # noqa: E731
+    moves = {k: o for k, o in p["ops"].items() if MOVES.search(k)}
+    print(f"torch profile, {engine} engine, {worker}, steps {p['steps_recorded']}: "
+          f"{p['wall_ms_per_step']:.1f} ms a step recorded, its ops' own time "
+          f"{p['self_cpu_ms_per_step']:.1f} ms on the host, "
+          f"{p['self_device_ms_per_step']:.1f} ms on the device")
+    print("  copies and waits, ms a step (host, device; calls): " + (", ".join(
+        f"{k} {ms(o['self_cpu_us']):.2f}, {ms(o['self_device_us']):.2f} "
+        f"({o['calls'] // n})" for k, o in list(moves.items())[:8]) or "none"))
+    print("  the most time, ms a step (host, device): " + ", ".join(
+        f"{k} {ms(o['self_cpu_us']):.2f}, {ms(o['self_device_us']):.2f}"
+        for k, o in list(p["ops"].items())[:6]))
 PY
 done

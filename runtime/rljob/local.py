@@ -39,6 +39,7 @@ from .infra.forkserver import (ForkServer, ForkServerGone, Forked, die_with_pare
                                preload_modules)
 from .infra.netutil import free_port
 from .infra.rundir import RunDir
+from .infra.torchprof import ENV as TORCH_PROFILE_ENV
 from .inputs.models import model_config
 
 DRIVER_GRACE_S = 10.0  # seconds the driver may take to end once every trainer rank exited
@@ -141,6 +142,8 @@ class LocalRun:
     events: list[str] = field(default_factory=list)
     backoff_base: float = 1.0
     lend_cores: bool = False  # a waiting side's cores serve the other (infra/cores.py)
+    # FIRST-LAST: torch's profiler over those steps in the compute workers (infra/torchprof.py)
+    torch_profile: str | None = None
     # each compute worker on cores of its own (cpus_for); off (RLJOB_PIN_CORES=0): it
     # gets their count only, and the OS places it. Lending cores pins regardless.
     pin_cores: bool = field(default_factory=pin_cores_default)
@@ -219,6 +222,8 @@ class LocalRun:
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
                    **worker_env(kind, self.devices.get(name, ())))
         env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
+        if self.torch_profile:
+            env[TORCH_PROFILE_ENV] = self.torch_profile
         if not (self.pin_cores or self.lend_cores):  # placed by the OS, its count of threads
             env[CORES_ENV] = threads
             # vLLM's CPU workers too, with this count of threads: its automatic binding

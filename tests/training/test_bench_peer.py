@@ -48,6 +48,28 @@ def test_the_gpu_check_script_runs_its_peer_part_on_cpu(tmp_path):
     assert "rljob async(1)" in table and "TRL" in table and "where a step of rljob sync" in table
 
 
+def test_the_gpu_check_script_runs_its_run_part_with_torchs_profiler_on_cpu(tmp_path):
+    """The GPU check's `rljob run` of the quickstart, with the tiny model on CPU: its
+    summary line, and torch's profile of the trainer and a replica over the steps it
+    names (what it prints of them: their time a step, their copies and waits)."""
+    out = tmp_path / "out"
+    env = dict(os.environ, RLJOB_CHECK_ACCEL="cpu", RLJOB_CHECK_PARTS="run",
+               RLJOB_CHECK_STEPS="6", RLJOB_BENCH_WHEELS="none", OUT=str(out),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert "rljob run on cpu, trainer.engine torch: 6 steps" in summary
+    for worker in ("trainer-0", "rollout-0"):
+        prof = json.loads((out / "run-torch" / "profiles" / f"{worker}.summary.json")
+                          .read_text())
+        assert prof["steps_recorded"] == [3, 4, 5], worker  # the middle's three
+        assert prof["wall_ms_per_step"] > 0 and prof["self_cpu_ms_per_step"] > 0
+        assert f"torch profile, torch engine, {worker}, steps [3, 4, 5]" in summary
+    assert "copies and waits" in (out / "profile-torch.txt").read_text()
+
+
 def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
     done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "5",
                            "--warmup", "2", "--modes", "sync,async", "--json"],

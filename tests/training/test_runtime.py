@@ -122,9 +122,15 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
         # periodic over gRPC with a waiting side's cores lent (rljob run --lend-cores):
         # more threads, the same bits
         lend = ("--lend-cores",) if mode == "periodic" else ()
-        rljob_run(path, tmp_path / mode, "--max-steps", "3", *lend)
+        # sync with torch's profiler over step 2 (rljob run --torch-profile): the same bits
+        profile = ("--torch-profile", "2") if mode == "sync" else ()
+        rljob_run(path, tmp_path / mode, "--max-steps", "3", *lend, *profile)
         runs[mode] = tmp_path / mode
     a = final_weights(runs["sync"])
+    for worker in ("trainer-0", "rollout-0"):  # each recorded step 2 only
+        summary = json.loads((runs["sync"] / "profiles" / f"{worker}.summary.json").read_text())
+        assert summary["steps_recorded"] == [2] and "aten::mm" in summary["ops"], worker
+    assert not (runs["periodic"] / "profiles").exists()
     for other in ("periodic", "periodic-collective"):
         b = final_weights(runs[other])
         assert a.keys() == b.keys()

@@ -267,6 +267,15 @@ def test_validate_reports_the_rest_beside_unknown_fields_and_each_bad_input(tmp_
     assert len(lines) == 5
 
 
+def test_run_refuses_a_torch_profile_range_it_cannot_read_before_starting_anything(tmp_path):
+    for bad in ("3-1", "two"):
+        out = rljob("run", str(REPO / "examples/quickstart.yaml"), "--run-dir",
+                    str(tmp_path / "run"), "--torch-profile", bad)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert "--torch-profile" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
 def test_run_checks_paths_on_a_pvc_too(tmp_path):
     """A local run reads every path on this machine: a PVC's path that is not here is
     refused before anything starts (validate leaves it to the pods)."""

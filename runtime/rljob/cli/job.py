@@ -139,6 +139,12 @@ def run(
                                     "trainer. Off by default: on the tiny model it costs "
                                     "more than it gives (docs/benchmarks.md, \"Lending an "
                                     "idle core\")."),
+    torch_profile: str = typer.Option(
+        None, "--torch-profile", envvar="RLJOB_TORCH_PROFILE", metavar="FIRST-LAST",
+        help="Record torch's profiler over these steps (counted from 1, as in "
+             "metrics.jsonl) in the trainer's rank 0 and each hf rollout replica: "
+             "RUN_DIR/profiles/WORKER.json (a trace for chrome://tracing or Perfetto), "
+             ".txt (operators by their own time) and .summary.json."),
 ) -> None:
     """Run the job on this machine as local processes, with a live view."""
     import signal
@@ -152,6 +158,14 @@ def run(
     from ..local import JobFailed, LocalRun, cluster_only_fields, write_plots
     from ..preflight import check as preflight
 
+    from ..infra.torchprof import parse_steps
+
+    if torch_profile is not None:
+        try:
+            parse_steps(torch_profile)
+        except ValueError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from None
     source = RunDir(resume).job_file if resume else file
     job = local_job(source)
     # a local run reads every path here, a PVC's too
@@ -165,7 +179,7 @@ def run(
     else:
         directory = run_dir or Path("runs") / f"{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     runner = LocalRun(job, directory, redis=list(redis), max_steps=max_steps, resume=bool(resume),
-                      lend_cores=lend_cores, pin_cores=pin_cores)
+                      lend_cores=lend_cores, pin_cores=pin_cores, torch_profile=torch_profile)
     console = Console()
     console.print(f"run directory: {directory}")
     try:  # each trainer rank and rollout replica its own accelerators (infra/devices.py)

@@ -33,6 +33,7 @@ from ..trainer.reference import ReferenceFromRunDir, ReferenceWork, replicas_tak
 from ..infra.heap import settle_heap
 from ..infra.rundir import RunDir
 from ..infra.timeline import SpanLog
+from ..infra.torchprof import StepProfiler
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import Batch
 from ..transferqueue.consumer import Consumer, ride_out, warn
@@ -79,6 +80,8 @@ class RolloutWorker:
         self.engine = self.receiver = self.consumer = self.cores = None
         self.reference = None  # this replica's share of the reference task
         self.run_dir = run_dir
+        # torch's profiler over the steps `rljob run --torch-profile` names (hf engine)
+        self.profiler = StepProfiler.from_env(run_dir, self.name)
         self.logged_swaps = 0
 
     # ---- life -----------------------------------------------------------------
@@ -146,6 +149,7 @@ class RolloutWorker:
         (self._run_streaming if self.engine.concurrent else self._run_batched)()
 
     def close(self) -> None:
+        self.profiler.close()
         if self.engine is not None and self.engine.concurrent:
             self.engine.close()
         if self.receiver is not None:
@@ -322,6 +326,7 @@ class RolloutWorker:
                 if self.wait_weights:  # generation waits for the newest weights
                     self._wait_weights(latest, batch.rows[0].partition)
                 step = batch.rows[0].partition
+                self.profiler.at(step + 1)  # metrics.jsonl's step
                 firsts = list(range(0, len(batch.rows), g))
                 t0 = time.time()
                 # one seed per (step, group): a group's samples do not depend on which

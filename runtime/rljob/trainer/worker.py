@@ -37,6 +37,7 @@ from ..inputs.models import build_model, load_tokenizer
 from ..infra.heap import settle_heap
 from ..infra.rundir import RunDir, readable_as_new
 from ..infra.timeline import SpanLog
+from ..infra.torchprof import StepProfiler
 from ..infra.worker_metrics import WorkerMetrics
 from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import Consumer, ride_out, warn
@@ -85,6 +86,8 @@ class TrainerWorker:
         self.name = f"trainer-{rank}"
         self.stop = threading.Event()  # SIGTERM: checkpoint what was trained, then exit
         self.spans = SpanLog(run_dir, self.name)
+        # rank 0: torch's profiler over the steps `rljob run --torch-profile` names
+        self.profiler = StepProfiler.from_env(run_dir if rank == 0 else None, self.name)
         self.sender = self.consumer = self.critic = self.reporter = self.source = None
         # rank 0's step claims, one thread for every step (StepSource)
         self.claimers = ThreadPoolExecutor(1, thread_name_prefix="rljob-step-claimer")
@@ -196,8 +199,10 @@ class TrainerWorker:
 
     def run(self) -> None:
         for t in range(self.start, self.steps):
+            self.profiler.at(t + 1)  # metrics.jsonl's step
             if self.stop.is_set() or not self.step(t):
                 break
+        self.profiler.close()
         finished = self.version == self.steps
         if not finished and self.version > self.checkpointed:
             # asked to stop: keep what was trained since the last checkpoint
@@ -209,6 +214,7 @@ class TrainerWorker:
                 readable_as_new(self.run_dir.final)
 
     def close(self) -> None:
+        self.profiler.close()
         if self.source is not None:
             self.source.close()
         self.claimers.shutdown(wait=False)  # the source's claims ended with it
