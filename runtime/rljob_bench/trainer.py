@@ -191,7 +191,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
     from rljob.trainer import mcore  # noqa: F401 - registers trainer.engine megatron
     from rljob.trainer.checkpoint import make_optimizer, optimizer_state_bytes
     from rljob.trainer.policy import make_policy
-    from rljob.trainer.step import micro_step
+    from rljob.trainer.step import micro_step, step_figures
 
     device = resolve(accelerator)
     torch_device = activate(device)
@@ -230,13 +230,13 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
         for t, samples in enumerate(batches):
             _sync(device)
             t0 = time.perf_counter()
-            sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+            figures = []
             opt.zero_grad()
             for j in range(micro_batches):
                 chunk = samples[j * micro_batch:(j + 1) * micro_batch]
-                parts = micro_step(policy, chunk, t, tok, spec, last=j == micro_batches - 1)
-                for key in sums:
-                    sums[key] += parts[key] / micro_batches
+                figures.append(micro_step(policy, chunk, t, tok, spec,
+                                          last=j == micro_batches - 1))
+            sums, _ = step_figures(figures, policy.data_world)
             grad_norm = policy.clip_grad_norm(spec.algorithm.max_grad_norm)
             opt.step()
             _sync(device)

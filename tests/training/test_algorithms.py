@@ -234,3 +234,51 @@ def test_seeded_sampling_follows_the_distribution():
     freq = torch.bincount(seeded_sample(logits, u, TokenDistribution(1.0, 0.75)),
                           minlength=4) / 40_000
     assert torch.allclose(freq, torch.tensor([0.625, 0.375, 0.0, 0.0]), atol=0.01)
+
+
+def test_a_micro_step_reads_nothing_back_from_the_device_and_a_step_reads_its_figures_once():
+    """Each value read back to the host (`item`, `float(tensor)`, a boolean selection's
+    size) waits for the device: a micro-step reads none (its figures stay on the
+    device as one tensor), and `step_figures` reads a step's in one copy, with the
+    same sums as the figures read one by one."""
+    from pathlib import Path
+
+    import numpy as np
+    from torch.profiler import ProfilerActivity, profile
+
+    from rljob.api.validation import load_rljob
+    from rljob.infra.device import activate, resolve
+    from rljob.preflight import resolve_paths
+    from rljob.trainer.algorithms import LossParts, OffPolicyStats
+    from rljob.trainer.policy import make_policy
+    from rljob.trainer.source import Sample
+    from rljob.trainer.step import micro_step, step_figures
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = resolve_paths(load_rljob(str(repo / "examples/quickstart.yaml")),
+                         repo / "examples").spec
+    tok = load_tokenizer(spec.model)
+    device = resolve("cpu")
+    policy = make_policy(spec, tok, device, activate(device), 0, 1)
+    policy.freeze_reference()
+    rng = np.random.default_rng(0)
+    g = spec.algorithm.group_size
+    shard = [Sample(i, i // g, int(i % 3 == 0), [5, 6, 7, 8][: 2 + i % 3], [9, 10, 11][: 1 + i % 3],
+                    [-1.5] * 3, float(rng.random()), 0.0, 0.0, 0.0, advantage=float(rng.normal()),
+                    ref_logp=[-1.0] * 3) for i in range(spec.algorithm.micro_samples)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        figures = [micro_step(policy, shard, 1, tok, spec, last=False) for _ in range(2)]
+    reads = [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]
+    assert reads == [], len(reads)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        sums, stats = step_figures(figures, data_world=2)
+    assert not [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]
+    # the same as reading each micro-step's figures on its own (LossParts' properties)
+    parts = [LossParts(f[0], f[1:]) for f in figures]
+    assert sums == {"loss": sum(float(p.loss) * 2 / 2 for p in parts),
+                    "kl": sum(p.kl / 2 for p in parts), "clip": sum(p.clip_frac / 2 for p in parts)}
+    merged = OffPolicyStats()
+    for p in parts:
+        merged = merged.merge(p.stats)
+    assert stats == merged and stats.tokens == 2 * sum(min(3, len(s.response_ids))
+                                                       for s in shard)

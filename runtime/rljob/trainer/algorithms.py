@@ -42,7 +42,7 @@ effective sample size, and the behaviour/proximal log-prob gap of fresh samples
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -168,6 +168,11 @@ class OffPolicyStats:
     mismatch_sum: float = 0.0  # |log μ − log π_prox| over fresh tokens
     mismatch_max: float = 0.0
 
+    @classmethod
+    def of(cls, values) -> OffPolicyStats:
+        """From its sums in field order (`off_policy_sums`' tensor, read back)."""
+        return cls(*map(float, values))
+
     def merge(self, other: OffPolicyStats) -> OffPolicyStats:
         return OffPolicyStats(
             self.tokens + other.tokens, self.weight_sum + other.weight_sum,
@@ -190,13 +195,35 @@ class OffPolicyStats:
         }
 
 
+STAT_FIELDS = len(fields(OffPolicyStats))
+
+
 @dataclass
 class LossParts:
+    """A micro-batch's loss, and its figures as one detached tensor on the loss's
+    device: the surrogate, the KL, the clipped share, then `OffPolicyStats`' sums in
+    field order. A figure read on the host waits for the device (the properties
+    below do); the trainer reads a step's figures back once, at its end
+    (`step.step_figures`)."""
+
     loss: torch.Tensor
-    pg: float
-    kl: float
-    clip_frac: float
-    stats: OffPolicyStats = field(default_factory=OffPolicyStats)
+    figures: torch.Tensor
+
+    @property
+    def pg(self) -> float:
+        return float(self.figures[0])
+
+    @property
+    def kl(self) -> float:
+        return float(self.figures[1])
+
+    @property
+    def clip_frac(self) -> float:
+        return float(self.figures[2])
+
+    @property
+    def stats(self) -> OffPolicyStats:
+        return OffPolicyStats.of(self.figures[3:].tolist())
 
 
 @dataclass
@@ -231,8 +258,9 @@ class PolicyLoss(ABC):
         """The micro-batch's share of the step's loss and its figures."""
 
     def _assemble(self, x: PolicyInputs, ratio: torch.Tensor, weight: torch.Tensor | None,
-                  stats: OffPolicyStats) -> LossParts:
-        """−w̄·min(r·A, clip(r)·A) + β·KL, averaged per response, summed over the step."""
+                  stats: torch.Tensor) -> LossParts:
+        """−w̄·min(r·A, clip(r)·A) + β·KL, averaged per response, summed over the step
+        (`stats`: `off_policy_sums`' tensor)."""
         mask = x.mask.float()
         a = x.advantages.unsqueeze(1) if x.advantages.dim() == 1 else x.advantages
         eps = self.clip_ratio
@@ -247,26 +275,34 @@ class PolicyLoss(ABC):
         with torch.no_grad():
             clipped = ((ratio - 1).abs() > eps).float()
             n = mask.sum().clamp(min=1)
-            return LossParts(loss, float(((surrogate * mask).sum(1) / tokens).mean()),
-                             float((kl * mask).sum() / n), float((clipped * mask).sum() / n),
-                             stats)
+            return LossParts(loss, torch.cat([torch.stack([
+                ((surrogate * mask).sum(1) / tokens).mean(), (kl * mask).sum() / n,
+                (clipped * mask).sum() / n]).float(), stats]))
 
 
-def off_policy_stats(x: PolicyInputs, cap: float) -> tuple[torch.Tensor, OffPolicyStats]:
-    """The behaviour→proximal importance weights [B, T] and their sums."""
+def off_policy_sums(x: PolicyInputs, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The behaviour→proximal importance weights [B, T], and their sums in
+    `OffPolicyStats`' field order as one tensor on their device: made with masks,
+    never by selecting the masked tokens (a selection's size is read back to the
+    host, a wait for the device), so nothing here waits."""
     with torch.no_grad():
         mask = x.mask.bool()
         gap = (x.proximal - x.behaviour).masked_fill(~mask, 0.0)
-        weight = torch.exp(gap).masked_fill(~mask, 0.0)
-        w = weight[mask]
+        weight = torch.exp(gap).masked_fill(~mask, 0.0)  # 0 off the tokens: w > 0 on them
         fresh = mask & x.fresh.unsqueeze(1)
-        mismatch = gap.abs()[fresh]
-        stats = OffPolicyStats(
-            float(w.numel()), float(w.sum()), float((w * w).sum()),
-            float(w.max()) if w.numel() else 0.0, float((w > cap).sum()),
-            float(mismatch.numel()), float(mismatch.sum()),
-            float(mismatch.max()) if mismatch.numel() else 0.0)
-    return weight, stats
+        mismatch = gap.abs().masked_fill(~fresh, 0.0)
+        sums = torch.stack([t.float() for t in (
+            mask.sum(), weight.sum(), (weight * weight).sum(),
+            weight.max() if weight.numel() else weight.new_zeros(()),
+            ((weight > cap) & mask).sum(), fresh.sum(), mismatch.sum(),
+            mismatch.max() if mismatch.numel() else mismatch.new_zeros(()))])
+    return weight, sums
+
+
+def off_policy_stats(x: PolicyInputs, cap: float) -> tuple[torch.Tensor, OffPolicyStats]:
+    """`off_policy_sums`, the sums read back to the host."""
+    weight, sums = off_policy_sums(x, cap)
+    return weight, OffPolicyStats.of(sums.tolist())
 
 
 POLICY_LOSSES: Registry[type[PolicyLoss]] = Registry("policy loss", PolicyLoss,
@@ -279,7 +315,7 @@ class ClippedLoss(PolicyLoss):
     """offPolicyCorrection none: PPO's ratio and clip against the behaviour policy."""
 
     def __call__(self, x: PolicyInputs) -> LossParts:
-        _, stats = off_policy_stats(x, self.cap)
+        _, stats = off_policy_sums(x, self.cap)
         return self._assemble(x, torch.exp(x.logp - x.behaviour), None, stats)
 
 
@@ -288,7 +324,7 @@ class TruncatedImportanceLoss(PolicyLoss):
     """Decoupled PPO, the importance weight truncated at the cap."""
 
     def __call__(self, x: PolicyInputs) -> LossParts:
-        weight, stats = off_policy_stats(x, self.cap)
+        weight, stats = off_policy_sums(x, self.cap)
         return self._assemble(x, torch.exp(x.logp - x.proximal),
                               weight.clamp(max=self.cap), stats)
 
@@ -298,7 +334,7 @@ class MaskedImportanceLoss(PolicyLoss):
     """Decoupled PPO, a token whose importance weight is above the cap left out."""
 
     def __call__(self, x: PolicyInputs) -> LossParts:
-        weight, stats = off_policy_stats(x, self.cap)
+        weight, stats = off_policy_sums(x, self.cap)
         return self._assemble(x, torch.exp(x.logp - x.proximal),
                               weight * (weight <= self.cap), stats)
 

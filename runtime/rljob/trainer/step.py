@@ -20,45 +20,65 @@ from __future__ import annotations
 import torch
 
 from ..sampling import TokenDistribution
-from .algorithms import OffPolicyStats, PolicyInputs, policy_loss
+from .algorithms import STAT_FIELDS, OffPolicyStats, PolicyInputs, policy_loss
 from .batch import make_batch, per_token
 from .source import Sample
 
 
-def micro_step(policy, shard, t, tok, spec, last):
-    """Forward and backward of this rank's share of a micro-batch of step t; its loss,
-    KL, clipped share and off-policy sums."""
+def micro_step(policy, shard, t, tok, spec, last) -> torch.Tensor:
+    """Forward and backward of this rank's share of a micro-batch of step t. Its
+    figures (loss, surrogate, KL, clipped share, off-policy sums) come back as one
+    detached tensor on the policy's device, which `step_figures` reads once a step:
+    each figure read on its own was a wait for the device, a dozen a micro-step.
+    Per-token columns are laid out on the host and go to the device in one copy
+    each, so nothing here waits for it (the backward aside, which autograd runs)."""
     with policy.no_sync(last):
         if not shard:
             # this rank has nothing in this micro-batch: a zero loss keeps DDP in step
             loss = sum(p.sum() for p in policy.parameters()) * 0.0
             loss.backward()
-            return {"loss": 0.0, "kl": 0.0, "clip": 0.0, "stats": OffPolicyStats()}
-        batch = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
-                           tok.pad_token_id, spec.trainer.packing,
-                           [s.loss_mask for s in shard]).to(policy.device)
+            return torch.zeros(4 + STAT_FIELDS, device=policy.device)
+        host = make_batch([s.prompt_ids for s in shard], [s.response_ids for s in shard],
+                          tok.pad_token_id, spec.trainer.packing,
+                          [s.loss_mask for s in shard])
+        batch = host.to(policy.device)
+
+        def column(rows):  # [B, T] on the host, then one copy
+            return per_token(host.mask, rows).to(policy.device)
+
         dist = TokenDistribution.of(spec.rollout, len(tok))
         logp = policy.logprobs(batch, dist)
         if not spec.algorithm.kl_coef:
             ref_logp = logp.detach()  # no KL term, no reference forward
         elif shard[0].ref_logp is not None:  # the reference task computed them
-            ref_logp = per_token(batch.mask, [s.ref_logp for s in shard])
+            ref_logp = column([s.ref_logp for s in shard])
         else:
             with torch.no_grad():
                 ref_logp = policy.ref_logprobs(batch, dist)
+        advantages = (torch.tensor([s.advantage for s in shard], device=policy.device)
+                      if shard[0].token_advantages is None  # one per response (grpo)
+                      else column([s.token_advantages for s in shard]))  # the critic's
         parts = policy_loss(spec.algorithm)(PolicyInputs(
-            logp, logp.detach(), per_token(batch.mask, [s.rollout_logp for s in shard]), ref_logp,
-            _advantages(batch, shard), batch.loss_mask,
+            logp, logp.detach(), column([s.rollout_logp for s in shard]), ref_logp,
+            advantages, batch.loss_mask,
             torch.tensor([s.version == t for s in shard], device=logp.device)))
         # DDP averages gradients over the data-parallel ranks; the objective sums
         # over all samples
         (parts.loss * policy.data_world).backward()
-    return {"loss": float(parts.loss.detach()) * policy.data_world, "kl": parts.kl,
-            "clip": parts.clip_frac, "stats": parts.stats}
+    return torch.cat([parts.loss.detach().float().reshape(1), parts.figures])
 
 
-def _advantages(batch, shard: list[Sample]) -> torch.Tensor:
-    """One advantage per response ([B]: grpo) or the critic's per token ([B, T])."""
-    if shard[0].token_advantages is None:
-        return torch.tensor([s.advantage for s in shard], device=batch.mask.device)
-    return per_token(batch.mask, [s.token_advantages for s in shard])
+def step_figures(micro: list[torch.Tensor], data_world: int = 1
+                 ) -> tuple[dict[str, float], OffPolicyStats]:
+    """A step's loss, KL and clipped share (each the mean over its micro-batches) and
+    its off-policy sums, from `micro_step`'s tensors: read back to the host in one
+    copy (one wait for the device a step)."""
+    rows = torch.stack(micro).tolist() if micro else []
+    sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
+    stats = OffPolicyStats()
+    for row in rows:
+        sums["loss"] += row[0] * data_world / len(rows)
+        sums["kl"] += row[2] / len(rows)
+        sums["clip"] += row[3] / len(rows)
+        stats = stats.merge(OffPolicyStats.of(row[4:]))
+    return sums, stats

@@ -56,7 +56,7 @@ from .reference import LocalReference, ReferenceWork, replicas_take_it, save_wei
 from .report import Reporter, critic_metrics, off_policy_figures, step_metrics
 from .sinks import open_sinks
 from .source import Sample, StepSource, Stopped, data_parallel_shard
-from .step import micro_step
+from .step import micro_step, step_figures
 from .warmup import WarmupStopped, warm_up, warmup_reporter
 
 log = logging.getLogger("rljob.trainer")
@@ -254,8 +254,7 @@ class TrainerWorker:
                                      spans=self.spans, claimers=self.claimers)
         samples: list[Sample] = []
         train_spans: list[tuple[float, float]] = []
-        sums = {"loss": 0.0, "kl": 0.0, "clip": 0.0}
-        off_policy = OffPolicyStats()
+        figures = []  # each micro-step's, on the device: read back once, at the step's end
         t_wall = time.time()
         self.opt.zero_grad()
         for j in range(micro_batches):
@@ -267,11 +266,8 @@ class TrainerWorker:
             shard = data_parallel_shard(chunk, policy.data_rank, policy.data_world,
                                         spec.trainer.data_parallel_split)
             with computing(self.cores):
-                parts = micro_step(policy, shard, t, self.tok, spec,
-                                    last=(j == micro_batches - 1))
-            for key in sums:
-                sums[key] += parts[key] / micro_batches
-            off_policy = off_policy.merge(parts["stats"])
+                figures.append(micro_step(policy, shard, t, self.tok, spec,
+                                          last=(j == micro_batches - 1)))
             t1 = time.time()
             train_spans.append((t0, t1))
             self.spans.add("train", t0, t1, t, {
@@ -303,6 +299,7 @@ class TrainerWorker:
             self.uncommitted += self.source.take_leases()
             with self.spans.span("weight-sync", t):
                 self.sender.publish(self.version, tensors)
+            sums, off_policy = step_figures(figures, policy.data_world)
             self._report(t, samples, train_spans, time.time() - t_wall, sums, off_policy,
                          grad_norm)
         if self.version % spec.trainer.checkpoint_every == 0 or self.version == self.steps:
