@@ -153,12 +153,11 @@ def run(
     from rich.console import Console
 
     from ..infra.rundir import RunDir
+    from ..infra.torchprof import parse_steps
     from ..liveview import RunView
     from ..infra.devices import describe as describe_devices
     from ..local import JobFailed, LocalRun, cluster_only_fields, write_plots
     from ..preflight import check as preflight
-
-    from ..infra.torchprof import parse_steps
 
     if torch_profile is not None:
         try:
