@@ -16,10 +16,9 @@ overlapping modes' compute does not hide it (in periodic one side's compute wait
 for the other's: the rollout's last batch, then the trainer's). And each process's
 CPU milliseconds a step (all its threads, read from /proc while the job runs):
 where the step's wall time is its hops' latency, not the machine's CPU, they say
-which process's work grew, and they swing less than wall time on a shared
-machine. CI's machine can
-run it, so a fixed cost that creeps in shows without an accelerator (where a step
-is short, such costs are most of it)."""
+which process's work grew, and they swing less than wall time on a shared machine.
+CI's machine can run it, so a fixed cost that creeps in shows without an
+accelerator (where a step is short, such costs are most of it)."""
 
 from __future__ import annotations
 
