@@ -375,8 +375,12 @@ def test_a_job_its_pods_cannot_run_fails_at_once_with_the_preflight_problems(
     assert "rows have no key 'question'" in failed["message"]
     assert "set dataset.promptKey" in failed["message"]
     assert job["status"]["trainer"]["restarts"] == 0
-    events = json.loads(plane.kubectl("get", "events", "-n", ns, "--field-selector",
-                                      "reason=PreflightFailed", "-o", "json").stdout)["items"]
+    events: list = []
+    deadline = time.monotonic() + 20  # kopf posts events after the status patch
+    while not events and time.monotonic() < deadline:
+        events = json.loads(plane.kubectl("get", "events", "-n", ns, "--field-selector",
+                                          "reason=PreflightFailed", "-o", "json").stdout)["items"]
+        time.sleep(0 if events else 0.5)
     assert events and events[0]["type"] == "Warning"
 
 

@@ -144,9 +144,10 @@ def test_journey_ready_restart_no_duplicates_gang_restart_delete(operator, insta
     assert conds["TransferQueueReady"] == conds["TrainerReady"] == conds["RolloutReady"] == "True"
     out = cluster.kubectl("-n", ns, "get", "rljobs").stdout
     assert re.search(r"quickstart\s+True\s+", out), out
-    events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
-                             "involvedObject.kind=RLJob").stdout
-    assert "Started" in events and "ReadyTrue" in events
+    # kopf posts events from a queue of its own, after the status patch that set Ready
+    wait_for(lambda: all(reason in cluster.kubectl(
+        "-n", ns, "get", "events", "--field-selector", "involvedObject.kind=RLJob").stdout
+        for reason in ("Started", "ReadyTrue")), 20, what="the Started and ReadyTrue events")
 
     # a rollout pod turning unready below minReplicas flips RolloutReady and Ready
     mark_ready(cluster, ns, "quickstart-rollout-0", ready=False)
@@ -176,9 +177,9 @@ def test_journey_ready_restart_no_duplicates_gang_restart_delete(operator, insta
     assert "--resume" in pod["spec"]["containers"][0]["command"]
     st = get_json(cluster, "-n", ns, "get", "rljob", "quickstart")["status"]
     assert st["trainer"]["restarts"] == 1
-    events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
-                             "involvedObject.kind=RLJob").stdout
-    assert "TrainerGangRestart" in events
+    wait_for(lambda: "TrainerGangRestart" in cluster.kubectl(
+        "-n", ns, "get", "events", "--field-selector", "involvedObject.kind=RLJob").stdout,
+        20, what="the TrainerGangRestart event")  # posted after the status patch
 
     # deleting the RLJob removes every child (owner references + garbage collection)
     cluster.kubectl("-n", ns, "delete", "rljob", "quickstart", "--wait=true", "--timeout=60s")
@@ -363,10 +364,13 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
         cols = dict(zip(header.split(), row.split()))
         assert cols["ROLLOUTS"] == "3" and cols["STEP"] == str(step)
         assert cols["TOKENS/S"] == "1000" and cols["STALENESS"] == "0.5"
-        events = cluster.kubectl("-n", ns, "get", "events", "--field-selector",
-                                 "involvedObject.kind=RLJob").stdout
-        assert events.count("ScaledRolloutOut") == 2
-        assert "ScalePredictionChecked" in events
+        def events():
+            return cluster.kubectl("-n", ns, "get", "events", "--field-selector",
+                                   "involvedObject.kind=RLJob").stdout
+        # kopf posts events from a queue of its own, after the patches they tell of
+        wait_for(lambda: events().count("ScaledRolloutOut") == 2
+                 and "ScalePredictionChecked" in events(), 20,
+                 what="two ScaledRolloutOut events and a ScalePredictionChecked one")
         metrics = operator.metrics()
         assert 'rljob_operator_scale_decisions_total{direction="out"}' in metrics
         assert re.search(rf'rljob_job_rollout_replicas{{namespace="{ns}",rljob="elastic"}} 3',
