@@ -23,7 +23,7 @@ import yaml
 
 from images import oci
 from tests.cluster.controlplane import REPO
-from tests.cluster.operator_harness import CHART, OPERATOR_NS, RELEASE, helm
+from tests.cluster.operator_harness import CHART, OPERATOR_NS, RELEASE, helm, wait_for
 
 pytestmark = pytest.mark.node
 
@@ -375,12 +375,9 @@ def test_a_job_its_pods_cannot_run_fails_at_once_with_the_preflight_problems(
     assert "rows have no key 'question'" in failed["message"]
     assert "set dataset.promptKey" in failed["message"]
     assert job["status"]["trainer"]["restarts"] == 0
-    events: list = []
-    deadline = time.monotonic() + 20  # kopf posts events after the status patch
-    while not events and time.monotonic() < deadline:
-        events = json.loads(plane.kubectl("get", "events", "-n", ns, "--field-selector",
-                                          "reason=PreflightFailed", "-o", "json").stdout)["items"]
-        time.sleep(0 if events else 0.5)
+    events = wait_for(lambda: json.loads(plane.kubectl(  # kopf posts it after the status patch
+        "get", "events", "-n", ns, "--field-selector", "reason=PreflightFailed",
+        "-o", "json").stdout)["items"], 20, what="the PreflightFailed event")
     assert events and events[0]["type"] == "Warning"
 
 

@@ -368,8 +368,8 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
             return cluster.kubectl("-n", ns, "get", "events", "--field-selector",
                                    "involvedObject.kind=RLJob").stdout
         # kopf posts events from a queue of its own, after the patches they tell of
-        wait_for(lambda: events().count("ScaledRolloutOut") == 2
-                 and "ScalePredictionChecked" in events(), 20,
+        wait_for(lambda: (seen := events()).count("ScaledRolloutOut") == 2
+                 and "ScalePredictionChecked" in seen, 20,
                  what="two ScaledRolloutOut events and a ScalePredictionChecked one")
         metrics = operator.metrics()
         assert 'rljob_operator_scale_decisions_total{direction="out"}' in metrics
