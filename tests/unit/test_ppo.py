@@ -183,7 +183,8 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
         def __init__(self, algorithm, engine="torch", mode="async", accelerator="cpu"):
             self.algorithm = algorithm
             self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False,
-                                          "engine": "hf"})()
+                                          "engine": "hf", "replicas": 1,
+                                          "max_num_seqs": 256})()
             self.trainer = type("T", (), {"engine": engine})()
             self.workflow = type("W", (), {"update_policy": "drain", "mode": mode})()
             self.accelerator_for = lambda role: type("A", (), {"type": accelerator})()
@@ -204,7 +205,7 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
         names = {t.name: t for t in tasks_for(spec)}
         assert "reference" not in names and "ref_logp" not in train_reads(spec)
         assert reference_in_trainer(spec) and not reference_task(spec)
-    assert reference_task(Spec(grpo, mode="sync"))
+    assert reference_task(Spec(grpo, mode="sync"))  # micro-batches of 8: replicas share
     no_kl = AlgorithmSpec(kl_coef=0.0)
     for spec in (Spec(grpo, "megatron"), Spec(no_kl)):
         assert not reference_in_trainer(spec)
@@ -283,3 +284,31 @@ def test_a_resumed_critic_never_restores_past_the_actors_step(tmp_path):
     # a fresh run's version 49 drops what an earlier life left beyond it
     assert [f.name for f in checkpoints_to_drop(files, 49, [50, 100])] == [
         "step-50.pt", "step-51.pt", "step-52.pt", "step-53.pt"]
+
+
+def _job(mode: str, replicas: int = 1, micro: int = 64, max_num_seqs: int = 256):
+    from rljob.api import RLJob
+
+    return RLJob.model_validate({
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"},
+        "spec": {"model": {"path": "random:/m", "tokenizer": "builtin:char"},
+                 "dataset": {"path": "/d.jsonl"},
+                 "algorithm": {"groupSize": 8, "promptsPerStep": 8,
+                               "samplesPerMicroBatch": micro},
+                 "workflow": {"mode": mode},
+                 "rollout": {"replicas": replicas, "engine": "hf", "maxNumSeqs": max_num_seqs},
+                 "accelerator": {"type": "cpu"}}}).spec
+
+
+def test_the_reference_is_a_task_only_where_a_parked_replica_can_take_a_share():
+    # sync, one replica generating its step's 64 rows in one batch, and the trainer's
+    # reference claim taking 64 rows (a micro-batch): that claim takes the write whole,
+    # so the trainer computes its own samples' log-probs (no task, no second claim)
+    assert not reference_task(_job("sync"))
+    assert "reference" not in {t.name for t in tasks_for(_job("sync"))}
+    assert reference_in_trainer(_job("sync"))
+    # a replica can take a share: a second replica, smaller reference claims, or a step
+    # generated in several batches (the trainer computes one while the next comes)
+    for spec in (_job("sync", replicas=2), _job("sync", micro=16),
+                 _job("sync", max_num_seqs=32), _job("async")):
+        assert reference_task(spec) and "ref_logp" in train_reads(spec)

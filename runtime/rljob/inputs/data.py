@@ -94,10 +94,12 @@ def prompt_columns(tokenizer, examples: list[Example], group_size: int,
     groups = list(range(len(examples))) if groups is None else groups
     prompts = [render_prompt(tokenizer, e.prompt, tools) for e in examples]
     ids = [np.asarray(encode_rendered(tokenizer, p), dtype=np.int32) for p in prompts]
+    # the row's other keys, for a reward that asks for them (reward/__init__.py): made
+    # plain once an example, each row a copy of its own
+    extras = [json.dumps(_plain(e.extra)) if e.extra else None for e in examples]
     return {"prompt": [p for p in prompts for _ in range(g)],
             "answer": [e.answer for e in examples for _ in range(g)],
-            # the row's other keys, for a reward that asks for them (reward/__init__.py)
-            "extra": [_plain(e.extra) for e in examples for _ in range(g)],
+            "extra": [json.loads(x) if x else {} for x in extras for _ in range(g)],
             "prompt_ids": [x for x in ids for _ in range(g)],
             "slot": [k * g + j for k in groups for j in range(g)]}
 

@@ -43,7 +43,7 @@ from ..transferqueue import TransferQueueClient
 from ..transferqueue.consumer import Consumer, ride_out, warn
 from ..transferqueue.loader import broadcast_object
 from ..weights import WeightSender, new_epoch
-from ..workflow.tasks import reference_in_trainer, reference_task, tasks_for
+from ..workflow.tasks import reference_in_trainer, reference_rows, reference_task, tasks_for
 from ..workflow.dynamic_sampling import replacement_example
 from ..sampling import TokenDistribution
 from ..tools.catalog import announced
@@ -194,7 +194,7 @@ class TrainerWorker:
 
         return {"model": lambda: policy.ref, "pad_id": tok.pad_token_id,
                 "dist": TokenDistribution.of(self.spec.rollout, len(tok)),
-                "rows": max(16, self.spec.algorithm.micro_samples), "compute": compute,
+                "rows": reference_rows(self.spec), "compute": compute,
                 "spans": self.spans}
 
     def run(self) -> None:

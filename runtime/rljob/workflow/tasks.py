@@ -77,11 +77,32 @@ def reference_task(spec) -> bool:
     release) and async (held by the staleness bound). Everywhere else, periodic
     included (its replicas generate the next batch while the trainer computes this
     one's), the trainer computes its samples' reference log-probs itself as they
-    arrive, and none of them goes through TransferQueue (`LocalReference`)."""
+    arrive, and none of them goes through TransferQueue (`LocalReference`). So too in
+    sync where no replica can take a share (`_replicas_share_reference`)."""
     return (reference_in_trainer(spec) and spec.workflow.mode in ("sync", "async")
             and spec.rollout.engine == "hf"
             and spec.accelerator_for("rollout").type == "cpu"
-            and spec.accelerator_for("trainer").type == "cpu")
+            and spec.accelerator_for("trainer").type == "cpu"
+            and _replicas_share_reference(spec))
+
+
+def reference_rows(spec) -> int:
+    """Rows the trainer's reference claims take at most: a micro-batch, 16 at least."""
+    return max(16, spec.algorithm.micro_samples)
+
+
+def _replicas_share_reference(spec) -> bool:
+    """Whether a parked replica can find reference rows the trainer has not claimed.
+    Not in sync with one replica that generates its step in one batch, whose rows one
+    reference claim of the trainer takes whole: the trainer's claim waits for that
+    write and takes every row of it, and the replica parks with none left (the task
+    then only adds a claim, a write and a second claim of the rows to each step)."""
+    if spec.workflow.mode != "sync" or spec.rollout.replicas > 1:
+        return True
+    rows = spec.algorithm.samples_per_step
+    one_batch = rollout_batch_rows(rows, spec.algorithm.group_size, 1,
+                                   spec.rollout.max_num_seqs, "sync") >= rows
+    return not (one_batch and reference_rows(spec) >= rows)
 
 
 def interrupting(spec) -> bool:
