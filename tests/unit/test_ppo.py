@@ -184,7 +184,7 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
             self.algorithm = algorithm
             self.rollout = type("R", (), {"dispatch": "fifo", "episodic": False,
                                           "engine": "hf", "replicas": 1,
-                                          "max_num_seqs": 256})()
+                                          "max_replicas": None, "max_num_seqs": 256})()
             self.trainer = type("T", (), {"engine": engine})()
             self.workflow = type("W", (), {"update_policy": "drain", "mode": mode})()
             self.accelerator_for = lambda role: type("A", (), {"type": accelerator})()
@@ -286,7 +286,8 @@ def test_a_resumed_critic_never_restores_past_the_actors_step(tmp_path):
         "step-50.pt", "step-51.pt", "step-52.pt", "step-53.pt"]
 
 
-def _job(mode: str, replicas: int = 1, micro: int = 64, max_num_seqs: int = 256):
+def _job(mode: str, replicas: int = 1, micro: int = 64, max_num_seqs: int = 256,
+         max_replicas: int | None = 1):
     from rljob.api import RLJob
 
     return RLJob.model_validate({
@@ -296,19 +297,23 @@ def _job(mode: str, replicas: int = 1, micro: int = 64, max_num_seqs: int = 256)
                  "algorithm": {"groupSize": 8, "promptsPerStep": 8,
                                "samplesPerMicroBatch": micro},
                  "workflow": {"mode": mode},
-                 "rollout": {"replicas": replicas, "engine": "hf", "maxNumSeqs": max_num_seqs},
+                 "rollout": {"replicas": replicas, "maxReplicas": max_replicas, "engine": "hf",
+                             "maxNumSeqs": max_num_seqs},
                  "accelerator": {"type": "cpu"}}}).spec
 
 
 def test_the_reference_is_a_task_only_where_a_parked_replica_can_take_a_share():
-    # sync, one replica generating its step's 64 rows in one batch, and the trainer's
-    # reference claim taking 64 rows (a micro-batch): that claim takes the write whole,
-    # so the trainer computes its own samples' log-probs (no task, no second claim)
+    # sync, one replica (maxReplicas 1) generating its step's 64 rows in one batch, and
+    # the trainer's reference claim taking 64 rows (a micro-batch): that claim takes the
+    # write whole, so the trainer computes its own samples' log-probs (no task, no
+    # second claim)
     assert not reference_task(_job("sync"))
     assert "reference" not in {t.name for t in tasks_for(_job("sync"))}
     assert reference_in_trainer(_job("sync"))
-    # a replica can take a share: a second replica, smaller reference claims, or a step
-    # generated in several batches (the trainer computes one while the next comes)
-    for spec in (_job("sync", replicas=2), _job("sync", micro=16),
-                 _job("sync", max_num_seqs=32), _job("async")):
+    # a replica can take a share: a second replica, smaller reference claims, a step
+    # generated in several batches (the trainer computes one while the next comes), or
+    # a second replica that a scale may bring (maxReplicas unset: every worker, a later
+    # replica's too, registers the same tasks)
+    for spec in (_job("sync", replicas=2, max_replicas=2), _job("sync", micro=16),
+                 _job("sync", max_num_seqs=32), _job("async"), _job("sync", max_replicas=None)):
         assert reference_task(spec) and "ref_logp" in train_reads(spec)

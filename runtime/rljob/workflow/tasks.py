@@ -93,11 +93,12 @@ def reference_rows(spec) -> int:
 
 def _replicas_share_reference(spec) -> bool:
     """Whether a parked replica can find reference rows the trainer has not claimed.
-    Not in sync with one replica that generates its step in one batch, whose rows one
-    reference claim of the trainer takes whole: the trainer's claim waits for that
-    write and takes every row of it, and the replica parks with none left (the task
-    then only adds a claim, a write and a second claim of the rows to each step)."""
-    if spec.workflow.mode != "sync" or spec.rollout.replicas > 1:
+    Not in sync with one replica (rollout.maxReplicas 1: no scale makes it two, and
+    every worker registers the same tasks) that generates its step in one batch, whose
+    rows one reference claim of the trainer takes whole: the trainer's claim waits for
+    that write and takes every row of it, and the replica parks with none left (the
+    task then only adds a claim, a write and a second claim of the rows to each step)."""
+    if spec.workflow.mode != "sync" or spec.rollout.max_replicas != 1:
         return True
     rows = spec.algorithm.samples_per_step
     one_batch = rollout_batch_rows(rows, spec.algorithm.group_size, 1,
