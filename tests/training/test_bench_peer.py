@@ -89,3 +89,9 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
         assert list(cpu) == ["transferqueue", "driver", "rollout-0", "trainer-0"]
         assert cpu["trainer-0"] > 0 and cpu["rollout-0"] > 0 and min(cpu.values()) >= 0
         assert sum(cpu.values()) <= (os.cpu_count() + 1) * m["step_ms"]
+    # sync's one replica (maxReplicas 1) makes its step in one batch, which one
+    # reference claim would take whole: the trainer computes its samples' reference
+    # log-probs as they arrive, and writes nothing (no reference task, no second claim)
+    sync = res["modes"]["sync"]["step_parts_ms"]
+    assert sync["trainer"]["reference"] > 0 and "write" not in sync["trainer"]
+    assert "reference" not in sync["rollout"]
