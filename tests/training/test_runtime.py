@@ -127,7 +127,15 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
         rljob_run(path, tmp_path / mode, "--max-steps", "3", *lend, *profile)
         runs[mode] = tmp_path / mode
     a = final_weights(runs["sync"])
-    for worker in ("trainer-0", "rollout-0"):  # each recorded step 2 only
+    from rljob.infra.timeline import load_spans
+
+    # the trainer and each replica that generated in step 2 (partition 1: with two
+    # replicas the faster one may claim all of a step's rows) recorded step 2 only
+    generated = {s.worker for s in load_spans(runs["sync"])
+                 if s.kind == "generate" and s.step == 1}
+    profiled = {p.name.split(".")[0] for p in (runs["sync"] / "profiles").glob("*.summary.json")}
+    assert generated and profiled == {"trainer-0", *generated}, (profiled, generated)
+    for worker in profiled:
         summary = json.loads((runs["sync"] / "profiles" / f"{worker}.summary.json").read_text())
         assert summary["steps_recorded"] == [2] and "aten::mm" in summary["ops"], worker
     assert not (runs["periodic"] / "profiles").exists()
