@@ -183,8 +183,6 @@ def test_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     # computed the rows' reference log-probs between them, each side some; periodic's
     # trainer computed its samples' own as they arrived (no task: its replicas
     # generate meanwhile), the same bits
-    from rljob.infra.timeline import load_spans
-
     workers = {mode: {s.worker.split("-")[0] for s in load_spans(d) if s.kind == "reference"}
                for mode, d in runs.items()}
     assert workers["sync"] == {"trainer", "rollout"}, workers

@@ -96,7 +96,7 @@ def prompt_columns(tokenizer, examples: list[Example], group_size: int,
     ids = [np.asarray(encode_rendered(tokenizer, p), dtype=np.int32) for p in prompts]
     # the row's other keys, for a reward that asks for them (reward/__init__.py): made
     # plain once an example, each row a copy of its own
-    extras = [json.dumps(_plain(e.extra)) if e.extra else None for e in examples]
+    extras = [_plain_json(e.extra) if e.extra else None for e in examples]
     return {"prompt": [p for p in prompts for _ in range(g)],
             "answer": [e.answer for e in examples for _ in range(g)],
             "extra": [json.loads(x) if x else {} for x in extras for _ in range(g)],
@@ -104,10 +104,9 @@ def prompt_columns(tokenizer, examples: list[Example], group_size: int,
             "slot": [k * g + j for k in groups for j in range(g)]}
 
 
-def _plain(row: dict) -> dict:
-    """A row's values as JSON has them (a Parquet row's arrays become lists)."""
-    return json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist")
-                                 else str(v)))
+def _plain_json(row: dict) -> str:
+    """A row's values as JSON text (a Parquet row's arrays become lists)."""
+    return json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v))
 
 
 def render_prompt(tokenizer, prompt: str, tools: list[dict] | None = None) -> str:
