@@ -317,3 +317,17 @@ def test_the_reference_is_a_task_only_where_a_parked_replica_can_take_a_share():
     for spec in (_job("sync", replicas=2, max_replicas=2), _job("sync", micro=16),
                  _job("sync", max_num_seqs=32), _job("async"), _job("sync", max_replicas=None)):
         assert reference_task(spec) and "ref_logp" in train_reads(spec)
+
+
+def test_every_example_job_keeps_its_reference_path():
+    """docs/benchmarks.md: the single-replica sync rule changes no example job's path
+    (each is a task exactly where it was before the rule)."""
+    from pathlib import Path
+
+    from rljob.api.validation import load_rljob
+    from rljob.workflow.tasks import _replicas_share_reference
+
+    files = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+    assert files
+    for f in files:
+        assert _replicas_share_reference(load_rljob(str(f)).spec), f.name
