@@ -305,6 +305,43 @@ def test_a_wake_answers_the_waiting_claims_of_its_client_with_what_is_ready(tq):
         assert time.monotonic() - t0 >= 0.45
 
 
+def test_a_bound_holds_later_partitions_back_and_a_new_bound_answers_the_waiting_claim(tq):
+    """A rollout replica's release: its claims take rows of partitions up to its bound
+    only (a later step's prompts wait in the table); a `bound` op of its client
+    answers its waiting claim under the new bound, without a new claim; another
+    client's claims are not bounded by it; an explicit max_partition wins."""
+    with TransferQueueClient(tq.address) as c, TransferQueueClient(tq.address) as other:
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
+        c.put(0, prompts(2))
+        c.put(1, prompts(2))
+        c.bound("t", 0)
+        first = c.claim("t", 4, min_count=1, wait=5)
+        assert {r.partition for r in first.rows} == {0}
+        result = {}
+
+        def claim():
+            t0 = time.monotonic()
+            result["batch"] = c.claim("t", 2, wait=10)
+            result["waited"] = time.monotonic() - t0
+
+        th = threading.Thread(target=claim)
+        th.start()
+        time.sleep(0.5)
+        assert "batch" not in result  # partition 1's rows are ready, beyond the bound
+        c.bound("t", 1)
+        th.join(5)
+        assert result["waited"] < 3  # answered by the bound, not its 10 s
+        assert {r.partition for r in result["batch"].rows} == {1}
+        c.release(result["batch"])
+        # the bound is the client's: another client's claims take any partition
+        assert {r.partition for r in other.claim("t", 2, wait=1).rows} == {1}
+        c.put(2, prompts(2))
+        t0 = time.monotonic()
+        assert not c.claim("t", 2, wait=0.5)  # partition 2 is beyond the bound 1
+        assert time.monotonic() - t0 >= 0.45
+        assert {r.partition for r in c.claim("t", 2, max_partition=2).rows} == {2}
+
+
 def test_bad_requests_get_clear_errors_and_change_nothing(redis_units):
     server = TQServer(redis_units, max_row_bytes=1024)
     try:

@@ -70,9 +70,10 @@ def test_the_gpu_check_script_runs_its_run_part_with_torchs_profiler_on_cpu(tmp_
     assert "copies and waits" in (out / "profile-torch.txt").read_text()
 
 
-def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
+def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "5",
-                           "--warmup", "2", "--modes", "sync,async", "--json"],
+                           "--warmup", "2", "--modes", "sync,async", "--json",
+                           "--keep", str(tmp_path / "runs")],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads(done.stdout)
@@ -95,3 +96,25 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration():
     sync = res["modes"]["sync"]["step_parts_ms"]
     assert sync["trainer"]["reference"] > 0 and "write" not in sync["trainer"]
     assert "reference" not in sync["rollout"]
+    # the release: the driver puts a step's prompts before the weights that release it
+    # are published (step s's once s − 1 is released), and a replica generates a step
+    # only once it holds weights that may (its claims' bound): sync's step s after its
+    # swap to v = s, async(1)'s after its swap to v ≥ s − 1; none is made again
+    from rljob.infra.timeline import load_spans
+
+    for name, k in (("sync", 0), ("async-1", 1)):
+        run = tmp_path / "runs" / "round-0" / name
+        spans = load_spans(run)
+        put = {x.step: x for x in spans if x.worker == "driver" and x.kind == "put"}
+        published = {x.step + 1: x for x in spans  # weight-sync of step t publishes v = t + 1
+                     if x.worker == "trainer-0" and x.kind == "weight-sync" and x.step >= 0}
+        ahead = [s for s in put if s - k in published and put[s].end < published[s - k].start]
+        steps = [s for s in put if s - k in published]
+        assert steps and len(ahead) * 2 >= len(steps), (name, len(ahead), len(steps))
+        swaps = sorted((x.end, x.step) for x in spans  # a replica's swap: step = version
+                       if x.worker == "rollout-0" and x.kind == "weight-sync")
+        for g in (x for x in spans if x.worker == "rollout-0" and x.kind == "generate"):
+            held = max(v for end, v in swaps if end <= g.start)
+            assert g.step - k <= held, (name, g.step, held)
+        ms = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert all(m["rows_regenerated"] == 0 and m["staleness_max"] <= k for m in ms)

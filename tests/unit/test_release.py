@@ -44,6 +44,20 @@ def test_every_sample_the_rule_lets_out_is_within_the_bound():
                 assert step - min(replicas) <= rule.max_staleness
 
 
+def test_a_replicas_bound_is_the_last_step_its_weights_may_generate():
+    """A replica claims prompts of steps up to `last_step(v)` of the weights v it holds:
+    every one within the bound, and the next one beyond it (its claims are the
+    release, per replica, once the driver put the prompts ahead)."""
+    for mode, k in itertools.product(("sync", "periodic", "async"), (0, 1, 3)):
+        rule = ReleaseRule(mode, k)
+        for v in range(6):
+            last = rule.last_step(v)
+            assert all(step - v <= rule.max_staleness for step in range(last + 1))
+            assert (last + 1) - v > rule.max_staleness
+            # a step the driver's rule lets out with v everywhere is within the bound
+            assert rule.allows(last, v, [v]) and not rule.allows(last + 1, v, [v])
+
+
 def test_a_jobs_rule_comes_from_its_workflow_section():
     base = {"model": {"path": "m"}, "dataset": {"path": "d"}}
     assert ReleaseRule.of(RLJobSpec.model_validate(base)) == ReleaseRule("async", 1)

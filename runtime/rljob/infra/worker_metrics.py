@@ -49,7 +49,8 @@ class WorkerMetrics:
                               "the weights held may train within maxStaleness")
         self.version = one(Gauge, "rljob_weights_version", "Weights version held")
         self.step = one(Gauge, "rljob_released_step" if role == "driver" else "rljob_job_step",
-                        "Last step released (driver) or trained (trainer)")
+                        "Last step put (driver: its prompts, a step before their release) "
+                        "or trained (trainer)")
         self.reward = one(Gauge, "rljob_job_reward_mean", "Mean reward of the last step")
         self.staleness = one(Gauge, "rljob_job_staleness_mean",
                              "Mean staleness of the last step")

@@ -41,6 +41,7 @@ from ..transferqueue.dataplane import TransferQueueError
 from ..weights import WeightReceiver
 from ..weights.collective import BACKENDS
 from ..workflow.dispatch import rollout_claim_policy
+from ..workflow.release import ReleaseRule
 from ..workflow.tasks import ROLLOUT_READS, interrupting, rollout_batch_rows, tasks_for
 from . import vllm_engine  # noqa: F401 - registers rollout.engine vllm
 from .engine import SamplingParams, make_engine
@@ -83,6 +84,8 @@ class RolloutWorker:
         # torch's profiler over the steps `rljob run --torch-profile` names (hf engine)
         self.profiler = StepProfiler.from_env(run_dir, self.name)
         self.logged_swaps = 0
+        self.rule = ReleaseRule.of(spec)
+        self._bound_lock = threading.Lock()  # bounds go out in the versions' order
 
     # ---- life -----------------------------------------------------------------
     def setup(self) -> RolloutWorker:
@@ -138,6 +141,10 @@ class RolloutWorker:
             self.receiver.load_latest(self.engine, 0)  # joining: the newest version first
         self.receiver.start_background(self.engine)
         self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
+        # the release: this replica's claims take a step's prompts once the weights it
+        # holds may generate them (v >= step - maxStaleness), moved at each swap
+        self.receiver.on_swap = self._rebound
+        self._rebound()
         if self.consumer.released:  # rows an earlier life of this replica held
             log.info("gave back %d rows an earlier %s held", self.consumer.released, self.name)
         if self.claim_policy != "group":
@@ -160,6 +167,15 @@ class RolloutWorker:
             self.consumer.close()
         self.spans.close()
 
+    def _rebound(self) -> None:
+        """Claims of prompts up to the last step the weights this replica holds may
+        generate (`ReleaseRule.last_step`); the waiting claim looks again under it."""
+        with self._bound_lock:
+            try:
+                self.consumer.tq.bound("rollout", self.rule.last_step(self.receiver.version))
+            except ValueError:  # close() closed the channel: no more claims
+                pass
+
     # ---- the steps both loops share ------------------------------------------
     def claim(self, rows: int | None = None) -> tuple[Batch, tuple[int, int]]:
         """The next groups, and (weightSync sync) the newest (version, epoch) published
@@ -180,10 +196,10 @@ class RolloutWorker:
 
     def holds_step(self, batch: Batch) -> bool:
         """sync and periodic: whether this replica holds the weights of the batch's step
-        (v = step). The driver released the step once every live replica held them,
-        and nothing newer is published before the step is trained, so they are the
-        newest: no need to ask the trainer (a round trip on the path from the claim to
-        generation, 3.2 ms a claim in a sync run on 2 cores; `latest`)."""
+        (v = step). Its claim took the step's rows because it held them (the release
+        bound), and nothing newer is published before the step is trained, so they are
+        the newest: no need to ask the trainer (a round trip on the path from the claim
+        to generation, 3.2 ms a claim in a sync run on 2 cores; `latest`)."""
         return (self.spec.workflow.mode != "async"
                 and self.receiver.holds(batch.rows[0].partition))
 

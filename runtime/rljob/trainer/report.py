@@ -84,8 +84,10 @@ def token_staleness(t, samples) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def step_metrics(t, samples, train_spans, wall, sums) -> dict:
-    """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py)."""
+def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0) -> dict:
+    """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py). `released`:
+    when the weights that release step t were published; its prompts, put before
+    (`released_at`), wait in the queue from then on."""
     versions = [t - s.version for s in samples]
     generating = [(s.started_at, s.finished_at) for s in samples]
     gen_seconds = generation_seconds(generating)
@@ -106,8 +108,8 @@ def step_metrics(t, samples, train_spans, wall, sums) -> dict:
                                  / max(1, sum(by_token.values()))),
         "interrupted": sum(1 for s in samples if len(s.changes) > 1),
         "gen_seconds": gen_seconds,
-        "gen_queue_seconds": generation_queue_seconds([s.released_at for s in samples],
-                                                      generating),
+        "gen_queue_seconds": generation_queue_seconds(
+            [max(s.released_at, released) for s in samples], generating),
         "train_seconds": training_seconds(train_spans),
         "step_seconds": wall,
         "tokens": tokens,

@@ -40,7 +40,8 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
                    token_budget: int | None = None, dp_size: int = 1, wait: float = 0.0,
                    partition: int | None = None, min_version: int | None = None,
                    on_stale: str = "discard", stale_producer: str | None = None,
-                   ack: Batch | None = None, consumer: str = "") -> pb.ClaimRequest:
+                   ack: Batch | None = None, consumer: str = "",
+                   max_partition: int | None = None) -> pb.ClaimRequest:
     get_claim_policy(policy)  # a ValueError naming the policies for an unknown one
     return pb.ClaimRequest(
         task=task, count=count, min_count=min_count or 0,
@@ -50,7 +51,8 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
         has_min_version=min_version is not None, min_version=min_version or 0,
         on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "",
         ack_lease=ack.lease if ack is not None and ack.task == task else "",
-        consumer=consumer)
+        consumer=consumer, has_max_partition=max_partition is not None,
+        max_partition=max_partition or 0)
 
 
 class TransferQueueClient:
@@ -65,6 +67,8 @@ class TransferQueueClient:
         self._unchecked_lock = threading.Lock()
         self._wakes = itertools.count(1)
         self.wakes = 0  # wake() calls so far (`claim`'s `since`)
+        self._bounds: dict[str, int] = {}  # task -> max_partition of its claims (`bound`)
+        self._bound_lock = threading.Lock()  # a bound and the claims sent in its order
         self._data = DataPlane(address, password)
         self._data.set_layout(self._call(self._stub.Layout, pb.LayoutRequest()))
 
@@ -165,7 +169,8 @@ class TransferQueueClient:
         Options: min_count (wait for this many, default count), wait (seconds to
         long-poll), policy (a claim policy name: policies.py), token_budget,
         dp_size, partition, min_version with on_stale (discard | regenerate)
-        and stale_producer, ack (a previous Batch of this task to ack first).
+        and stale_producer, ack (a previous Batch of this task to ack first),
+        max_partition (default: the task's `bound`).
         A waiting claim is answered at once, with what is ready, by a `wake()` of
         this client; `since` (`wakes` read before the caller looked for other work)
         counts the wakes that came before the claim was sent too.
@@ -176,7 +181,10 @@ class TransferQueueClient:
                read: Sequence[str] = ()) -> pb.ClaimResponse:
         req = _claim_request(task, count, **{"consumer": self._data.consumer, **kwargs})
         req.read.extend(read)
-        fut = self._session.send("claim", req)
+        with self._bound_lock:
+            if task in self._bounds and not req.has_max_partition:
+                req.has_max_partition, req.max_partition = True, self._bounds[task]
+            fut = self._session.send("claim", req)
         if since is not None and self.wakes != since:
             self._session.send("wake", pb.WakeRequest())  # it came before the claim
         return self._session.result(fut, "claim", timeout=req.wait_seconds + 60.0)
@@ -187,6 +195,16 @@ class TransferQueueClient:
         kind arrives. Returns without waiting for the controller."""
         self.wakes = next(self._wakes)
         self._session.send("wake", pb.WakeRequest())
+
+    def bound(self, task: str, max_partition: int) -> None:
+        """From now on this client's claims of `task` take rows of partitions up to
+        `max_partition` only, and so do its claims of the task waiting now: they look
+        again under the new bound (a rollout replica whose new weights may generate
+        the next step takes its prompts without a new claim). Returns without waiting
+        for the controller."""
+        with self._bound_lock:
+            self._bounds[task] = max_partition
+            self._session.send("bound", pb.BoundRequest(task=task, max_partition=max_partition))
 
     def get(self, batch: Batch, columns: Sequence[str]) -> Batch:
         batch.data.update(self._data.read(batch.rows, columns, batch.tag_sets))

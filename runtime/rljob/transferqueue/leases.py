@@ -54,12 +54,13 @@ class LeaseOps:
         min_count = req.count if req.min_count is None else req.min_count
         # a policy picks among the ready rows: fewer than the claim needs, and no pick
         # can answer it (a waiting claim is looked at again at each arrival)
-        ready = (len(state.ready.get(req.partition, ())) if req.partition is not None
-                 else state.n_ready)
+        parts = self._candidate_partitions(state, req)
+        ready = (state.n_ready if req.partition is None and req.max_partition is None
+                 else sum(len(state.ready[p]) for p in parts))
         if ready < max(1, min(min_count, req.count)):
             return None
-        view = ReadyView([state.ready[p] for p in self._candidate_partitions(state, req)],
-                         self.rows, self.groups, state.group_ready)
+        view = ReadyView([state.ready[p] for p in parts], self.rows, self.groups,
+                         state.group_ready)
         picked = policy.pick(view, req.count, req.token_budget)
         if not picked or len(picked) < min(min_count, req.count):
             return None
@@ -94,9 +95,15 @@ class LeaseOps:
             state.claimed += len(rec["rows"])
 
     def _candidate_partitions(self, state: TaskState, req: ClaimRequest) -> list[int]:
+        """The partitions a claim may take rows of, oldest first: its `partition`, or
+        every one with ready rows, up to its `max_partition`."""
+        bound = req.max_partition
         if req.partition is not None:
-            return [req.partition] if req.partition in state.ready else []
-        return state.ready_parts
+            return ([req.partition] if req.partition in state.ready
+                    and (bound is None or req.partition <= bound) else [])
+        if bound is None:
+            return state.ready_parts
+        return state.ready_parts[:bisect.bisect_right(state.ready_parts, bound)]
 
     def _filter_stale(self, state: TaskState, req: ClaimRequest) -> list[Cleared]:
         cleared: list[Cleared] = []

@@ -16,6 +16,7 @@ waiting for them, deleting cleared cells) are `units`'.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import time
@@ -266,9 +267,10 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 sizes=np.concatenate(sizes).tolist() if sizes else [], data=b"".join(data))))
         return out
 
-    async def _claim(self, request, woken=None):
+    async def _claim(self, request, woken=None, bound=None):
         """`woken()`: whether a wake op of the claim's session came since it arrived
-        (then it stops waiting, as if out of time)."""
+        (then it stops waiting, as if out of time); `bound()`: the claim's
+        max_partition now (a session's `bound` op moves it while the claim waits)."""
         req = ClaimRequest(
             task=request.task, count=request.count,
             min_count=request.min_count or None,
@@ -277,7 +279,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             partition=request.partition if request.has_partition else None,
             min_version=request.min_version if request.has_min_version else None,
             on_stale=STALE.get(request.on_stale, "discard"),
-            stale_producer=request.stale_producer or None, consumer=request.consumer)
+            stale_producer=request.stale_producer or None, consumer=request.consumer,
+            max_partition=request.max_partition if request.has_max_partition else None)
         wait = request.wait_seconds
         if not 0 <= wait <= self.controller.limits.max_wait_seconds:  # also refuses nan
             raise ControllerError(f"wait_seconds must be in [0, {self.controller.limits.max_wait_seconds:.0f}]"
@@ -287,6 +290,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             _, cleared = self.controller.ack(request.task, request.ack_lease)
             self._clear(cleared)
         while True:
+            if bound is not None and bound() != req.max_partition:
+                req = dataclasses.replace(req, max_partition=bound())
             claim = self.controller.claim(req)
             self._clear(self.controller.take_cleared())
             self.persist()
@@ -298,13 +303,14 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                 claim = self.controller.claim(ClaimRequest(**{**req.__dict__, "min_count": 1}))
                 self._clear(self.controller.take_cleared())
                 break
-            # until a row becomes ready for this task (or a wake, or a while: a lease
-            # that expires brings rows back without anyone writing)
+            # until a row becomes ready for this task (or a wake, a new bound, or a
+            # while: a lease that expires brings rows back without anyone writing)
             state = self.controller.tasks[req.task]
             arrivals = state.arrivals
             try:
                 async with asyncio.timeout(min(remaining, 0.5)), self.changed:
-                    while state.arrivals == arrivals and not (woken is not None and woken()):
+                    while (state.arrivals == arrivals and not (woken is not None and woken())
+                           and (bound is None or bound() == req.max_partition)):
                         await self.changed.wait()
             except TimeoutError:
                 pass
@@ -418,12 +424,15 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
         write_lock = asyncio.Lock()
         waiting: set[asyncio.Task] = set()
         wakes = 0  # wake ops so far: a claim stops waiting once there is one more
+        # task -> the max_partition of the session's latest bounded claim or bound op
+        # (in arrival order: the client sends its current bound with each)
+        bounds: dict[str, int] = {}
 
-        async def run(op_msg, kind, woken=None):
+        async def run(op_msg, kind, woken=None, bound=None):
             result = pb.OpResult(id=op_msg.id)
             try:
                 msg = getattr(op_msg, kind)
-                resp = await (self._claim(msg, woken) if kind == "claim"
+                resp = await (self._claim(msg, woken, bound) if kind == "claim"
                               else SESSION_OPS[kind](self, msg))
                 getattr(result, kind).CopyFrom(resp)
             except (ControllerError, ColumnError) as exc:
@@ -445,14 +454,25 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
                     async with write_lock:
                         await context.write(pb.OpResult(id=op_msg.id,
                                                         wake=pb.WakeResponse(woken=woken)))
+                elif kind == "bound":
+                    bounds[op_msg.bound.task] = op_msg.bound.max_partition
+                    await self._signal()  # the waiting claims look again under it
+                    async with write_lock:
+                        await context.write(pb.OpResult(id=op_msg.id, bound=pb.BoundResponse(
+                            waiting=sum(1 for t in waiting if not t.done()))))
                 elif kind not in SESSION_OPS:
                     async with write_lock:
                         await context.write(pb.OpResult(
                             id=op_msg.id, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
                             error=f"unknown session op {kind!r}"))
                 elif kind == "claim" and op_msg.claim.wait_seconds > 0:
+                    claim = op_msg.claim
+                    bound = None
+                    if claim.has_max_partition:
+                        bounds[claim.task] = claim.max_partition
+                        bound = lambda task=claim.task: bounds[task]  # noqa: E731
                     task = asyncio.create_task(
-                        run(op_msg, kind, lambda since=wakes: wakes != since))
+                        run(op_msg, kind, lambda since=wakes: wakes != since, bound))
                     waiting.add(task)
                     task.add_done_callback(waiting.discard)
                 else:

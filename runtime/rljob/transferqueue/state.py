@@ -138,6 +138,7 @@ class ClaimRequest:
     on_stale: str = "discard"  # discard | regenerate
     stale_producer: str | None = None
     consumer: str = ""
+    max_partition: int | None = None  # only rows of partitions <= this (a release bound)
 
 
 @dataclass(frozen=True)

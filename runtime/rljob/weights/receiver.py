@@ -8,6 +8,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -45,6 +46,9 @@ class WeightReceiver:
         self.drain_seconds: list[float] = []  # of each swap: waiting for generations in flight
         self.transfer_seconds: list[float] = []  # of each update: moving the bytes
         self._store = self._group = self._group_name = None  # the collective path's
+        # called in the receiving thread after each swap (the engine holds
+        # `self.version`): the rollout moves its claims' release bound
+        self.on_swap: Callable[[], None] | None = None
 
     def _update(self, engine, min_version: int, wait: float) -> int:
         """Receive the first version ≥ min_version (or any of a new sender life) and
@@ -80,6 +84,8 @@ class WeightReceiver:
         self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
         with self.swapped:
             self.swapped.notify_all()
+        if self.on_swap is not None:
+            self.on_swap()
 
     def _join(self, engine) -> None:
         """A new weight group with the sender: rank 0 the sender, then the engine's

@@ -1,5 +1,6 @@
-"""The driver: puts each step's prompts into TransferQueue when the workflow mode
-allows."""
+"""The driver: puts each step's prompts into TransferQueue a step before the workflow
+mode releases them; a rollout replica claims them once its weights may generate them
+(the release bound its claims carry, `ReleaseRule.last_step`)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,21 @@ from .tasks import tasks_for
 
 log = logging.getLogger("rljob.driver")
 
+# steps whose prompts wait in the table before their release: a replica that loads the
+# weights of their step takes them at once (its claim waits there), and the put, the
+# weight service's version reports and the driver's answer are off the step's path
+LOOKAHEAD = 1
+
 
 class Workflow:
     """The driver's side of the job over TransferQueue and the weight service.
 
     init_engines()         register the job's tasks, wait for weights v0 and replicas
     prepare_prompts(ex)    a step's prompts rendered and tokenized, G rows per prompt
-    put_prepared(s, cols)  release step s's prepared prompts
+    put_prepared(s, cols)  put step s's prepared prompts
     may_release(s)         whether the workflow mode lets step s out now
+    may_put(s)             whether step s's prompts may go into the table (s − LOOKAHEAD
+                           released)
     """
 
     def __init__(self, spec: RLJobSpec, tq: TransferQueueClient, weights: WeightClient,
@@ -74,9 +82,11 @@ class Workflow:
                               tools=self.tools)
 
     def put_prepared(self, step: int, columns: dict[str, list]) -> list[int]:
-        """Release prepared prompts: one put, stamped with the release time. A row's
-        length is its prompt's, or with skew-aware dispatch its predicted output
-        length (predicted now, from every sample finished so far)."""
+        """Put prepared prompts: one put, stamped with its time (`released_at`: the
+        trainer counts a step's queueing from the later of it and the publish of the
+        weights that release the step). A row's length is its prompt's, or with
+        skew-aware dispatch its predicted output length (predicted now, from every
+        sample finished so far)."""
         n = len(columns["slot"])
         lengths = (self.lengths.predict(columns["prompt"], columns["answer"]) if self.lengths
                    else [len(x) for x in columns["prompt_ids"]])
@@ -90,17 +100,22 @@ class Workflow:
         status = self.weights.status(wait_version=need if wait else None, wait=wait)
         return self.rule.allows(step, status.version, [r.version for r in status.replicas])
 
+    def may_put(self, step: int, wait: float = 0.0) -> bool:
+        """Whether `step`'s prompts may go into the table: once the step LOOKAHEAD
+        before it is released. Replicas claim them only under their release bound."""
+        return self.may_release(step - LOOKAHEAD, wait)
+
 
 def _released(tq: TransferQueueClient) -> int:
-    """Steps whose prompts are in the table already (partitions are steps)."""
+    """Steps whose prompts were put already (partitions are steps)."""
     return ride_out(lambda: tq.stats().next_partition)
 
 
 def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> None:
-    """Release a step exactly once, through a controller restart: if the answer was
-    lost, the table says whether the rows were created."""
+    """Put a step's prompts exactly once, through a controller restart: if the answer
+    was lost, the table says whether the rows were created."""
     while ride_out(lambda: flow.put_prepared(step, prepared), once=True, pause=0,
-                   away=warn(log, f"releasing step {step}: %s; checking the table")) is None:
+                   away=warn(log, f"putting step {step}: %s; checking the table")) is None:
         if _released(tq) > step:
             return
 
@@ -108,9 +123,10 @@ def _put_once(flow: Workflow, tq: TransferQueueClient, step: int, prepared) -> N
 def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer,
                start_step: int = 0, max_steps: int | None = None,
                poll: float = 0.01, metrics_port: int | None = None, run_dir=None) -> None:
-    """Release steps from `start_step`, or from the first step the table has not seen
-    (a restarted driver); the dataset cursor of a step follows from its number. With
-    `run_dir`, each step's put is a span of the driver's timeline."""
+    """Put steps from `start_step`, or from the first step the table has not seen
+    (a restarted driver), each LOOKAHEAD steps before its release; the dataset cursor
+    of a step follows from its number. With `run_dir`, each step's put is a span of
+    the driver's timeline."""
     from ..infra.timeline import SpanLog
     from ..infra.worker_metrics import WorkerMetrics
 
@@ -128,16 +144,16 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
     steps = max_steps or spec.algorithm.max_steps
     start_step = max(start_step, _released(tq))
     if start_step:
-        log.info("releasing from step %d", start_step)
+        log.info("putting from step %d", start_step)
     batch = spec.algorithm.step_prompts
     cursor = PromptCursor.at_step(examples, spec.algorithm.seed, start_step, batch)
     for step in range(start_step, steps):
-        # everything but the put happens before the release is allowed, so the
-        # rollouts get the prompts as soon as the weights are everywhere
+        # the prompts go in before their release: a replica takes them as soon as it
+        # holds the weights of their step
         prepared = flow.prepare_prompts(cursor.take(batch))
         while True:
             try:
-                if flow.may_release(step, wait=5.0):
+                if flow.may_put(step, wait=5.0):
                     break
             except grpc.RpcError as exc:  # the trainer (weight service) restarts
                 log.warning("weight service unavailable (%s); waiting", exc.code().name)
@@ -147,7 +163,7 @@ def run_driver(spec: RLJobSpec, tq_address: str, weights_address: str, tokenizer
         with spans.span("put", step):
             _put_once(flow, tq, step, prepared)
         prom.step.set(step)
-        log.info("released step %d", step)
+        log.info("put step %d", step)
     # stay until the trainer has published the last version: the job is not over
     # before, and the driver's exit should not take CPU from the last step
     while True:

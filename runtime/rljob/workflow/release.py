@@ -1,11 +1,14 @@
 """DESIGN's release rule, in one place: when a step's prompts may go out, and so the
-staleness a sample can have. The driver asks it with the weight service's versions;
-the simulator (`planner/simulator.py`) asks it with the versions it models.
+staleness a sample can have. A rollout replica's claims carry it (`last_step` of the
+weights it holds: the controller hands it prompts of no later step); the driver asks it
+with the weight service's versions to put each step's prompts a step ahead of their
+release; the simulator (`planner/simulator.py`) asks it with the versions it models.
 
-- sync / periodic: step t goes out once weights v = t are on the trainer and on
-  every live replica, so every sample of step t is made by v = t (staleness 0).
-- async(k): step t goes out once the trainer and every live replica are at
-  v ≥ t − k, so a sample trained at step t was made by v ≥ t − k (staleness ≤ k).
+- sync / periodic: step t goes out to a replica once it holds weights v = t (the
+  trainer published them, so it is there too), so every sample of step t is made by
+  v = t (staleness 0).
+- async(k): step t goes out to a replica once it holds v ≥ t − k, so a sample
+  trained at step t was made by v ≥ t − k (staleness ≤ k).
 
 Pure: no I/O."""
 
@@ -46,6 +49,11 @@ class ReleaseRule:
     def version_needed(self, step: int) -> int:
         """The weights version that must be everywhere before `step`'s prompts go out."""
         return step - self.max_staleness
+
+    def last_step(self, version: int) -> int:
+        """The last step whose samples weights `version` may generate (a replica that
+        holds them claims prompts of steps up to it)."""
+        return version + self.max_staleness
 
     def allows(self, step: int, trainer_version: int, replica_versions: Iterable[int]) -> bool:
         """Whether `step`'s prompts may go out (never without a live replica)."""

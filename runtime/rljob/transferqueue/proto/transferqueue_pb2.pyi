@@ -175,7 +175,7 @@ class NotifyWrittenResponse(_message.Message):
     def __init__(self, newly_ready: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name", "read")
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name", "read", "has_max_partition", "max_partition")
     TASK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,8 @@ class ClaimRequest(_message.Message):
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     POLICY_NAME_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    HAS_MAX_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MAX_PARTITION_FIELD_NUMBER: _ClassVar[int]
     task: str
     count: int
     min_count: int
@@ -210,7 +212,9 @@ class ClaimRequest(_message.Message):
     consumer: str
     policy_name: str
     read: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ...) -> None: ...
+    has_max_partition: bool
+    max_partition: int
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ..., has_max_partition: _Optional[bool] = ..., max_partition: _Optional[int] = ...) -> None: ...
 
 class ClaimedRows(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tag_set")
@@ -417,8 +421,22 @@ class WakeResponse(_message.Message):
     woken: int
     def __init__(self, woken: _Optional[int] = ...) -> None: ...
 
+class BoundRequest(_message.Message):
+    __slots__ = ("task", "max_partition")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    MAX_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    max_partition: int
+    def __init__(self, task: _Optional[str] = ..., max_partition: _Optional[int] = ...) -> None: ...
+
+class BoundResponse(_message.Message):
+    __slots__ = ("waiting",)
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    waiting: int
+    def __init__(self, waiting: _Optional[int] = ...) -> None: ...
+
 class Op(_message.Message):
-    __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve", "wake")
+    __slots__ = ("id", "notify", "claim", "ack", "release", "extend", "reserve", "wake", "bound")
     ID_FIELD_NUMBER: _ClassVar[int]
     NOTIFY_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +445,7 @@ class Op(_message.Message):
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FIELD_NUMBER: _ClassVar[int]
     WAKE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
     id: int
     notify: NotifyWrittenRequest
     claim: ClaimRequest
@@ -435,10 +454,11 @@ class Op(_message.Message):
     extend: ExtendRequest
     reserve: ReserveRequest
     wake: WakeRequest
-    def __init__(self, id: _Optional[int] = ..., notify: _Optional[_Union[NotifyWrittenRequest, _Mapping]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., reserve: _Optional[_Union[ReserveRequest, _Mapping]] = ..., wake: _Optional[_Union[WakeRequest, _Mapping]] = ...) -> None: ...
+    bound: BoundRequest
+    def __init__(self, id: _Optional[int] = ..., notify: _Optional[_Union[NotifyWrittenRequest, _Mapping]] = ..., claim: _Optional[_Union[ClaimRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., reserve: _Optional[_Union[ReserveRequest, _Mapping]] = ..., wake: _Optional[_Union[WakeRequest, _Mapping]] = ..., bound: _Optional[_Union[BoundRequest, _Mapping]] = ...) -> None: ...
 
 class OpResult(_message.Message):
-    __slots__ = ("id", "code", "error", "notify", "claim", "ack", "release", "extend", "reserve", "wake")
+    __slots__ = ("id", "code", "error", "notify", "claim", "ack", "release", "extend", "reserve", "wake", "bound")
     ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -449,6 +469,7 @@ class OpResult(_message.Message):
     EXTEND_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FIELD_NUMBER: _ClassVar[int]
     WAKE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
     id: int
     code: int
     error: str
@@ -459,7 +480,8 @@ class OpResult(_message.Message):
     extend: ExtendResponse
     reserve: ReserveResponse
     wake: WakeResponse
-    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ..., wake: _Optional[_Union[WakeResponse, _Mapping]] = ...) -> None: ...
+    bound: BoundResponse
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., error: _Optional[str] = ..., notify: _Optional[_Union[NotifyWrittenResponse, _Mapping]] = ..., claim: _Optional[_Union[ClaimResponse, _Mapping]] = ..., ack: _Optional[_Union[AckResponse, _Mapping]] = ..., release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., extend: _Optional[_Union[ExtendResponse, _Mapping]] = ..., reserve: _Optional[_Union[ReserveResponse, _Mapping]] = ..., wake: _Optional[_Union[WakeResponse, _Mapping]] = ..., bound: _Optional[_Union[BoundResponse, _Mapping]] = ...) -> None: ...
 
 class CellBlock(_message.Message):
     __slots__ = ("indices", "columns", "column_of", "sizes", "data")
