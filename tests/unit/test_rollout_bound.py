@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from rljob.api import RLJob
 from rljob.rollout.worker import RolloutWorker
+from rljob.workflow.release import ReleaseRule
 
 
 def _worker(mode: str, k: int | None, version: int):
@@ -75,3 +76,20 @@ def test_an_on_policy_claim_asks_the_trainer_only_when_the_steps_weights_are_not
         assert w.claim() == (batch, (4, 2)) and asked == [1]
     w, batch, asked = _claiming("async", holds=3)
     assert w.claim() == (batch, (4, 2)) and asked == [1]
+
+
+def test_a_replicas_claims_are_bounded_by_the_weights_it_holds():
+    """The bound its claims carry, moved at each swap: the last step the weights it
+    holds may generate (on-policy their own step, async(k) k past it)."""
+    import threading
+
+    for mode, k, version, bound in (("sync", None, 4, 4), ("periodic", None, 0, 0),
+                                    ("async", 2, 4, 6), ("async", 1, 4, 5)):
+        w, _, _ = _worker(mode, k, version)
+        sent = []
+        w.consumer = SimpleNamespace(tq=SimpleNamespace(bound=lambda t, p: sent.append((t, p))))
+        w.receiver = SimpleNamespace(version=version)
+        w.rule = ReleaseRule.of(w.spec)
+        w._bound_lock = threading.Lock()
+        w._rebound()
+        assert sent == [("rollout", bound)], mode
