@@ -45,3 +45,14 @@ def test_a_step_queued_behind_the_previous_one_reports_its_generation_only():
     assert m["gen_queue_seconds"] == 30.0
     assert m["train_seconds"] == 2.5
     assert m["tokens_per_second"] == pytest.approx(16 / 12.0)
+
+
+def test_prompts_put_before_their_release_queue_from_the_release():
+    """The driver puts a step's prompts a step ahead of their release; their queueing
+    counts from the later of the put and the publish of the weights that release the
+    step (`released`), not from the put."""
+    samples = [sample(0, 90, 130, 140), sample(1, 90, 130, 140)]
+    common = ([(150, 151)], 60.0, {"loss": 0.0, "kl": 0.0, "clip": 0.0})
+    assert step_metrics(0, samples, *common)["gen_queue_seconds"] == 40.0
+    assert step_metrics(0, samples, *common, released=120.0)["gen_queue_seconds"] == 10.0
+    assert step_metrics(0, samples, *common, released=80.0)["gen_queue_seconds"] == 40.0
