@@ -244,18 +244,25 @@ def test_a_claim_whose_lease_ran_out_before_its_read_is_dropped(redis_units, cap
         server.stop()
 
 
+def claiming(client, task, count, **kwargs):
+    """A claim of `client` in a thread of its own, started: (thread, result), where
+    result gets the claim's `batch` and the seconds it `waited` once it is answered."""
+    result = {}
+
+    def claim():
+        t0 = time.monotonic()
+        result["batch"] = client.claim(task, count, **kwargs)
+        result["waited"] = time.monotonic() - t0
+
+    th = threading.Thread(target=claim)
+    th.start()
+    return th, result
+
+
 def test_long_poll_claim_wakes_on_write(tq):
     with TransferQueueClient(tq.address) as c:
         c.register(DRIVER, TaskSpec("t", ["prompt"]))
-        result = {}
-
-        def consumer():
-            t0 = time.monotonic()
-            result["batch"] = c.claim("t", 2, wait=10)
-            result["waited"] = time.monotonic() - t0
-
-        th = threading.Thread(target=consumer)
-        th.start()
+        th, result = claiming(c, "t", 2, wait=10)
         time.sleep(0.3)
         c.put(0, prompts(2))
         th.join(15)
@@ -271,28 +278,19 @@ def test_a_wake_answers_the_waiting_claims_of_its_client_with_what_is_ready(tq):
     with TransferQueueClient(tq.address) as c, TransferQueueClient(tq.address) as other:
         c.register(DRIVER, TaskSpec("t", ["prompt"]), TaskSpec("u", ["prompt"]))
         c.put(0, prompts(2))
-        result = {}
-
-        def claim(client, key, task, **kw):
-            t0 = time.monotonic()
-            result[key] = client.claim(task, 5, wait=10, **kw)
-            result[key + "_waited"] = time.monotonic() - t0
-
-        mine = threading.Thread(target=claim, args=(c, "mine", "t"))
-        theirs = threading.Thread(target=claim, args=(other, "theirs", "u"))
-        mine.start()
-        theirs.start()
+        mine, my_result = claiming(c, "t", 5, wait=10)
+        theirs, their_result = claiming(other, "u", 5, wait=10)
         time.sleep(0.5)  # both wait: 2 rows are ready, they ask for 5
-        assert "mine" not in result and "theirs" not in result
+        assert "batch" not in my_result and "batch" not in their_result
         assert c._session.call("wake", pb.WakeRequest()).woken == 1
         mine.join(5)
-        assert result["mine_waited"] < 3  # woken: not its 10 s
-        assert sorted(result["mine"].indices) == [0, 1]  # what was ready, leased
+        assert my_result["waited"] < 3  # woken: not its 10 s
+        assert sorted(my_result["batch"].indices) == [0, 1]  # what was ready, leased
         time.sleep(0.3)
-        assert "theirs" not in result  # another client's claim still waits
+        assert "batch" not in their_result  # another client's claim still waits
         assert other._session.call("wake", pb.WakeRequest()).woken == 1
         theirs.join(5)
-        assert len(result["theirs"]) == 2
+        assert len(their_result["batch"]) == 2
 
         # a wake before the claim: counted with `since` read before it, not without
         since = c.wakes
@@ -317,15 +315,7 @@ def test_a_bound_holds_later_partitions_back_and_a_new_bound_answers_the_waiting
         c.bound("t", 0)
         first = c.claim("t", 4, min_count=1, wait=5)
         assert {r.partition for r in first.rows} == {0}
-        result = {}
-
-        def claim():
-            t0 = time.monotonic()
-            result["batch"] = c.claim("t", 2, wait=10)
-            result["waited"] = time.monotonic() - t0
-
-        th = threading.Thread(target=claim)
-        th.start()
+        th, result = claiming(c, "t", 2, wait=10)
         time.sleep(0.5)
         assert "batch" not in result  # partition 1's rows are ready, beyond the bound
         c.bound("t", 1)
