@@ -332,6 +332,38 @@ def test_a_bound_holds_later_partitions_back_and_a_new_bound_answers_the_waiting
         assert {r.partition for r in c.claim("t", 2, max_partition=2).rows} == {2}
 
 
+def test_a_one_partition_claim_takes_the_oldest_partition_that_answers_it(tq):
+    """A rollout replica generates a batch with one step's weights and seeds: its
+    claims take rows of one partition, the oldest whose ready rows answer the claim
+    (a claim without the option takes the oldest rows across partitions)."""
+    with TransferQueueClient(tq.address) as c:
+        c.register(DRIVER, TaskSpec("t", ["prompt"]))
+        c.put(0, prompts(2))
+        c.put(1, prompts(4))
+        c.put(2, prompts(4))
+        mixed = c.claim("t", 4)
+        assert [r.partition for r in mixed.rows] == [0, 0, 1, 1]
+        c.release(mixed)
+        # partition 0's two rows cannot answer a claim of four; partition 1's can
+        four = c.claim("t", 4, one_partition=True)
+        assert [r.partition for r in four.rows] == [1] * 4
+        c.release(four)
+        one = c.claim("t", 4, min_count=1, one_partition=True)
+        assert [r.partition for r in one.rows] == [0, 0]
+        # partition 1's four rows answer a claim of at least 3; partition 2's stay
+        three = c.claim("t", 8, min_count=3, one_partition=True)
+        assert [r.partition for r in three.rows] == [1] * 4
+        # bounded to partition 1, nothing is left that answers: the claim waits
+        t0 = time.monotonic()
+        assert not c.claim("t", 8, min_count=1, one_partition=True, max_partition=1,
+                           wait=0.5)
+        assert time.monotonic() - t0 >= 0.45
+        c.release(one)
+        th, result = claiming(c, "t", 8, min_count=3, one_partition=True, wait=10)
+        th.join(5)  # partition 0's two rows cannot answer it; partition 2's four do
+        assert [r.partition for r in result["batch"].rows] == [2] * 4
+
+
 def test_bad_requests_get_clear_errors_and_change_nothing(redis_units):
     server = TQServer(redis_units, max_row_bytes=1024)
     try:

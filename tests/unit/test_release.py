@@ -58,6 +58,21 @@ def test_a_replicas_bound_is_the_last_step_its_weights_may_generate():
             assert rule.allows(last, v, [v]) and not rule.allows(last + 1, v, [v])
 
 
+def test_a_claimed_steps_verdict_now_hold_or_back():
+    """A replica whose claims take `ahead` steps past its bound generates a step its
+    weights may generate, holds one of the steps ahead, and gives back a step beyond
+    those (its bound fell since the claim: a trainer restarted from an older checkpoint)."""
+    for mode, k in itertools.product(("sync", "periodic", "async"), (0, 1, 3)):
+        rule = ReleaseRule(mode, k)
+        for v, ahead in itertools.product(range(4), (0, 1, 2)):
+            last = rule.last_step(v)
+            assert [rule.verdict(s, v, ahead) for s in range(last + ahead + 3)] == (
+                ["now"] * (last + 1) + ["hold"] * ahead + ["back"] * 2)
+    assert ReleaseRule("sync").verdict(5, 4, 1) == "hold"
+    assert ReleaseRule("async", 2).verdict(7, 4, 1) == "hold"
+    assert ReleaseRule("async", 2).verdict(8, 4, 1) == "back"
+
+
 def test_a_jobs_rule_comes_from_its_workflow_section():
     base = {"model": {"path": "m"}, "dataset": {"path": "d"}}
     assert ReleaseRule.of(RLJobSpec.model_validate(base)) == ReleaseRule("async", 1)

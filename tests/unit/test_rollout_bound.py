@@ -4,6 +4,7 @@ generating samples the trainer would refuse."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 from rljob.api import RLJob
@@ -20,6 +21,8 @@ def _worker(mode: str, k: int | None, version: int):
     w = RolloutWorker.__new__(RolloutWorker)
     given, waited = [], []
     w.spec = job.spec
+    w.rule = ReleaseRule.of(job.spec)
+    w._bound_lock, w._held, w._swapped, w._sent_bound = threading.Lock(), None, None, None
     w.engine = SimpleNamespace(version=version)
     w._give_back = lambda batches: given.extend(batches)
     w.metrics = SimpleNamespace(given_back=SimpleNamespace(inc=lambda n: None))
@@ -59,7 +62,7 @@ def _claiming(mode: str, holds: int):
     w.spans = SimpleNamespace(claimed=lambda b, step: None)
     w.claim_rows, w.claim_policy, w.g, w.stop = 4, "fifo", 4, threading.Event()
     w.wait_weights = True
-    w.receiver = SimpleNamespace(holds=lambda v: holds >= v,
+    w.receiver = SimpleNamespace(holds=lambda v: holds >= v, version=holds,
                                  latest=lambda: asked.append(1) or (4, 2))
     return w, batch, asked
 
@@ -93,3 +96,44 @@ def test_a_replicas_claims_are_bounded_by_the_weights_it_holds():
         w._bound_lock = threading.Lock()
         w._rebound()
         assert sent == [("rollout", bound)], mode
+
+
+def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it():
+    """The batched loop's claims take a step past the bound (AHEAD): a batch of it is
+    held (its rows kept, the bound back at the weights' own so that the claims meanwhile
+    take only rows the current step still needs), a swap to weights that may generate
+    it wakes the loop and hands it over (the bound a step past again); a swap to older
+    weights (a trainer restarted from an older checkpoint) gives it back."""
+    from rljob.rollout.worker import AHEAD
+
+    assert AHEAD == 1
+    w, given, _ = _worker("sync", None, version=4)
+    sent = []
+    w.consumer = SimpleNamespace(tq=SimpleNamespace(bound=lambda t, p: sent.append(p)))
+    w.receiver = SimpleNamespace(version=4)
+    w.ahead = AHEAD
+    w._rebound()
+    assert sent == [5]  # step 5's prompts are claimed while weights 4 generate step 4
+    assert w._verdict(_batch(4)) == "now" and w._verdict(_batch(5)) == "hold"
+    held = (_batch(5), (-1, 0))
+    w._hold(held)
+    assert sent == [5, 4]  # holding step 5: claims take step 4's rows only
+    assert w._take_held() is None and not w._swapped.done()
+    swapped = w._swapped
+    w.receiver.version = 5  # the swap: the receiver's thread calls _rebound
+    w._rebound()
+    assert swapped.done() and sent == [5, 4, 6]
+    assert w._take_held() is held and w._held is None and sent == [5, 4, 6]
+    # async(2): weights 4 generate up to step 6; step 7 is held, step 8 goes back
+    w, given, _ = _worker("async", 2, version=4)
+    w.consumer = SimpleNamespace(tq=SimpleNamespace(bound=lambda t, p: None))
+    w.receiver, w.ahead = SimpleNamespace(version=4), AHEAD
+    assert [w._verdict(_batch(s)) for s in (6, 7, 8)] == ["now", "hold", "back"]
+    w.engine = SimpleNamespace(version=4)
+    assert not w.beyond_bound(_batch(7)) and given == []
+    # a swap to older weights: the held batch goes back, nothing is handed over
+    w._hold((_batch(7), (-1, 0)))
+    w.receiver.version = 2
+    w._rebound()
+    assert w._take_held() is None and w._held is None
+    assert [b.rows[0].partition for b in given] == [7]

@@ -51,6 +51,11 @@ log = logging.getLogger("rljob.rollout")
 # seconds a parked replica's reference claim waits at most (the prompts' claim, when
 # it is answered, ends it sooner)
 REFERENCE_WAIT = 0.5
+# steps past its release bound a replica generating a batch at a time claims (the hf
+# engine's loop): it holds the next step's prompts when the weights that may generate
+# them come, so the claim's answer is off the path from the trainer's publish to the
+# next generation
+AHEAD = 1
 
 
 class RolloutWorker:
@@ -58,6 +63,8 @@ class RolloutWorker:
     TransferQueue; `run()` claims, generates, scores and writes until SIGTERM (a batch
     at a time with the hf engine, groups in flight with a concurrent one); `close()`
     lets go of everything. `claim`, `score` and `write` are the steps both loops share."""
+
+    ahead = 0  # steps past the release bound its claims take (AHEAD in the batched loop)
 
     def __init__(self, spec: RLJobSpec, tq_address: str, weights_address: str, replica: int,
                  run_dir=None, metrics_port: int | None = None):
@@ -86,6 +93,12 @@ class RolloutWorker:
         self.logged_swaps = 0
         self.rule = ReleaseRule.of(spec)
         self._bound_lock = threading.Lock()  # bounds go out in the versions' order
+        self._sent_bound: int | None = None
+        # a claimed batch of a step ahead of the weights' bound, kept until weights
+        # that may generate it come (`ReleaseRule.verdict` "hold"), with the newest
+        # (version, epoch) published at its claim; a swap completes `_swapped`
+        self._held: tuple[Batch, tuple[int, int]] | None = None
+        self._swapped: Future | None = None
 
     # ---- life -----------------------------------------------------------------
     def setup(self) -> RolloutWorker:
@@ -169,28 +182,75 @@ class RolloutWorker:
 
     def _rebound(self) -> None:
         """Claims of prompts up to the last step the weights this replica holds may
-        generate (`ReleaseRule.last_step`); the waiting claim looks again under it."""
+        generate (`ReleaseRule.last_step`), and `ahead` steps past it while no batch of
+        those is held; the waiting claim looks again under it. Called at each swap (a
+        held batch's verdict may have changed: `_swapped` wakes the loop) and when a
+        batch is held or let go."""
         with self._bound_lock:
+            last = self.rule.last_step(self.receiver.version)
+            held = self._held[0].rows[0].partition if self._held is not None else None
+            bound = last if held is not None and held > last else last + self.ahead
+            if self._swapped is not None and not self._swapped.done():
+                self._swapped.set_result(None)
+            if bound == self._sent_bound:
+                return
             try:
-                self.consumer.tq.bound("rollout", self.rule.last_step(self.receiver.version))
+                self.consumer.tq.bound("rollout", bound)
+                self._sent_bound = bound
             except ValueError:  # close() closed the channel: no more claims
                 pass
+
+    def _verdict(self, batch: Batch) -> str:
+        """`ReleaseRule.verdict` of a claimed batch with the weights held now."""
+        return self.rule.verdict(batch.rows[0].partition, self.receiver.version, self.ahead)
+
+    def _hold(self, claimed: tuple[Batch, tuple[int, int]] | None) -> None:
+        """Keep a batch of a step ahead (its lease kept alive), or let go of the held
+        one; the bound follows."""
+        with self._bound_lock:
+            self._held = claimed
+            self._swapped = Future() if claimed is not None else None
+        self._rebound()
+
+    def _take_held(self) -> tuple[Batch, tuple[int, int]] | None:
+        """The held batch once the weights may generate it; given back once the bound
+        fell below it (a trainer restarted from an older checkpoint); else None, with
+        `_swapped` armed for the next swap."""
+        with self._bound_lock:
+            if self._held is None:
+                return None
+            verdict = self._verdict(self._held[0])
+            if verdict == "hold":
+                if self._swapped.done():
+                    self._swapped = Future()
+                return None
+        claimed = self._held
+        self._hold(None)
+        if verdict == "now":
+            return claimed
+        log.info("step %d's held rows go back: weights %d cannot generate them",
+                 claimed[0].rows[0].partition, self.receiver.version)
+        self._give_back([claimed[0]])
+        self.metrics.given_back.inc(len(claimed[0].rows))
+        return None
 
     # ---- the steps both loops share ------------------------------------------
     def claim(self, rows: int | None = None) -> tuple[Batch, tuple[int, int]]:
         """The next groups, and (weightSync sync) the newest (version, epoch) published
         then."""
         tq = self.consumer.tq
+        # one step's rows: a batch is generated with one step's weights and seeds
         batch = ride_out(lambda: tq.claim_get("rollout", rows or self.claim_rows, ROLLOUT_READS,
                                               policy=self.claim_policy, wait=0.5,
-                                              min_count=self.g),
+                                              min_count=self.g, one_partition=True),
                          away=warn(log), stop=self.stop, once=True)
         if batch is None:  # the controller was away
             return Batch("rollout", "", []), (-1, 0)
         if batch.rows:
             self.consumer.keeper.hold(batch)  # generation may outlast the lease
             self.spans.claimed(batch, batch.rows[0].partition)
-        if not (batch.rows and self.wait_weights) or self.holds_step(batch):
+        if (not (batch.rows and self.wait_weights) or self.holds_step(batch)
+                or self._verdict(batch) == "hold"):  # held: generated at a swap to newer
             return batch, (-1, 0)
         return batch, self.receiver.latest()
 
@@ -298,18 +358,17 @@ class RolloutWorker:
 
     def beyond_bound(self, batch: Batch) -> bool:
         """Whether the batch's step is beyond what the weights this replica holds may
-        train (step − maxStaleness > version: after a trainer restart from an older
-        checkpoint, rows released by its dead life). Such rows go back to the queue at
-        once, and the replica waits a moment for newer weights; generated now, the
-        trainer would refuse them and have them made again."""
-        k = self.spec.workflow.staleness_bound
+        train and the steps its claims take ahead (`ReleaseRule.verdict` "back": after a
+        trainer restart from an older checkpoint, rows released by its dead life). Such
+        rows go back to the queue at once, and the replica waits a moment for newer
+        weights; generated now, the trainer would refuse them and have them made again."""
         if self.spec.workflow.mode != "async" or not batch.rows:
             return False
         step = batch.rows[0].partition
-        if step - k <= self.engine.version:
+        if self.rule.verdict(step, self.engine.version, self.ahead) != "back":
             return False
         log.info("step %d's rows go back: weights %d cannot train them within "
-                 "maxStaleness %d", step, self.engine.version, k)
+                 "maxStaleness %d", step, self.engine.version, self.rule.k)
         self._give_back([batch])
         self.metrics.given_back.inc(len(batch.rows))
         self.receiver.wait_version(self.engine.version + 1, timeout=1.0)
@@ -327,16 +386,35 @@ class RolloutWorker:
     # ---- hf: a batch at a time -------------------------------------------------
     def _run_batched(self) -> None:
         """The I/O of a generation overlaps the next one: one claim is in flight while
-        a batch generates, and its results are written while the next generates."""
+        a batch generates, and its results are written while the next generates. The
+        claims take the next step's prompts too (`AHEAD`): a batch of them is held
+        until a swap brings weights that may generate it, the claims meanwhile bounded
+        by the weights held (rows the current step still needs: a replacement group,
+        rows a dead replica held)."""
         g, spec = self.g, self.spec
+        self.ahead = AHEAD
+        self._rebound()
         io = ThreadPoolExecutor(2, thread_name_prefix="rljob-rollout-io")
         ahead = io.submit(self.claim)
         written: Future | None = None
         try:
             while not self.stop.is_set():
                 self._tick()
-                batch, latest = self._await_claim(ahead)
-                ahead = io.submit(self.claim)
+                claimed = self._take_held()
+                if claimed is None:
+                    claimed = self._await_claim(ahead, self._swapped)
+                    if claimed is None:  # a swap: the held batch's verdict again
+                        continue
+                    if claimed[0].rows and self._verdict(claimed[0]) == "hold":
+                        if self._held is None:
+                            self._hold(claimed)  # before the next claim: its bound
+                        else:  # one held at a time (the bound stops a second)
+                            self._give_back([claimed[0]])
+                        claimed = None
+                    ahead = io.submit(self.claim)
+                    if claimed is None:
+                        continue
+                batch, latest = claimed
                 if not batch.rows or self.beyond_bound(batch):
                     continue
                 if self.wait_weights:  # generation waits for the newest weights
@@ -375,6 +453,9 @@ class RolloutWorker:
                     written.result()
             except Exception as exc:  # noqa: BLE001 - shutting down: the rows' lease expires
                 log.warning("the last write was refused: %s", exc)
+            if self._held is not None:  # a step ahead, never generated: back at once
+                self._give_back([self._held[0]])
+                self._held = None
             try:  # the claim in flight: its rows go back to the queue at once
                 unused, _ = ahead.result()
                 self._give_back([unused] if unused.rows else [])
@@ -389,32 +470,37 @@ class RolloutWorker:
                             params, self.make_env, self.spec.rollout.max_turns,
                             self.spec.rollout.max_new_tokens)
 
-    def _await_claim(self, ahead: Future):
-        """The claim in flight; while it waits (parked by the staleness bound), the
-        reference task's rows. A reference claim of its own waits beside it, so the
-        prompts start the next generation the moment they come (a reference claim that
-        polled held it up to the poll's length), and the controller is not asked again
-        and again while nothing comes; once the prompts came, one wake ends that claim
-        (whatever it brings afterwards goes back)."""
+    def _await_claim(self, ahead: Future, swapped: Future | None = None):
+        """The claim in flight, or None once `swapped` (a held batch's swap) came
+        first; while it waits (parked by the staleness bound, or holding a step
+        ahead), the reference task's rows. A reference claim of its own waits beside
+        it, so the prompts start the next generation the moment they come (a reference
+        claim that polled held it up to the poll's length), and the controller is not
+        asked again and again while nothing comes; once the prompts came, one wake ends
+        that claim (whatever it brings afterwards goes back)."""
+        watch = [ahead] if swapped is None else [swapped, ahead]
         if self.reference is None:
-            return ahead.result()
+            wait(watch, return_when=FIRST_COMPLETED)
+            return None if watch[0] is swapped and swapped.done() else ahead.result()
         pending: Future | None = None
         try:
             while not self.stop.is_set():
                 since = self.reference.mark()  # before looking: the wake comes after it
-                if ahead.done():
+                if any(f.done() for f in watch):
                     break
                 if pending is None:
                     pending = self.reference.claim(wait=REFERENCE_WAIT, since=since)
-                wait([ahead, pending], return_when=FIRST_COMPLETED)
+                wait([*watch, pending], return_when=FIRST_COMPLETED)
                 if pending.done():
                     claimed, pending = pending, None
                     if not self.reference.work(claimed.result()):
                         # woken (the prompts came), out of time, or no reference yet
-                        wait([ahead], timeout=0.02)
+                        wait(watch, timeout=0.02, return_when=FIRST_COMPLETED)
         finally:
             if pending is not None:
                 self.reference.abandon(pending)
+        if (swapped is not None and swapped.done()) or not ahead.done():
+            return None  # a swap first; or stopping (the claim's rows go back after)
         return ahead.result()
 
     # ---- a concurrent engine (vLLM): groups in flight ---------------------------

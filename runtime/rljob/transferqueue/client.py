@@ -41,7 +41,8 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
                    partition: int | None = None, min_version: int | None = None,
                    on_stale: str = "discard", stale_producer: str | None = None,
                    ack: Batch | None = None, consumer: str = "",
-                   max_partition: int | None = None) -> pb.ClaimRequest:
+                   max_partition: int | None = None,
+                   one_partition: bool = False) -> pb.ClaimRequest:
     get_claim_policy(policy)  # a ValueError naming the policies for an unknown one
     return pb.ClaimRequest(
         task=task, count=count, min_count=min_count or 0,
@@ -52,7 +53,7 @@ def _claim_request(task: str, count: int, *, min_count: int | None = None, polic
         on_stale=_STALE_PB[on_stale], stale_producer=stale_producer or "",
         ack_lease=ack.lease if ack is not None and ack.task == task else "",
         consumer=consumer, has_max_partition=max_partition is not None,
-        max_partition=max_partition or 0)
+        max_partition=max_partition or 0, one_partition=one_partition)
 
 
 class TransferQueueClient:
@@ -170,7 +171,8 @@ class TransferQueueClient:
         long-poll), policy (a claim policy name: policies.py), token_budget,
         dp_size, partition, min_version with on_stale (discard | regenerate)
         and stale_producer, ack (a previous Batch of this task to ack first),
-        max_partition (default: the task's `bound`).
+        max_partition (default: the task's `bound`), one_partition (rows of one
+        partition: the oldest whose ready rows answer the claim).
         A waiting claim is answered at once, with what is ready, by a `wake()` of
         this client; `since` (`wakes` read before the caller looked for other work)
         counts the wakes that came before the claim was sent too.

@@ -52,17 +52,14 @@ class LeaseOps:
         if req.min_version is not None:
             self._filter_stale(state, req)
         min_count = req.count if req.min_count is None else req.min_count
-        # a policy picks among the ready rows: fewer than the claim needs, and no pick
-        # can answer it (a waiting claim is looked at again at each arrival)
         parts = self._candidate_partitions(state, req)
-        ready = (state.n_ready if req.partition is None and req.max_partition is None
-                 else sum(len(state.ready[p]) for p in parts))
-        if ready < max(1, min(min_count, req.count)):
-            return None
-        view = ReadyView([state.ready[p] for p in parts], self.rows, self.groups,
-                         state.group_ready)
-        picked = policy.pick(view, req.count, req.token_budget)
-        if not picked or len(picked) < min(min_count, req.count):
+        if req.one_partition:  # the oldest partition that answers the claim
+            picked = next(filter(None, (self._pick(state, policy, [p], req, min_count)
+                                        for p in parts)), None)
+        else:
+            picked = self._pick(state, policy, parts, req, min_count,
+                                whole=req.partition is None and req.max_partition is None)
+        if picked is None:
             return None
         ranks = policy.ranks([self.rows[i].length for i in picked], req.dp_size)
         lease_id = f"{req.task}-{self._lease_seq + 1}"
@@ -75,6 +72,20 @@ class LeaseOps:
             out.append(ClaimedRow(idx, row.partition, row.unit, row.length, row.version,
                                   row.group, rank, row.tags))
         return Claim(lease_id, out)
+
+    def _pick(self, state: TaskState, policy, parts: list[int], req: ClaimRequest,
+              min_count: int, whole: bool = False) -> list[int] | None:
+        """The policy's pick among the ready rows of `parts` (`whole`: every ready row
+        of the task), or None where fewer than the claim needs are ready or no pick can
+        answer it (a waiting claim is looked at again at each arrival)."""
+        need = min(min_count, req.count)
+        ready = state.n_ready if whole else sum(len(state.ready[p]) for p in parts)
+        if ready < max(1, need):
+            return None
+        view = ReadyView([state.ready[p] for p in parts], self.rows, self.groups,
+                         state.group_ready)
+        picked = policy.pick(view, req.count, req.token_budget)
+        return picked if picked and len(picked) >= need else None
 
     def _apply_lease(self, rec: dict) -> None:
         task, lease_id = rec["task"], rec["lease"]

@@ -280,7 +280,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             min_version=request.min_version if request.has_min_version else None,
             on_stale=STALE.get(request.on_stale, "discard"),
             stale_producer=request.stale_producer or None, consumer=request.consumer,
-            max_partition=request.max_partition if request.has_max_partition else None)
+            max_partition=request.max_partition if request.has_max_partition else None,
+            one_partition=request.one_partition)
         wait = request.wait_seconds
         if not 0 <= wait <= self.controller.limits.max_wait_seconds:  # also refuses nan
             raise ControllerError(f"wait_seconds must be in [0, {self.controller.limits.max_wait_seconds:.0f}]"

@@ -139,6 +139,7 @@ class ClaimRequest:
     stale_producer: str | None = None
     consumer: str = ""
     max_partition: int | None = None  # only rows of partitions <= this (a release bound)
+    one_partition: bool = False  # rows of one partition: the oldest that answers the claim
 
 
 @dataclass(frozen=True)

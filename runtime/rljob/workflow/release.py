@@ -55,6 +55,15 @@ class ReleaseRule:
         holds them claims prompts of steps up to it)."""
         return version + self.max_staleness
 
+    def verdict(self, step: int, version: int, ahead: int = 0) -> str:
+        """What a replica that holds weights `version` does with prompts of `step` it
+        claimed, its claims taking up to `ahead` steps past `last_step(version)`: "now"
+        (the weights may generate them), "hold" (one of the steps ahead: kept until
+        weights that may generate them come) or "back" (beyond even those: the bound
+        fell after the claim, a trainer restarted from an older checkpoint)."""
+        last = self.last_step(version)
+        return "now" if step <= last else "hold" if step <= last + ahead else "back"
+
     def allows(self, step: int, trainer_version: int, replica_versions: Iterable[int]) -> bool:
         """Whether `step`'s prompts may go out (never without a live replica)."""
         versions = list(replica_versions)

@@ -175,7 +175,7 @@ class NotifyWrittenResponse(_message.Message):
     def __init__(self, newly_ready: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class ClaimRequest(_message.Message):
-    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name", "read", "has_max_partition", "max_partition")
+    __slots__ = ("task", "count", "min_count", "token_budget", "policy", "dp_size", "wait_seconds", "has_partition", "partition", "has_min_version", "min_version", "on_stale", "stale_producer", "ack_lease", "consumer", "policy_name", "read", "has_max_partition", "max_partition", "one_partition")
     TASK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class ClaimRequest(_message.Message):
     READ_FIELD_NUMBER: _ClassVar[int]
     HAS_MAX_PARTITION_FIELD_NUMBER: _ClassVar[int]
     MAX_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ONE_PARTITION_FIELD_NUMBER: _ClassVar[int]
     task: str
     count: int
     min_count: int
@@ -214,7 +215,8 @@ class ClaimRequest(_message.Message):
     read: _containers.RepeatedScalarFieldContainer[str]
     has_max_partition: bool
     max_partition: int
-    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ..., has_max_partition: _Optional[bool] = ..., max_partition: _Optional[int] = ...) -> None: ...
+    one_partition: bool
+    def __init__(self, task: _Optional[str] = ..., count: _Optional[int] = ..., min_count: _Optional[int] = ..., token_budget: _Optional[int] = ..., policy: _Optional[_Union[ClaimPolicy, str]] = ..., dp_size: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., has_partition: _Optional[bool] = ..., partition: _Optional[int] = ..., has_min_version: _Optional[bool] = ..., min_version: _Optional[int] = ..., on_stale: _Optional[_Union[StalePolicy, str]] = ..., stale_producer: _Optional[str] = ..., ack_lease: _Optional[str] = ..., consumer: _Optional[str] = ..., policy_name: _Optional[str] = ..., read: _Optional[_Iterable[str]] = ..., has_max_partition: _Optional[bool] = ..., max_partition: _Optional[int] = ..., one_partition: _Optional[bool] = ...) -> None: ...
 
 class ClaimedRows(_message.Message):
     __slots__ = ("index", "partition", "unit", "length", "version", "group", "rank", "tag_set")
