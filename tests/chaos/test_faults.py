@@ -181,6 +181,30 @@ def test_killed_workers_are_restarted_and_the_job_finishes(tmp_path):
         assert f"{victim} exited with -9" in events, events
 
 
+def test_a_trainer_killed_in_sync_restarts_and_the_replicas_held_steps_wait_or_go_back(
+        tmp_path):
+    """sync: each replica holds the next step's prompts while it generates this one's
+    (its claims take a step past its weights). trainer-0 SIGKILLed at step 3 restarts
+    from its checkpoint of step 2: the replicas swap to older weights, rows they held
+    go back to the queue (or wait for the step's weights), and every step still trains
+    its own samples, once, each made by the weights of its own step."""
+    job = make_job(tmp_path, "kill-trainer-sync")
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["workflow"] = {"mode": "sync"}  # on-policy: no maxStaleness
+    job.write_text(yaml.safe_dump(doc))
+    run = Run(job, tmp_path / "run")
+    run.wait_step(3)
+    os.kill(run.worker("trainer-0"), signal.SIGKILL)
+    t = time.monotonic()
+    print(f"\ntrainer-0 SIGKILLed at step 3 (sync): next step after "
+          f"{recovery(run, 3, t):.1f}s")
+    ms = check(run, k=0)
+    assert all(m["staleness_max"] == 0 for m in ms)
+    assert "trainer-0 exited with -9" in run.events()
+    logs = "".join(p.read_text() for p in (run.run_dir / "logs").glob("rollout-*.log"))
+    print(f"held batches given back: {logs.count('held rows go back')}")
+
+
 def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
     """The server the CPU workers are forked from (infra/forkserver.py) SIGKILLed
     mid-run: its workers die with it; `rljob run` restarts them as processes of their
