@@ -406,6 +406,10 @@ class RolloutWorker:
                     if claimed is None:  # a swap: the held batch's verdict again
                         continue
                     if claimed[0].rows and self._verdict(claimed[0]) == "hold":
+                        # nothing to generate before a swap: the samples' write first
+                        # (the step's path), this bookkeeping and the next claim after
+                        if written is not None:
+                            wait([written])
                         if self._held is None:
                             self._hold(claimed)  # before the next claim: its bound
                         else:  # one held at a time (the bound stops a second)
