@@ -226,12 +226,14 @@ def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
 
 def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_path):
     """workflow.weightUpdate interrupt on a generation-bound job (no warm-up: the
-    random policy writes the 64 tokens it may; 4 prompts a step, so training is
-    short), so updates arrive mid-generation: samples go on under newer weights
+    random policy writes the 64 tokens it may; 2 prompts a step, so training is
+    short: a replica generates each step right as the weights that may generate it
+    come, and a job whose training outlasts its generation leaves nothing to
+    interrupt), so updates arrive mid-generation: samples go on under newer weights
     midway, and with rollout-0 SIGKILLed at step 3 every step still trains its own
     samples once, and every token's weights are within the staleness bound."""
     run = Run(make_job(tmp_path, "interrupt-kill", model={"warmupSteps": 0},
-                       algorithm={"promptsPerStep": 4},
+                       algorithm={"promptsPerStep": 2, "samplesPerMicroBatch": 16},
                        rollout={"maxNewTokens": 56}, workflow={"weightUpdate": "interrupt"}),
               tmp_path / "run")
     run.wait_step(3)
@@ -239,7 +241,7 @@ def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_pa
     t = time.monotonic()
     print(f"\nrollout-0 SIGKILLed at step 3 (interrupting updates): next step after "
           f"{recovery(run, 3, t):.1f}s")
-    ms = check(run, n=4 * 8)
+    ms = check(run, n=2 * 8)
     interrupted = [m["interrupted"] for m in ms]
     tokens = {int(k) for m in ms for k in m["staleness_tokens"]}
     print(f"samples an update interrupted, per step: {interrupted}; token staleness "

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, replace
 
@@ -356,7 +357,8 @@ class RolloutWorker:
                 log.warning("%d of %d episodes of step %d ended on an environment error: %s",
                             len(errors), len(episodes), step, "; ".join(sorted(set(errors))[:3]))
 
-    def beyond_bound(self, batch: Batch) -> bool:
+    def beyond_bound(self, batch: Batch, before_waiting: Callable[[], None] = lambda: None
+                     ) -> bool:
         """Whether the batch's step is beyond what the weights this replica holds may
         train and the steps its claims take ahead (`ReleaseRule.verdict` "back": after a
         trainer restart from an older checkpoint, rows released by its dead life). Such
@@ -371,6 +373,7 @@ class RolloutWorker:
                  "maxStaleness %d", step, self.engine.version, self.rule.k)
         self._give_back([batch])
         self.metrics.given_back.inc(len(batch.rows))
+        before_waiting()
         self.receiver.wait_version(self.engine.version + 1, timeout=1.0)
         return True
 
@@ -386,28 +389,42 @@ class RolloutWorker:
     # ---- hf: a batch at a time -------------------------------------------------
     def _run_batched(self) -> None:
         """The I/O of a generation overlaps the next one: one claim is in flight while
-        a batch generates, and its results are written while the next generates. The
-        claims take the next step's prompts too (`AHEAD`): a batch of them is held
-        until a swap brings weights that may generate it, the claims meanwhile bounded
-        by the weights held (rows the current step still needs: a replacement group,
-        rows a dead replica held)."""
+        a batch generates, and its results are written while the next generates (the
+        write starts once the next generation is about to, or before the loop waits:
+        its Python does not hold up the next generation's start). The claims take the
+        next step's prompts too (`AHEAD`): a batch of them is held until a swap brings
+        weights that may generate it, the claims meanwhile bounded by the weights held
+        (rows the current step still needs: a replacement group, rows a dead replica
+        held)."""
         g, spec = self.g, self.spec
         self.ahead = AHEAD
         self._rebound()
         io = ThreadPoolExecutor(2, thread_name_prefix="rljob-rollout-io")
         ahead = io.submit(self.claim)
         written: Future | None = None
+        unwritten: tuple | None = None  # a generation's samples, their write not started
+
+        def write() -> None:
+            nonlocal written, unwritten
+            if unwritten is not None:
+                if written is not None:
+                    written.result()  # one write in flight at most; a refusal surfaces here
+                written, unwritten = io.submit(self.score_and_write, *unwritten), None
+
         try:
             while not self.stop.is_set():
-                self._tick()
                 claimed = self._take_held()
                 if claimed is None:
+                    if not ahead.done():
+                        write()  # the loop waits: the write goes first
+                    self._tick()
                     claimed = self._await_claim(ahead, self._swapped)
                     if claimed is None:  # a swap: the held batch's verdict again
                         continue
                     if claimed[0].rows and self._verdict(claimed[0]) == "hold":
                         # nothing to generate before a swap: the samples' write first
                         # (the step's path), this bookkeeping and the next claim after
+                        write()
                         if written is not None:
                             wait([written])
                         if self._held is None:
@@ -419,9 +436,11 @@ class RolloutWorker:
                     if claimed is None:
                         continue
                 batch, latest = claimed
-                if not batch.rows or self.beyond_bound(batch):
+                if not batch.rows or self.beyond_bound(batch, before_waiting=write):
                     continue
                 if self.wait_weights:  # generation waits for the newest weights
+                    if not self.receiver.holds(*latest):
+                        write()  # before the wait
                     self._wait_weights(latest, batch.rows[0].partition)
                 step = batch.rows[0].partition
                 self.profiler.at(step + 1)  # metrics.jsonl's step
@@ -434,6 +453,7 @@ class RolloutWorker:
                 # drain: weights swap between generations, not in one; interrupt: the
                 # engine lets an update in at its next token boundary
                 hold = contextlib.nullcontext() if self.interrupting else self.receiver.lock
+                write()  # the last generation's, scored and written while this one runs
                 with hold, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
                     params = replace(self.params, seeds=seeds)
@@ -445,14 +465,12 @@ class RolloutWorker:
                 self.spans.add("generate", t0, done, step, {
                     "calls": calls, **({"episodes": summary(flat)} if spec.rollout.episodic
                                        else {})})
-                if written is not None:
-                    written.result()  # one write in flight at most; a refusal surfaces here
-                # scored and written while the next batch generates
-                written = io.submit(self.score_and_write, batch, 0, flat, version, epoch,
-                                    (t0, done), None, True, calls)
+                unwritten = (batch, 0, flat, version, epoch, (t0, done), None, True, calls)
                 self._count(flat, step)
+                self._tick()
         finally:
             try:
+                write()
                 if written is not None:
                     written.result()
             except Exception as exc:  # noqa: BLE001 - shutting down: the rows' lease expires
