@@ -97,7 +97,8 @@ class RolloutWorker:
         self._sent_bound: int | None = None
         # a claimed batch of a step ahead of the weights' bound, kept until weights
         # that may generate it come (`ReleaseRule.verdict` "hold"), with the newest
-        # (version, epoch) published at its claim; a swap completes `_swapped`
+        # (version, epoch) published at its claim; a swap completes `_swapped`, armed
+        # while the loop waits for one
         self._held: tuple[Batch, tuple[int, int]] | None = None
         self._swapped: Future | None = None
 
@@ -207,10 +208,9 @@ class RolloutWorker:
 
     def _hold(self, claimed: tuple[Batch, tuple[int, int]] | None) -> None:
         """Keep a batch of a step ahead (its lease kept alive), or let go of the held
-        one; the bound follows."""
+        one; the bound follows (`_take_held` arms `_swapped` while it waits)."""
         with self._bound_lock:
-            self._held = claimed
-            self._swapped = Future() if claimed is not None else None
+            self._held, self._swapped = claimed, None
         self._rebound()
 
     def _take_held(self) -> tuple[Batch, tuple[int, int]] | None:
@@ -222,7 +222,7 @@ class RolloutWorker:
                 return None
             verdict = self._verdict(self._held[0])
             if verdict == "hold":
-                if self._swapped.done():
+                if self._swapped is None or self._swapped.done():
                     self._swapped = Future()
                 return None
         claimed = self._held
