@@ -137,3 +137,15 @@ def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it()
     w._rebound()
     assert w._take_held() is None and w._held is None
     assert [b.rows[0].partition for b in given] == [7]
+
+
+def test_a_replicas_claim_takes_one_steps_rows_and_a_held_one_asks_no_trainer():
+    """A batch is generated with one step's weights and seeds: the claim asks for one
+    partition's rows. A batch of the step ahead (held until a swap) does not ask the
+    trainer for its newest weights at the claim: it is generated at the swap."""
+    w, batch, asked = _claiming("sync", holds=2)
+    kwargs = []
+    w.consumer.tq.claim_get = lambda *a, **k: kwargs.append(k) or batch
+    w.ahead = 1  # the batched loop's AHEAD: step 3 is one past weights 2's bound
+    assert w.claim() == (batch, (-1, 0)) and asked == []
+    assert kwargs[0]["one_partition"] is True
