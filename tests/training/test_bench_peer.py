@@ -71,7 +71,7 @@ def test_the_gpu_check_script_runs_its_run_part_with_torchs_profiler_on_cpu(tmp_
 
 
 def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "5",
+    done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "8",
                            "--warmup", "2", "--modes", "sync,async", "--json",
                            "--keep", str(tmp_path / "runs")],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -108,6 +108,8 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path
         put = {x.step: x for x in spans if x.worker == "driver" and x.kind == "put"}
         published = {x.step + 1: x for x in spans  # weight-sync of step t publishes v = t + 1
                      if x.worker == "trainer-0" and x.kind == "weight-sync" and x.step >= 0}
+        # (over 8 steps: a 2-core machine busy with other work can delay a put behind
+        # the trainer's publish in a run's first steps)
         ahead = [s for s in put if s - k in published and put[s].end < published[s - k].start]
         steps = [s for s in put if s - k in published]
         assert steps and len(ahead) * 2 >= len(steps), (name, len(ahead), len(steps))
