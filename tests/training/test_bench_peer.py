@@ -72,12 +72,12 @@ def test_the_gpu_check_script_runs_its_run_part_with_torchs_profiler_on_cpu(tmp_
 
 def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path):
     done = subprocess.run([sys.executable, "-m", "rljob", "bench", "overhead", "--steps", "8",
-                           "--warmup", "2", "--modes", "sync,async", "--json",
+                           "--warmup", "2", "--modes", "sync,periodic,async", "--json",
                            "--keep", str(tmp_path / "runs")],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     res = json.loads(done.stdout)
-    assert set(res["modes"]) == {"sync", "async(1)"}
+    assert set(res["modes"]) == {"sync", "periodic", "async(1)"}
     for m in res["modes"].values():
         assert m["step_ms"] > 0 and m["compute_ms"] > 0
         assert m["compute_ms"] + m["orchestration_ms"] == pytest.approx(m["step_ms"])
@@ -120,3 +120,11 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path
             assert g.step - k <= held, (name, g.step, held)
         ms = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert all(m["rows_regenerated"] == 0 and m["staleness_max"] <= k for m in ms)
+    # periodic's replica generates a step in four batches of 64: the claim of the next
+    # batch goes out once a generation has started (answered while it runs), not in
+    # the gap between two generations
+    spans = load_spans(tmp_path / "runs" / "round-0" / "periodic")
+    gens = [x for x in spans if x.worker == "rollout-0" and x.kind == "generate"]
+    claims = [x for x in spans if x.worker == "rollout-0" and x.kind == "claim" and x.step >= 0]
+    inside = [c for c in claims if any(g.start <= c.start <= g.end for g in gens)]
+    assert len(gens) >= 4 * 8 and len(inside) * 4 >= len(claims) * 3, (len(inside), len(claims))

@@ -331,7 +331,10 @@ class RolloutWorker:
 
     def _wait_weights(self, latest: tuple[int, int], step: int) -> None:
         """weightSync sync: until the weights published when the batch was claimed are
-        loaded (a "weight-wait" span)."""
+        loaded (a "weight-wait" span where it waits: none where they are, so the loop
+        makes no write of its own between two generations)."""
+        if self.receiver.holds(*latest):
+            return
         with self.spans.span("weight-wait", step):
             self.receiver.wait_version(latest[0], epoch=latest[1])
 
@@ -390,8 +393,8 @@ class RolloutWorker:
     def _run_batched(self) -> None:
         """The I/O of a generation overlaps the next one: one claim is in flight while
         a batch generates, and its results are written while the next generates (the
-        write starts once the next generation is about to, or before the loop waits:
-        its Python does not hold up the next generation's start). The claims take the
+        write and the next claim start once the next generation is about to, or before
+        the loop waits: their Python does not hold up the next generation's start). The claims take the
         next step's prompts too (`AHEAD`): a batch of them is held until a swap brings
         weights that may generate it, the claims meanwhile bounded by the weights held
         (rows the current step still needs: a replacement group, rows a dead replica
@@ -414,6 +417,7 @@ class RolloutWorker:
         try:
             while not self.stop.is_set():
                 claimed = self._take_held()
+                claim_next = False
                 if claimed is None:
                     if not ahead.done():
                         write()  # the loop waits: the write goes first
@@ -432,11 +436,14 @@ class RolloutWorker:
                         else:  # one held at a time (the bound stops a second)
                             self._give_back([claimed[0]])
                         claimed = None
-                    ahead = io.submit(self.claim)
                     if claimed is None:
+                        ahead = io.submit(self.claim)
                         continue
+                    claim_next = True
                 batch, latest = claimed
                 if not batch.rows or self.beyond_bound(batch, before_waiting=write):
+                    if claim_next:
+                        ahead = io.submit(self.claim)
                     continue
                 if self.wait_weights:  # generation waits for the newest weights
                     if not self.receiver.holds(*latest):
@@ -454,6 +461,8 @@ class RolloutWorker:
                 # engine lets an update in at its next token boundary
                 hold = contextlib.nullcontext() if self.interrupting else self.receiver.lock
                 write()  # the last generation's, scored and written while this one runs
+                if claim_next:  # the next batch's, answered while this one generates
+                    ahead = io.submit(self.claim)
                 with hold, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
                     params = replace(self.params, seeds=seeds)
