@@ -23,6 +23,7 @@ def _worker(mode: str, k: int | None, version: int):
     w.spec = job.spec
     w.rule = ReleaseRule.of(job.spec)
     w._bound_lock, w._held, w._swapped, w._sent_bound = threading.Lock(), None, None, None
+    w._started = threading.Event()
     w.engine = SimpleNamespace(version=version)
     w._give_back = lambda batches: given.extend(batches)
     w.metrics = SimpleNamespace(given_back=SimpleNamespace(inc=lambda n: None))
@@ -98,13 +99,19 @@ def test_a_replicas_claims_are_bounded_by_the_weights_it_holds():
         assert sent == [("rollout", bound)], mode
 
 
-def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it():
+def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it(monkeypatch):
     """The batched loop's claims take a step past the bound (AHEAD): a batch of it is
     held (its rows kept, the bound back at the weights' own so that the claims meanwhile
     take only rows the current step still needs), a swap to weights that may generate
-    it wakes the loop and hands it over (the bound a step past again); a swap to older
-    weights (a trainer restarted from an older checkpoint) gives it back."""
+    it wakes the loop and hands it over, and the receiver's thread moves the bound (a
+    step past again) once that generation started; a swap to older weights (a trainer
+    restarted from an older checkpoint) gives it back."""
+    import time
+
+    from rljob.rollout import worker
     from rljob.rollout.worker import AHEAD
+
+    monkeypatch.setattr(worker, "SWAP_YIELD", 30.0)
 
     assert AHEAD == 1
     w, given, _ = _worker("sync", None, version=4)
@@ -120,10 +127,16 @@ def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it()
     assert sent == [5, 4]  # holding step 5: claims take step 4's rows only
     assert w._take_held() is None and not w._swapped.done()
     swapped = w._swapped
-    w.receiver.version = 5  # the swap: the receiver's thread calls _rebound
-    w._rebound()
-    assert swapped.done() and sent == [5, 4, 6]
-    assert w._take_held() is held and w._held is None and sent == [5, 4, 6]
+    w.receiver.version = 5  # the swap: the receiver's thread calls _on_swap
+    receiver = threading.Thread(target=w._on_swap)
+    receiver.start()
+    swapped.result(timeout=10)  # the loop wakes
+    assert w._take_held() is held and w._held is None
+    time.sleep(0.05)
+    assert receiver.is_alive() and sent == [5, 4]  # the loop's generation goes first
+    w._started.set()  # it started: the receiver's thread goes on
+    receiver.join(timeout=10)
+    assert not receiver.is_alive() and sent == [5, 4, 6]
     # async(2): weights 4 generate up to step 6; step 7 is held, step 8 goes back
     w, given, _ = _worker("async", 2, version=4)
     w.consumer = SimpleNamespace(tq=SimpleNamespace(bound=lambda t, p: None))
@@ -134,7 +147,9 @@ def test_a_replica_holds_the_next_steps_batch_until_a_swap_lets_it_generate_it()
     # a swap to older weights: the held batch goes back, nothing is handed over
     w._hold((_batch(7), (-1, 0)))
     w.receiver.version = 2
-    w._rebound()
+    t0 = time.monotonic()
+    w._on_swap()  # no loop waits for this swap: the thread does not wait either
+    assert time.monotonic() - t0 < 10
     assert w._take_held() is None and w._held is None
     assert [b.rows[0].partition for b in given] == [7]
 

@@ -57,6 +57,11 @@ REFERENCE_WAIT = 0.5
 # them come, so the claim's answer is off the path from the trainer's publish to the
 # next generation
 AHEAD = 1
+# seconds the weight receiver's thread waits, after a swap that lets the loop generate
+# its held batch, for that generation to start before it goes on (the bound, its report
+# to the trainer, the next fetch): their Python, under the process's one GIL, held up the
+# loop's wake by about a millisecond
+SWAP_YIELD = 0.005
 
 
 class RolloutWorker:
@@ -101,6 +106,8 @@ class RolloutWorker:
         # while the loop waits for one
         self._held: tuple[Batch, tuple[int, int]] | None = None
         self._swapped: Future | None = None
+        self._started = threading.Event()  # clear from a swap's wake to its generation
+        self._started.set()
 
     # ---- life -----------------------------------------------------------------
     def setup(self) -> RolloutWorker:
@@ -158,7 +165,7 @@ class RolloutWorker:
         self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
         # the release: this replica's claims take a step's prompts once the weights it
         # holds may generate them (v >= step - maxStaleness), moved at each swap
-        self.receiver.on_swap = self._rebound
+        self.receiver.on_swap = self._on_swap
         self._rebound()
         if self.consumer.released:  # rows an earlier life of this replica held
             log.info("gave back %d rows an earlier %s held", self.consumer.released, self.name)
@@ -182,18 +189,28 @@ class RolloutWorker:
             self.consumer.close()
         self.spans.close()
 
+    def _on_swap(self) -> None:
+        """In the weight receiver's thread, after each swap: a held batch's verdict may
+        have changed, so `_swapped` wakes the loop waiting for it, whose generation
+        starts before this thread goes on (`SWAP_YIELD`); then the bound moves."""
+        with self._bound_lock:
+            woke = self._swapped is not None and not self._swapped.done()
+            if woke:
+                self._started.clear()
+                self._swapped.set_result(None)
+        if woke:
+            self._started.wait(SWAP_YIELD)
+        self._rebound()
+
     def _rebound(self) -> None:
         """Claims of prompts up to the last step the weights this replica holds may
         generate (`ReleaseRule.last_step`), and `ahead` steps past it while no batch of
-        those is held; the waiting claim looks again under it. Called at each swap (a
-        held batch's verdict may have changed: `_swapped` wakes the loop) and when a
-        batch is held or let go."""
+        those is held; the waiting claim looks again under it. Called at each swap
+        (`_on_swap`) and when a batch is held or let go."""
         with self._bound_lock:
             last = self.rule.last_step(self.receiver.version)
             held = self._held[0].rows[0].partition if self._held is not None else None
             bound = last if held is not None and held > last else last + self.ahead
-            if self._swapped is not None and not self._swapped.done():
-                self._swapped.set_result(None)
             if bound == self._sent_bound:
                 return
             try:
@@ -225,10 +242,13 @@ class RolloutWorker:
                 if self._swapped is None or self._swapped.done():
                     self._swapped = Future()
                 return None
-        claimed = self._held
+            claimed = self._held
+            if verdict == "now":
+                # the bound is the same without it (its step <= last); the swap's
+                # `_rebound` moves it once this batch's generation has started
+                self._held, self._swapped = None, None
+                return claimed
         self._hold(None)
-        if verdict == "now":
-            return claimed
         log.info("step %d's held rows go back: weights %d cannot generate them",
                  claimed[0].rows[0].partition, self.receiver.version)
         self._give_back([claimed[0]])
@@ -463,6 +483,7 @@ class RolloutWorker:
                 write()  # the last generation's, scored and written while this one runs
                 if claim_next:  # the next batch's, answered while this one generates
                     ahead = io.submit(self.claim)
+                self._started.set()  # the swap's thread goes on
                 with hold, computing(self.cores):
                     version, epoch = self.engine.version, self.receiver.epoch
                     params = replace(self.params, seeds=seeds)
@@ -509,6 +530,7 @@ class RolloutWorker:
         claim that polled held it up to the poll's length), and the controller is not
         asked again and again while nothing comes; once the prompts came, one wake ends
         that claim (whatever it brings afterwards goes back)."""
+        self._started.set()  # nothing to start: a swap's thread need not wait
         watch = [ahead] if swapped is None else [swapped, ahead]
         if self.reference is None:
             wait(watch, return_when=FIRST_COMPLETED)
