@@ -53,6 +53,9 @@ GRPC_CODE = {"invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
              "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
              "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED}
 DEFAULT_MAX_ROW_BYTES = 64 << 20
+# turns of the event loop a write that made rows ready yields before its reply: the
+# claims it woke look again and write their answers first (`_signal`)
+ANSWER_TURNS = 4
 SESSION_OPS = {}  # filled below the class: op name -> TransferQueueService method
 
 
@@ -128,9 +131,16 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             self._changed = asyncio.Condition()
         return self._changed
 
-    async def _signal(self) -> None:
+    async def _signal(self, answer_first: bool = False) -> None:
+        """Wake the waiting claims (they look again). `answer_first`: the op that
+        signals replies after they answered (a few turns of the loop: the woken claim
+        looks again and writes its answer), so the writer's next ops (a replica's bound
+        and claim after its write) do not come between the rows and their consumer."""
         async with self.changed:
             self.changed.notify_all()
+        if answer_first:
+            for _ in range(ANSWER_TURNS):
+                await asyncio.sleep(0)
 
     async def _fail(self, context, exc: Exception):
         code = GRPC_CODE.get(getattr(exc, "code", ""), grpc.StatusCode.INVALID_ARGUMENT)
@@ -189,8 +199,8 @@ class TransferQueueService(pbg.TransferQueueControllerServicer, pbg.StorageServi
             acked, cleared = self.controller.ack(request.task, request.lease,
                                                  list(request.indices))
             self._clear(cleared)
-        if n:
-            await self._signal()
+        if n:  # the trainer's claim waiting for these rows is answered before the writer
+            await self._signal(answer_first=True)
         return pb.NotifyWrittenResponse(newly_ready=n, acked=acked)
 
     def _unit_cells(self, unit_id: int, block: pb.CellBlock) -> tuple[MemoryUnit, list]:
