@@ -153,8 +153,9 @@ def row_logprobs(model, pad_id: int, prompts: list[list[int]], responses: list[l
         ids = torch.from_numpy(ids)
         with torch.no_grad():
             logits = model(input_ids=ids.to(device)).logits[:, :-1]
-            logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).float().cpu()
-        for j, k in enumerate(members):  # from the prompt's last token
+            logp = sampled_logprobs(logits, ids[:, 1:].to(device), dist).float().cpu().numpy()
+        for j, k in enumerate(members):  # from the prompt's last token (numpy: a row's
+            # slice and list cost a fifth of a tensor's)
             first = len(prompts[k]) - 1
             out[k] = logp[j, first:first + len(responses[k])].tolist()
     return out

@@ -192,8 +192,8 @@ class LocalReference:
             part = todo[k:k + self.rows]
             logps = _forward(self, [s.prompt_ids for s in part],
                              [s.response_ids for s in part], step)
-            for s, lp in zip(part, logps):  # float32, as the task's column holds them
-                s.ref_logp = np.asarray(lp, np.float32).tolist()
+            for s, lp in zip(part, logps):  # float32 values, as the task's column holds
+                s.ref_logp = lp
 
 
 def _forward(work, prompts: list[list[int]], responses: list[list[int]],
