@@ -122,9 +122,10 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path
         assert all(m["rows_regenerated"] == 0 and m["staleness_max"] <= k for m in ms)
     # periodic's replica generates a step in four batches of 64: the claim of the next
     # batch goes out once a generation has started (answered while it runs), not in
-    # the gap between two generations
+    # the gap between two generations (three of a step's four generations send one;
+    # the step's first is the batch held since the step before)
     spans = load_spans(tmp_path / "runs" / "round-0" / "periodic")
     gens = [x for x in spans if x.worker == "rollout-0" and x.kind == "generate"]
     claims = [x for x in spans if x.worker == "rollout-0" and x.kind == "claim" and x.step >= 0]
     inside = [c for c in claims if any(g.start <= c.start <= g.end for g in gens)]
-    assert len(gens) >= 4 * 8 and len(inside) * 4 >= len(claims) * 3, (len(inside), len(claims))
+    assert len(gens) >= 4 * 8 and len(inside) * 2 >= len(gens), (len(inside), len(gens))

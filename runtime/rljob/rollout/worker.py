@@ -414,11 +414,11 @@ class RolloutWorker:
         """The I/O of a generation overlaps the next one: one claim is in flight while
         a batch generates, and its results are written while the next generates (the
         write and the next claim start once the next generation is about to, or before
-        the loop waits: their Python does not hold up the next generation's start). The claims take the
-        next step's prompts too (`AHEAD`): a batch of them is held until a swap brings
-        weights that may generate it, the claims meanwhile bounded by the weights held
-        (rows the current step still needs: a replacement group, rows a dead replica
-        held)."""
+        the loop waits: their Python does not hold up the next generation's start).
+        The claims take the next step's prompts too (`AHEAD`): a batch of them is held
+        until a swap brings weights that may generate it, the claims meanwhile bounded
+        by the weights held (rows the current step still needs: a replacement group,
+        rows a dead replica held)."""
         g, spec = self.g, self.spec
         self.ahead = AHEAD
         self._rebound()
