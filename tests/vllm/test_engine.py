@@ -257,8 +257,9 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
     stop = Counter(c for g in free for c in tok.decode(g.response_ids)
                    if c.isprintable() and c not in "<>").most_common(1)[0][0]
 
-    # one turn, left to run and stopped at the text, with one seed (room for 50 tokens,
-    # all the model's 64 positions leave after the prompt: the stop comes far earlier)
+    # one turn, left to run and stopped at the text, with one seed (room for 50 tokens
+    # of the 57 that the model's 64 positions leave after the prompt: the stop comes
+    # far earlier)
     whole = engine._call(engine._turn(prompt, params, 50, 3, None))
     end = next((k + 1 for k in range(len(whole.response_ids))
                 if stop in tok.decode(whole.response_ids[:k + 1])), None)
