@@ -20,7 +20,8 @@ if __name__ == "__main__":
             sys.exit(0)
         signal.signal(signal.SIGTERM, stop)
     torch = sys.modules.get("torch")
-    with open(out, "w") as f:
+    # written whole under another name, then renamed: a test that sees OUT reads it all
+    with open(out + ".part", "w") as f:
         json.dump({"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv[1:],
                    "env": {k: os.environ.get(k) for k in ("POD_NAME", "OMP_NUM_THREADS")},
                    "cpus": sorted(os.sched_getaffinity(0)),
@@ -28,6 +29,7 @@ if __name__ == "__main__":
                    "preloaded": torch is not None,
                    # the server's imports, frozen out of the child's collections
                    "frozen": gc.get_freeze_count(), "collecting": gc.isenabled()}, f)
+    os.replace(out + ".part", out)
     print("hello from the child")
     if what[:1] == ["exit"]:
         sys.exit(int(what[1]))
