@@ -48,6 +48,7 @@ else:
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES_DIR = REPO / "images"
+LOCK = REPO / "locks" / "test.txt"  # the versions the CPU and operator images install
 VENV = "/opt/rljob/venv"
 BUILD_DIR = "/tmp/rljob-build"      # wheel + install.py while installing, then removed
 WHEELHOUSE = "/tmp/rljob-wheelhouse"  # the host's wheel cache, bind-mounted while installing
@@ -478,6 +479,7 @@ class Builder:
         inputs = {"format": STAGE_FORMAT["deps"], "base": base.key, "apt": image.apt,
                   "user": [image.user, image.uid, image.home], "flavor": image.flavor,
                   "install.py": hash_tree(IMAGES_DIR / "install.py"),
+                  "lock": hash_tree(LOCK),
                   "requires": [project.get("dependencies", []),
                                project.get("optional-dependencies", {})]}
         return self._stage(f"{image.name}-deps", inputs,
@@ -504,10 +506,11 @@ class Builder:
             ch.run("python3", "-m", "venv", VENV)
             ch.run(f"{VENV}/bin/python", "-m", "pip", "install", "--quiet", "--upgrade", "pip")
             shutil.copy2(IMAGES_DIR / "install.py", root / BUILD_DIR[1:] / "install.py")
+            shutil.copy2(LOCK, root / BUILD_DIR[1:] / "lock.txt")
             shutil.copy2(wheel.dir / wheel.info["wheel"], root / BUILD_DIR[1:])
             ch.run(f"{VENV}/bin/python", f"{BUILD_DIR}/install.py", image.flavor,
                    "--find-links", BUILD_DIR, "--version", self.version, "--only", "deps",
-                   "--wheelhouse", WHEELHOUSE)
+                   "--wheelhouse", WHEELHOUSE, "--constraint", f"{BUILD_DIR}/lock.txt")
             times["pip"] = time.monotonic() - t
         rmtree(root / BUILD_DIR[1:])
         trim(root)

@@ -9,6 +9,10 @@ the rljob wheel in a --find-links directory:
     python3 install.py cpu --find-links /wheels --version 0.1.0        # CPU runtime image
     python3 install.py operator --find-links /wheels --version 0.1.0   # operator image
 
+``--constraint LOCK`` installs the versions a lock pins (the CPU and operator images:
+the repository's locks/test.txt, the set the tests pass with; the accelerator image's
+stack is its base image's, which PyPI alone cannot resolve).
+
 A flavor installs ``rljob[extras]`` and everything it requires, less the packages the
 flavor excludes (and what is required only through them), then removes files that
 are never loaded. ``--only deps`` installs everything but rljob itself, ``--only app``
@@ -139,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheelhouse", metavar="DIR",
                     help="download into DIR (keeping what is there) and install from it")
     ap.add_argument("--plan", action="store_true", help="print the packages and stop")
+    ap.add_argument("--constraint", metavar="LOCK",
+                    help="install the versions this lock pins (pip's constraints file)")
     args = ap.parse_args(argv)
     flavor = FLAVORS[args.flavor]
     links = [a for d in args.find_links for a in ("--find-links", d)]
     extras = f"[{','.join(flavor.extras)}]" if flavor.extras else ""
     root = f"rljob{extras}=={args.version}"
     quiet = ["--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+    if args.constraint:
+        quiet += ["--constraint", args.constraint]
 
     if args.only == "app":
         pip("install", *quiet, "--no-deps", "--no-index", *links, f"rljob=={args.version}")

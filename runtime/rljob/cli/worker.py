@@ -41,8 +41,10 @@ def worker_transferqueue(
         from ..transferqueue.service import TransferQueueService, serve
         from ..transferqueue.state import ControllerError, check_lease_seconds
         from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
+    from ..infra.proctitle import set_title
 
     tune_allocator()
+    set_title("transferqueue", job=job)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password = os.environ.get(password_env) or None
     try:
@@ -63,8 +65,13 @@ def worker_transferqueue(
     asyncio.run(serve(service, listen, metrics_port))
 
 
-def _job_spec(job_file: Path):
-    return load_job(job_file).spec
+def _job_spec(job_file: Path, role: str, index: int | None = None, of: int | None = None):
+    """The job's spec, this process titled as its `role` in the job (`ps`, `top`)."""
+    from ..infra.proctitle import set_title
+
+    job = load_job(job_file)
+    set_title(role, index, of, job.metadata.name)
+    return job.spec
 
 
 def _worker_logging(level: str = "INFO") -> None:
@@ -102,7 +109,8 @@ def worker_trainer(
     if metrics_port and os.environ.get("LOCAL_RANK"):
         # torchrun starts one process per accelerator in the pod: one port each
         metrics_port += int(os.environ["LOCAL_RANK"])
-    run_trainer(_job_spec(job), tq, weights_listen, rank, world_size, master, run_dir, resume,
+    spec = _job_spec(job, "trainer", rank, world_size)
+    run_trainer(spec, tq, weights_listen, rank, world_size, master, run_dir, resume,
                 max_steps, metrics_port, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -124,7 +132,7 @@ def worker_rollout(
 
     _worker_logging()
     tune_allocator()
-    run_rollout(_job_spec(job), tq, weights, replica, run_dir, metrics_port)
+    run_rollout(_job_spec(job, "rollout", replica), tq, weights, replica, run_dir, metrics_port)
 
 
 @worker_app.command("driver")
@@ -157,7 +165,7 @@ def worker_driver(
     # nothing (a step is released once, and a restarted driver skips what the table holds)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     _worker_logging()
-    spec = _job_spec(job)
+    spec = _job_spec(job, "driver")
     run_driver(spec, tq, weights, load_tokenizer(spec.model), start_step, max_steps,
                metrics_port=metrics_port, run_dir=run_dir)
     if stay:

@@ -500,12 +500,16 @@ def run_worker(module: str) -> None:
 
 
 if __name__ == "__main__":
+    from .proctitle import set_title
+
     args = sys.argv[1:]
     listen = None
     if args[:1] == ["--run-dir"]:  # names the run in `ps`; nothing else
+        set_title("fork server", job=args[1])
         args = args[2:]
     elif args[:1] == ["--listen"]:  # a standing server: `ForkServer.connect`
         listen, args = args[1], args[2:]
+        set_title("fork server", job=listen)
         die_with_parent()  # it lives as long as whoever started it
     server = os.getpid()
     request = serve(args, listen)
