@@ -96,21 +96,32 @@ class Run:
 
 
 def worker_pids(job_name: str, run_dir: Path) -> list[int]:
-    """Live worker processes of a run (the transferqueue has the job name, the others
-    the run directory in their command line; those forked from the run's fork server,
-    and the server, have its command line, which names the run directory)."""
+    """Live processes of a run: each says what it is in its title (infra/proctitle.py):
+    the workers `rljob: ROLE ... [JOB]`, the fork server `rljob: fork server [RUN_DIR]`;
+    a process not yet titled still has its command line (`... worker ROLE ... JOB_FILE`
+    or the fork server's, both naming the run directory or the job)."""
     pids = []
+    titled = (f"[{job_name}]".encode(), f"[{run_dir}]".encode())
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            raw = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ours = job_name.encode() in cmd or any(str(run_dir).encode() in c for c in cmd)
-        if (b"worker" in cmd or b"rljob.infra.forkserver" in cmd) and ours:
+        cmd = raw.split(b"\0")
+        if raw.startswith(b"rljob: "):
+            ours = any(t in raw for t in titled)
+        else:
+            ours = (b"worker" in cmd or b"rljob.infra.forkserver" in cmd) and (
+                job_name.encode() in cmd or any(str(run_dir).encode() in c for c in cmd))
+        if ours:
             pids.append(int(entry.name))
     return pids
+
+
+def title(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().rstrip()
 
 
 def expected_digests(job_file: Path, steps: int = STEPS, base: Path | None = None
@@ -212,8 +223,12 @@ def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
     run = Run(make_job(tmp_path, "kill-forkserver"), tmp_path / "run")
     run.wait_step(3)
     forked = {n: run.worker(n) for n in ("trainer-0", "rollout-0", "rollout-1", "driver")}
-    for name, pid in forked.items():  # forks: the server's command line
-        assert b"rljob.infra.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes(), name
+    for name, pid in forked.items():  # forks of the server, titled as their role
+        assert Path(f"/proc/{pid}/status").read_text().count(
+            f"PPid:\t{run.worker('forkserver')}\n") == 1, name
+        role, _, index = name.partition("-")
+        assert title(pid).startswith(f"rljob: {role}"), title(pid)
+        assert index in title(pid) and "[kill-forkserver]" in title(pid), title(pid)
     os.kill(run.worker("forkserver"), signal.SIGKILL)
     t = time.monotonic()
     print(f"\nfork server SIGKILLed at step 3: next step after {recovery(run, 3, t):.1f}s")
@@ -321,8 +336,8 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
     run.wait_step(2)
     victim = run.worker("rollout-0")
     # stop it while it holds rows under lease (not between two claims)
-    cmd = Path(f"/proc/{run.worker('transferqueue')}/cmdline").read_bytes().split(b"\0")
-    address = cmd[cmd.index(b"--listen") + 1].decode()
+    log = (run.run_dir / "logs/transferqueue.log").read_text()
+    address = log[log.rindex("listening on "):].split()[2]
     tq = TransferQueueClient(address, PASSWORD)
 
     def holds() -> bool:
@@ -396,3 +411,57 @@ def test_an_interrupted_run_stops_everything_checkpoints_and_resumes(tmp_path, s
         return  # resuming from it is run once
     again = Run(job_file, tmp_path / "run", "--resume", str(tmp_path / "run"))
     check(again)
+
+
+def _alive(pid: int) -> bool:
+    """Running, or about to (a zombie has ended: only its exit status is left)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_a_sigkilled_run_takes_every_process_it_started_within_seconds(tmp_path):
+    """`rljob run` SIGKILLed mid-run (the OOM killer, kill -9): its fork server, its
+    workers and what they started are gone within 5 s (each has a death signal, then
+    a bounded stop), and `ps` named each one's role while it ran."""
+    run = Run(make_job(tmp_path, "kill-run"), tmp_path / "run")
+    run.wait_step(2)
+    titles = {"transferqueue": "rljob: transferqueue [kill-run]",
+              "forkserver": f"rljob: fork server [{run.run_dir}]",
+              "trainer-0": "rljob: trainer rank 0/1 [kill-run]",
+              "rollout-0": "rljob: rollout replica 0 [kill-run]",
+              "rollout-1": "rljob: rollout replica 1 [kill-run]",
+              "driver": "rljob: driver [kill-run]"}
+    for name, want in titles.items():
+        assert title(run.worker(name)) == want, name
+    everyone = _descendants(run.proc.pid)
+    assert len(everyone) >= len(titles), everyone
+    run.proc.kill()
+    t0 = time.monotonic()
+    while left := [p for p in everyone if _alive(p)]:
+        took = time.monotonic() - t0
+        assert took < 5, f"{took:.1f}s after the SIGKILL: {[(p, title(p)) for p in left]}"
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    run.wait(10)
+    print(f"\n`rljob run` SIGKILLed at step 2: its {len(everyone)} processes gone in {took:.2f}s")
+    assert not worker_pids(run.name, run.run_dir)

@@ -43,7 +43,7 @@ def rljob_run(job_file: Path, run_dir: Path, *extra: str, timeout: int = 300):
     if standing and Path(standing).exists() and pid_file.exists():  # the session's
         # standing server (tests/conftest.py) forked this run's workers
         cmd = Path(f"/proc/{pid_file.read_text().strip()}/cmdline").read_bytes()
-        assert b"--listen" in cmd, cmd
+        assert cmd.startswith(f"rljob: fork server [{standing}]".encode()), cmd
     return out
 
 

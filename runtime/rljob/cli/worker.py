@@ -41,10 +41,9 @@ def worker_transferqueue(
         from ..transferqueue.service import TransferQueueService, serve
         from ..transferqueue.state import ControllerError, check_lease_seconds
         from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
-    from ..infra.proctitle import set_title
 
     tune_allocator()
-    set_title("transferqueue", job=job)
+    _become("transferqueue", job=job)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     password = os.environ.get(password_env) or None
     try:
@@ -65,12 +64,21 @@ def worker_transferqueue(
     asyncio.run(serve(service, listen, metrics_port))
 
 
-def _job_spec(job_file: Path, role: str, index: int | None = None, of: int | None = None):
-    """The job's spec, this process titled as its `role` in the job (`ps`, `top`)."""
+def _become(role: str, index: int | None = None, of: int | None = None,
+            job: str | None = None) -> None:
+    """This process titled as its `role` in the job (`ps`, `top`), and bound to live
+    no longer than seconds past whoever started it (infra/lifeline.py)."""
+    from ..infra.lifeline import watch_parent
     from ..infra.proctitle import set_title
 
+    set_title(role, index, of, job)
+    watch_parent()
+
+
+def _job_spec(job_file: Path, role: str, index: int | None = None, of: int | None = None):
+    """The job's spec, this process become its `role` in the job."""
     job = load_job(job_file)
-    set_title(role, index, of, job.metadata.name)
+    _become(role, index, of, job.metadata.name)
     return job.spec
 
 

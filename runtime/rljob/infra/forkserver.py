@@ -14,8 +14,8 @@ The protocol is JSON lines: requests on the server's stdin
 forked, {"pid", "exit"} once the server reaped it: the exit code, -N for a signal,
 as `subprocess` gives it). The server's stdin closing ends it. When `rljob run` goes
 however it goes, the server gets SIGTERM (PR_SET_PDEATHSIG), passes it on to each
-child and waits for them: the workers stop as they would had `rljob run` started them
-(the trainer checkpoints). A server that dies itself (SIGKILL, out of memory) takes
+child and waits STOP_GRACE seconds for them: the workers stop as they would had `rljob
+run` started them (the trainer checkpoints), and those still there then are SIGKILLed. A server that dies itself (SIGKILL, out of memory) takes
 its children with it by SIGKILL: to `rljob run` they are killed workers, which it
 restarts.
 
@@ -51,6 +51,10 @@ from pathlib import Path
 from .heap import importing
 
 _PR_SET_PDEATHSIG = 1
+# seconds a worker has, from the SIGTERM that the death of `rljob run` brings, to stop
+# as it would (the trainer's checkpoint: atomic, so one cut short is never read), before
+# its session is SIGKILLed: every process of a run is gone within 5 s of its end
+STOP_GRACE = 2.0
 # the server's own environment: the libraries it loads read these once
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "PYTHONUNBUFFERED": "1"}
@@ -372,8 +376,8 @@ def serve(preload: list[str], listen: str | None = None) -> dict:
             except OSError:
                 data = b""
             if not data:
-                if listener is None:
-                    _exit(0)
+                if listener is None:  # `rljob run` went (its SIGTERM may come later)
+                    _stop(owner)
                 _disconnected(peers.pop(fd), owner)
                 continue
             peer.buf += data
@@ -405,14 +409,14 @@ def _disconnected(peer: _Peer, owner: dict[int, _Peer]) -> None:
     _terminate([pid for pid, asked in owner.items() if asked is peer])
 
 
-def _terminate(pids) -> None:
-    """SIGTERM to each child's session (the worker and what it started)."""
+def _terminate(pids, sig: int = signal.SIGTERM) -> None:
+    """`sig` to each child's session (the worker and what it started)."""
     for pid in list(pids):
         try:
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pid, sig)
         except ProcessLookupError:  # not yet in a session of its own
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -430,9 +434,15 @@ def _reap(owner: dict[int, _Peer], block: bool = False) -> None:
             peer.send({"pid": pid, "exit": os.waitstatus_to_exitcode(status)})
 
 
-def _stop(owner: dict[int, _Peer]) -> None:
-    """SIGTERM to each child's session, wait for them all, exit."""
+def _stop(owner: dict[int, _Peer], grace: float = STOP_GRACE) -> None:
+    """SIGTERM to each child's session, SIGKILL to those left after `grace` seconds,
+    reap them all, exit."""
     _terminate(list(owner))
+    deadline = time.monotonic() + grace
+    while owner and time.monotonic() < deadline:
+        _reap(owner)
+        time.sleep(0.05)
+    _terminate(list(owner), signal.SIGKILL)
     _reap(owner, block=True)
     _exit(0)
 

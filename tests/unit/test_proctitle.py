@@ -1,0 +1,31 @@
+"""A worker's process title (infra/proctitle.py) and when it counts as orphaned
+(infra/lifeline.py): the pure parts."""
+
+from __future__ import annotations
+
+from rljob.infra.lifeline import orphaned
+from rljob.infra.proctitle import COMM_BYTES, worker_title
+
+
+def test_each_role_says_what_it_is_in_ps_and_top():
+    cases = {("trainer", 0, 2, "quickstart"): ("rljob: trainer rank 0/2 [quickstart]",
+                                                "rljob-trainer0"),
+             ("rollout", 11, None, "job"): ("rljob: rollout replica 11 [job]", "rljob-rollout11"),
+             ("transferqueue", None, None, "job"): ("rljob: transferqueue [job]", "rljob-tq"),
+             ("driver", None, None, None): ("rljob: driver", "rljob-driver"),
+             ("fork server", None, None, "runs/q"): ("rljob: fork server [runs/q]",
+                                                     "rljob-forksrv")}
+    for args, (title, comm) in cases.items():
+        got = worker_title(*args)
+        assert (got.title, got.comm) == (title, comm), args
+
+
+def test_the_short_name_fits_the_kernels_and_keeps_the_role():
+    got = worker_title("rollout", 123456, None, "x")
+    assert len(got.comm.encode()) <= COMM_BYTES and got.comm.startswith("rljob-rollout")
+
+
+def test_an_orphan_is_a_process_whose_parent_changed():
+    assert orphaned(500, 1) and orphaned(500, 77)  # init, or a subreaper
+    assert not orphaned(500, 500)
+    assert not orphaned(1, 1) and not orphaned(0, 0)  # nobody to lose
