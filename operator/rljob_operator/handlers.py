@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
+from rljob.infra import auth
 
 from . import capacity, metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
@@ -63,6 +64,7 @@ class JobState:
     # (first, latest) step its controller reported, None before the first report; a
     # step below the first starts over (a trainer life restored from a checkpoint)
     steps: tuple[int, int] | None = None
+    token: str = ""  # the job's token (its Secret's), once read
 
 
 class Operator:
@@ -132,7 +134,7 @@ class Operator:
                 address = (meta.get("annotations", {}).get(ADDRESS_ANNOTATION)
                            or builders.tq_address(job))
                 try:
-                    stats = self.stats.fetch(address)
+                    stats = self.stats.fetch(address, self._job_token(job, state))
                 except grpc.RpcError as exc:
                     log.debug("%s/%s: stats from %s unavailable: %s", ns, name, address,
                               exc.code())
@@ -327,14 +329,30 @@ class Operator:
         for wl in wls:
             self._drop_finalizer(ns, wl["metadata"]["name"])
 
+    def _job_token(self, job: RLJob, state: JobState) -> str:
+        """The job's token, from its Secret, which is made here first (an older
+        operator's Secret, which has none, gets one)."""
+        if state.token:
+            return state.token
+        ns, secret = job.metadata.namespace, builders.secret_name(job.metadata.name)
+        data = self.kube.secret_data(ns, secret)
+        if data is None:
+            obj = builders.build_secret(job, builders.new_password(), auth.new_token())
+            if self.kube.create(obj):
+                metrics.CHILDREN.labels("Secret").inc()
+            data = self.kube.secret_data(ns, secret) or {}
+        if not data.get(builders.TOKEN_KEY):
+            data[builders.TOKEN_KEY] = auth.new_token()
+            self.kube.add_secret_keys(ns, secret, {builders.TOKEN_KEY: data[builders.TOKEN_KEY]})
+        state.token = data[builders.TOKEN_KEY]
+        return state.token
+
     def _apply_children(self, job: RLJob, state: JobState, generation, body) -> None:
         applied_gen, applied_at = state.applied
         if applied_gen == generation and time.monotonic() - applied_at < REAPPLY_SECONDS:
             return
         ns, name = job.metadata.namespace, job.metadata.name
-        if not self.kube.exists("v1", "Secret", ns, builders.secret_name(name)):
-            if self.kube.create(builders.build_secret(job, builders.new_password())):
-                metrics.CHILDREN.labels("Secret").inc()
+        self._job_token(job, state)
         for obj in builders.build_services(job):
             try:
                 self.kube.apply(obj)

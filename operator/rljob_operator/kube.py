@@ -172,6 +172,21 @@ class Kube:
                 return False
             raise
 
+    def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Secret's keys and values (decoded); None if it does not exist."""
+        import base64
+
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    def add_secret_keys(self, namespace: str, name: str, values: dict[str, str]) -> None:
+        self.core.patch_namespaced_secret(name, namespace, {"stringData": values})
+
     def list_pods(self, namespace: str, job: str) -> list[dict]:
         pods = self.core.list_namespaced_pod(
             namespace, label_selector=f"{builders.LABEL_NAME}={job}")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from rljob.infra import auth
 from rljob.transferqueue.proto import transferqueue_pb2 as pb
 from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
 from rljob.transferqueue.wire import CLIENT_OPTIONS
@@ -48,13 +49,15 @@ class StatsClient:
     TransferQueue pod left the job's status a step count 20 s and more behind."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[tuple[str, str | None], grpc.Channel] = {}
 
-    def fetch(self, address: str, timeout: float = 2.0) -> JobStats:
-        channel = self._channels.get(address)
+    def fetch(self, address: str, token: str | None = None, timeout: float = 2.0) -> JobStats:
+        """The job's stats from its controller at `address`, asked with the job's
+        `token` (infra/auth.py: its controller answers no one else)."""
+        channel = self._channels.get((address, token))
         if channel is None:
-            channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
-            self._channels[address] = channel
+            channel = auth.channel(address, CLIENT_OPTIONS, token or "")
+            self._channels[(address, token)] = channel
         resp = pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=timeout)
         busy: dict[str, int] = {}
         for c in resp.consumers:

@@ -25,6 +25,9 @@ REDIS_PORT = 6379
 
 # environment
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a URL)
+# the job's token: every gRPC server of the job (TransferQueue controller, its storage
+# service, the weight server) serves only callers that present it (infra/auth.py)
+TOKEN_ENV = "RLJOB_JOB_TOKEN"
 
 # what a role's podTemplate may not touch in the pods the operator builds (its
 # containers, volumes, mount paths, ports, environment and labels); a unit test checks

@@ -31,7 +31,8 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
-from .contract import PASSWORD_ENV, worker_argv
+from .contract import PASSWORD_ENV, TOKEN_ENV, worker_argv
+from .infra import auth
 from .infra.cores import Layout, write_layout
 from .infra.device import CORES_ENV
 from .infra.devices import count as count_devices, device_plan, worker_env
@@ -150,6 +151,9 @@ class LocalRun:
     # CPU workers forked from one pre-imported parent (infra/forkserver.py); off
     # (RLJOB_FORK_WORKERS=0): each a process of its own, as in a pod
     fork_workers: bool = field(default_factory=lambda: _env_on("RLJOB_FORK_WORKERS"))
+    # the run's token: its servers answer only its workers (infra/auth.py), as a job's
+    # pods in a cluster
+    token: str = field(default_factory=auth.new_token, repr=False)
     _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
@@ -220,6 +224,7 @@ class LocalRun:
             else "cpu"
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
+                   **{TOKEN_ENV: self.token},
                    **worker_env(kind, self.devices.get(name, ())))
         env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
         if self.torch_profile:
@@ -304,6 +309,11 @@ class LocalRun:
         job_file = self.layout.job_file
         if not (self.resume and job_file.exists()):
             job_file.write_text(yaml.safe_dump(self.job.to_wire(), sort_keys=False))
+        token_file = self.layout.token
+        token_file.unlink(missing_ok=True)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.token)
         self.tq_address = f"127.0.0.1:{free_port()}"
         self.weights_address = f"127.0.0.1:{free_port()}"
         self._common = {"job": job_file, "run_dir": self.run_dir}

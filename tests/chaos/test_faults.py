@@ -19,6 +19,7 @@ import redis
 import yaml
 
 from rljob.api import RLJob
+from rljob.contract import TOKEN_ENV
 from rljob.inputs.data import PromptCursor, load_examples
 from rljob.inputs.models import load_tokenizer
 from rljob.transferqueue import TransferQueueClient
@@ -331,13 +332,14 @@ def test_a_killed_controller_and_redis_on_its_append_only_file_keep_the_table(tm
         unit.stop()
 
 
-def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path):
+def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path, monkeypatch):
     run = Run(make_job(tmp_path, "pause"), tmp_path / "run")
     run.wait_step(2)
     victim = run.worker("rollout-0")
     # stop it while it holds rows under lease (not between two claims)
     log = (run.run_dir / "logs/transferqueue.log").read_text()
     address = log[log.rindex("listening on "):].split()[2]
+    monkeypatch.setenv(TOKEN_ENV, (run.run_dir / "token").read_text())  # the run's token
     tq = TransferQueueClient(address, PASSWORD)
 
     def holds() -> bool:

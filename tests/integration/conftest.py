@@ -53,7 +53,8 @@ class RedisServer:
 
 class TQServer:
     def __init__(self, units: list[RedisServer] | None, lease_seconds: float = 60.0,
-                 max_row_bytes: int | None = None, job: str | None = None):
+                 max_row_bytes: int | None = None, job: str | None = None,
+                 token: str | None = None):
         # the worker binds port 0 and says which ports it got: no window in which another
         # process can take a port picked here
         args = [sys.executable, "-m", "rljob", "worker", "transferqueue",
@@ -66,6 +67,9 @@ class TQServer:
         if max_row_bytes:
             args += ["--max-row-bytes", str(max_row_bytes)]
         env = dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD)
+        if token:  # the job's token: it answers only callers that present it
+            env["RLJOB_JOB_TOKEN"] = token
+        self.seen = ""  # what it logged before it listened
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         seen = ""  # log lines before the ready line
@@ -88,6 +92,7 @@ class TQServer:
             self.proc.kill()
             raise RuntimeError(f"transferqueue said where it listens in an unknown form: {line}")
         self.port, self.metrics_port = int(found[1]), int(found[2])
+        self.seen = seen
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> int:

@@ -10,6 +10,7 @@ import yaml
 from rljob.api.spec import WandbSpec
 from rljob.api.validation import load_rljob
 from rljob.api import builders as b
+from rljob.contract import TOKEN_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +58,27 @@ def test_quickstart_children_are_named_labelled_and_owned():
         assert meta["labels"]["app.kubernetes.io/component"] == meta["labels"]["rljob.dev/role"]
     # deterministic: the same job gives the same objects
     assert b.build_all(job, "pw") == objs
+
+
+def test_every_process_of_the_job_has_its_token_from_its_secret():
+    """The job's credentials (infra/auth.py): its Secret holds the password and the
+    token; every container that runs rljob reads the token from it, so its servers
+    answer only its own processes."""
+    job = load("quickstart.yaml")
+    objs = b.build_all(job, "pw", token="tk")
+    secret = objs[0]
+    assert secret["kind"] == "Secret"
+    assert secret["stringData"] == {b.PASSWORD_KEY: "pw", b.TOKEN_KEY: "tk"}
+    ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": b.TOKEN_KEY}}
+    containers = []
+    for o in objs:
+        spec = o["spec"]["template"]["spec"] if "template" in o.get("spec", {}) else o.get("spec", {})
+        for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            if c["name"] != "redis":
+                containers.append((o["metadata"]["name"], c))
+    assert {c["name"] for _, c in containers} >= {"transferqueue", "driver", "trainer", "rollout"}
+    for owner, c in containers:
+        assert env_of(c).get(TOKEN_ENV) == ref, (owner, c["name"])
 
 
 def test_config_map_holds_the_resolved_job_that_validates():

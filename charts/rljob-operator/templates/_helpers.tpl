@@ -55,7 +55,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, list, create, delete]
+  # patch: adds the job token to a Secret an older operator made
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [get, list, watch, create, patch, delete]

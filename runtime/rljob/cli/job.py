@@ -94,12 +94,14 @@ def render(
     namespace: str = typer.Option(None, "--namespace", "-n",
                                   help="Namespace of the objects (default: the file's, or default)."),
     fresh_secret: bool = typer.Option(
-        False, "--fresh-secret", help="A new random Redis password in the Secret, as the "
-        "operator makes one. Without it the Secret holds the fixed placeholder "
-        f"{RENDER_PASSWORD!r}, so two renders of one file are the same text."),
+        False, "--fresh-secret", help="A new random Redis password and job token in the "
+        "Secret, as the operator makes them. Without it the Secret holds the fixed "
+        f"placeholder {RENDER_PASSWORD!r} for both, so two renders of one file are the "
+        "same text."),
 ) -> None:
     """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
     from ..api.builders import build_all, new_password, to_yaml
+    from ..infra.auth import new_token
 
     job = load_job(file)
     if namespace:
@@ -109,7 +111,8 @@ def render(
         typer.echo(f"{file}: metadata.name is required to render the job's objects", err=True)
         raise typer.Exit(1)
     password = new_password() if fresh_secret else RENDER_PASSWORD
-    typer.echo(to_yaml(build_all(job, password)), nl=False)
+    token = new_token() if fresh_secret else RENDER_PASSWORD
+    typer.echo(to_yaml(build_all(job, password, token=token)), nl=False)
 
 
 @app.command()

@@ -72,6 +72,12 @@ class RunDir:
         return self.root / "warmup.json"
 
     @property
+    def token(self) -> Path:
+        """The run's token (readable by its owner only): what a tool of this machine
+        presents to the run's servers (infra/auth.py)."""
+        return self.root / "token"
+
+    @property
     def final(self) -> Path:
         return self.root / "final"
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from ..infra import auth
 from .dataplane import Batch, DataPlane, TransferQueueError, claimed_rows, rpc_error
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
@@ -60,7 +61,7 @@ class TransferQueueClient:
     """Blocking client. Thread-safe for concurrent claims (gRPC channels are)."""
 
     def __init__(self, address: str, password: str | None = None):
-        self._channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._channel = auth.channel(address, CLIENT_OPTIONS)  # the job's token
         self._stub = pbg.TransferQueueControllerStub(self._channel)
         self._session = SyncSession(self._stub, TransferQueueError)
         # (kind, future) of put(wait=False) / ack(wait=False) whose answer is unchecked

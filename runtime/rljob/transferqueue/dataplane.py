@@ -23,6 +23,7 @@ import numpy as np
 import redis
 
 from ..contract import PASSWORD_ENV
+from ..infra import auth
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
 from .schema import (
@@ -219,7 +220,7 @@ class DataPlane:
 
     def _fetch_layout(self) -> pb.LayoutResponse:
         """A blocking Layout call (also from the async client's worker threads)."""
-        with grpc.insecure_channel(self.address, options=GRPC_OPTIONS) as channel:
+        with auth.channel(self.address, GRPC_OPTIONS) as channel:
             try:
                 return pbg.TransferQueueControllerStub(channel).Layout(pb.LayoutRequest(),
                                                                        timeout=30)

@@ -28,6 +28,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from ..infra import auth
 from .controller import Controller
 from .journal import RedisJournal, journal_changes, recover, stop_storage_lost
 from .proto import transferqueue_pb2 as pb
@@ -556,7 +557,9 @@ SESSION_OPS.update({
 async def serve(service: TransferQueueService, listen: str, metrics_port: int | None = None,
                 grace: float = 5.0, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting and drain for `grace` seconds."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    # only the job's callers (its token); the health service stays open
+    server = grpc.aio.server(options=GRPC_OPTIONS,
+                             interceptors=auth.server_interceptors(is_async=True))
     pbg.add_TransferQueueControllerServicer_to_server(service, server)
     pbg.add_StorageServiceServicer_to_server(service, server)
     health = health_aio.HealthServicer()

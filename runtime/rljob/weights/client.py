@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import grpc
-
+from ..infra import auth
 from .codec import OPTIONS, TensorAssembly, split_chunk
 from .proto import weights_pb2 as pb
 from .proto import weights_pb2_grpc as pbg
@@ -22,7 +21,7 @@ class WeightClient:
     """Talks to a WeightSender: versions, fetches, replica reports."""
 
     def __init__(self, address: str):
-        self._channel = grpc.insecure_channel(address, options=OPTIONS)
+        self._channel = auth.channel(address, OPTIONS)  # the job's token
         self._stub = pbg.WeightServiceStub(self._channel)
         # Fetch's chunks as they arrive (serialized): `split_chunk` reads each one's
         # data in place

@@ -14,6 +14,7 @@ from concurrent import futures
 import grpc
 import torch
 
+from ..infra import auth
 from . import collective as coll
 from .codec import OPTIONS, host_bytes, new_epoch, version_messages
 from .proto import weights_pb2 as pb
@@ -131,7 +132,9 @@ class WeightSender(pbg.WeightServiceServicer):
         self._cond = threading.Condition()
         self._closing = False
         self._replicas: dict[str, tuple[int, float]] = {}
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
+        # only the job's callers (its token)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS,
+                                   interceptors=auth.server_interceptors())
         _add_to_server(self, self._server)
         self.port = self._server.add_insecure_port(listen)
         if not self.port:

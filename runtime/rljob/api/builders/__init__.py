@@ -7,7 +7,7 @@ object the operator creates is unit-tested without one.
 
 Children of RLJob NAME (deterministic names, all owned by the RLJob):
 
-    NAME-tq-auth        Secret       generated Redis password
+    NAME-tq-auth        Secret       generated Redis password and job token
     NAME-spec           ConfigMap    the resolved job (every default filled in)
     NAME-redis          Service      headless: stable DNS per storage unit
     NAME-redis          StatefulSet  one Redis per TransferQueue storage unit
@@ -53,6 +53,7 @@ from .common import (
     JOB_DIR,
     JOB_FILE,
     PASSWORD_KEY,
+    TOKEN_KEY,
     VOLCANO_GROUP_ANNOTATION,
     VOLCANO_QUEUE_ANNOTATION,
     WANDB_KEY,
@@ -109,6 +110,7 @@ __all__ = [
     "METRICS_PORT",
     "PASSWORD_ENV",
     "PASSWORD_KEY",
+    "TOKEN_KEY",
     "PREFLIGHT_CONTAINER",
     "REDIS_PORT",
     "TQ_PORT",

@@ -14,6 +14,7 @@ from rljob.contract import (
     METRICS_PORT,
     PASSWORD_ENV,
     REDIS_PORT,
+    TOKEN_ENV,
     TQ_PORT,
     WEIGHTS_PORT,
 )
@@ -23,6 +24,7 @@ JOB_DIR = "/etc/rljob"
 JOB_FILE = f"{JOB_DIR}/job.yaml"
 CHECKPOINT_DIR = "/checkpoints"
 PASSWORD_KEY = "password"
+TOKEN_KEY = "token"  # the job's token (infra/auth.py), in the same Secret
 WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
 
 # Host paths the Ascend driver stack needs inside a container (what the
@@ -137,9 +139,15 @@ def _password_env(job: RLJob, env_name: str = PASSWORD_ENV) -> dict:
         "name": secret_name(job.metadata.name), "key": PASSWORD_KEY}}}
 
 
+def _token_env(job: RLJob) -> dict:
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+        "name": secret_name(job.metadata.name), "key": TOKEN_KEY}}}
+
+
 def _env_common(job: RLJob) -> list[dict]:
     return [
         _password_env(job),
+        _token_env(job),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

@@ -57,10 +57,12 @@ def with_runtime_image(job: RLJob, image: str | None) -> RLJob:
     return job.model_copy(update={"spec": job.spec.model_copy(update={"image": image})})
 
 
-def build_all(job: RLJob, password: str, trainer_restarts: int = 0) -> list[dict]:
-    """Every object of a freshly created job, in creation order."""
+def build_all(job: RLJob, password: str, trainer_restarts: int = 0,
+              token: str | None = None) -> list[dict]:
+    """Every object of a freshly created job, in creation order (its Secret with
+    `password` and `token`, the password again where no token is given)."""
     return [
-        build_secret(job, password),
+        build_secret(job, password, password if token is None else token),
         *build_services(job),
         *[build_trainer_pod(job, r, trainer_restarts) for r in range(job.spec.trainer.num_nodes)],
         *[build_rollout_pod(job, i) for i in range(job.spec.rollout.replicas)],

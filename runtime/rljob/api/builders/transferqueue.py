@@ -24,6 +24,7 @@ from rljob.contract import (
 from .common import (
     JOB_FILE,
     PASSWORD_KEY,
+    TOKEN_KEY,
     _env_common,
     _headless_service,
     _meta,
@@ -69,12 +70,14 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def build_secret(job: RLJob, password: str) -> dict:
+def build_secret(job: RLJob, password: str, token: str) -> dict:
+    """The job's credentials: its storage units' password and its token (every gRPC
+    server of the job answers only callers that present it: infra/auth.py)."""
     name = job.metadata.name
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": _meta(job, secret_name(name), "transferqueue"),
-        "stringData": {PASSWORD_KEY: password},
+        "stringData": {PASSWORD_KEY: password, TOKEN_KEY: token},
     }
 
 

@@ -178,14 +178,13 @@ class RemoteMemoryUnit(StorageUnit):
     backend = "memory"
 
     def __init__(self, address: str, unit: int = 0, **_):
-        import grpc
-
+        from ...infra import auth
         from ..proto import transferqueue_pb2 as pb
         from ..proto import transferqueue_pb2_grpc as pbg
         from ..wire import GRPC_OPTIONS
 
         self._pb = pb
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = auth.channel(address, GRPC_OPTIONS)  # the job's token
         self._stub = pbg.StorageServiceStub(self._channel)
         self.unit = unit
 
