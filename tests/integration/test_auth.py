@@ -35,12 +35,10 @@ def _outsiders(address: str):
     the right token twice over."""
     yield "no token", grpc.insecure_channel(address)
     yield "another job's token", auth.channel(address, token=auth.new_token())
-    bare = grpc.intercept_channel(grpc.insecure_channel(address), auth._Bearer(TOKEN))
-    bare._interceptor._pair = (auth.METADATA_KEY, TOKEN)  # no scheme
+    bare = auth._TokenChannel(grpc.insecure_channel(address), TOKEN)
+    bare._pair = (auth.METADATA_KEY, TOKEN)  # no scheme
     yield "no scheme", bare
-    twice = grpc.intercept_channel(grpc.insecure_channel(address), auth._Bearer(TOKEN),
-                                   auth._Bearer(TOKEN))
-    yield "twice", twice
+    yield "twice", auth._TokenChannel(auth.channel(address, token=TOKEN), TOKEN)
 
 
 def test_the_controller_answers_only_its_jobs_callers(guarded, monkeypatch):

@@ -18,8 +18,6 @@ import hmac
 import logging
 import os
 import secrets
-from collections import namedtuple
-
 import grpc
 
 from ..contract import TOKEN_ENV
@@ -58,32 +56,66 @@ def refusal(metadata, token: str) -> str | None:
 
 
 # ---- clients ----------------------------------------------------------------------
-_Details = namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
-                                   "wait_for_ready", "compression"))
+class _Presenting:
+    """A multi-callable of a channel whose calls present the token (its metadata first,
+    then the caller's). What grpc's client interceptors do, at the cost of one Python
+    call: an intercepted channel took 45 us more of the client's CPU a call, 22 % of a
+    controller call's."""
+
+    __slots__ = ("_inner", "_pair")
+
+    def __init__(self, inner, pair):
+        self._inner, self._pair = inner, pair
+
+    def _metadata(self, metadata):
+        return (self._pair,) if not metadata else (self._pair, *metadata)
+
+    def __call__(self, request, timeout=None, metadata=None, **kwargs):
+        return self._inner(request, timeout=timeout, metadata=self._metadata(metadata), **kwargs)
+
+    def future(self, request, timeout=None, metadata=None, **kwargs):
+        return self._inner.future(request, timeout=timeout, metadata=self._metadata(metadata),
+                                  **kwargs)
+
+    def with_call(self, request, timeout=None, metadata=None, **kwargs):
+        return self._inner.with_call(request, timeout=timeout,
+                                     metadata=self._metadata(metadata), **kwargs)
 
 
-class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds the token to every call of a channel."""
+class _TokenChannel(grpc.Channel):
+    """A channel every call of which presents the job's token."""
 
-    def __init__(self, token: str):
+    def __init__(self, channel: grpc.Channel, token: str):
+        self._channel = channel
         self._pair = (METADATA_KEY, SCHEME + token)
 
-    def _with_token(self, d) -> _Details:
-        return _Details(d.method, d.timeout, [*(d.metadata or ()), self._pair],
-                        d.credentials, d.wait_for_ready, d.compression)
+    def unary_unary(self, method, *args, **kwargs):
+        return _Presenting(self._channel.unary_unary(method, *args, **kwargs), self._pair)
 
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
+    def unary_stream(self, method, *args, **kwargs):
+        return _Presenting(self._channel.unary_stream(method, *args, **kwargs), self._pair)
 
-    def intercept_unary_stream(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
+    def stream_unary(self, method, *args, **kwargs):
+        return _Presenting(self._channel.stream_unary(method, *args, **kwargs), self._pair)
 
-    def intercept_stream_unary(self, continuation, details, requests):
-        return continuation(self._with_token(details), requests)
+    def stream_stream(self, method, *args, **kwargs):
+        return _Presenting(self._channel.stream_stream(method, *args, **kwargs), self._pair)
 
-    def intercept_stream_stream(self, continuation, details, requests):
-        return continuation(self._with_token(details), requests)
+    def subscribe(self, callback, try_to_connect=False):
+        self._channel.subscribe(callback, try_to_connect=try_to_connect)
+
+    def unsubscribe(self, callback):
+        self._channel.unsubscribe(callback)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._channel.close()
+        return False
 
 
 def channel(address: str, options=None, token: str | None = None) -> grpc.Channel:
@@ -91,7 +123,7 @@ def channel(address: str, options=None, token: str | None = None) -> grpc.Channe
     (`token`, else this process's; none: a plain channel)."""
     plain = grpc.insecure_channel(address, options=options)
     token = token_from_env(token)
-    return grpc.intercept_channel(plain, _Bearer(token)) if token else plain
+    return _TokenChannel(plain, token) if token else plain
 
 
 # ---- servers ----------------------------------------------------------------------
