@@ -22,7 +22,7 @@ from rljob.api import RLJob
 from rljob.contract import TOKEN_ENV
 from rljob.inputs.data import PromptCursor, load_examples
 from rljob.inputs.models import load_tokenizer
-from rljob.transferqueue import TransferQueueClient
+from rljob.transferqueue import TransferQueueClient, TransferQueueError
 from rljob.trainer.source import prompts_digest
 from rljob.workflow.driver import Workflow
 from tests.integration.conftest import PASSWORD, RedisServer
@@ -339,6 +339,9 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path, monkeypatch):
     # stop it while it holds rows under lease (not between two claims)
     log = (run.run_dir / "logs/transferqueue.log").read_text()
     address = log[log.rindex("listening on "):].split()[2]
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(TransferQueueError, match="UNAUTHENTICATED"):  # an outsider
+        TransferQueueClient(address, PASSWORD)
     monkeypatch.setenv(TOKEN_ENV, (run.run_dir / "token").read_text())  # the run's token
     tq = TransferQueueClient(address, PASSWORD)
 
