@@ -329,10 +329,11 @@ class Operator:
         for wl in wls:
             self._drop_finalizer(ns, wl["metadata"]["name"])
 
-    def _job_token(self, job: RLJob, state: JobState) -> str:
-        """The job's token, from its Secret, which is made here first (an older
+    def _job_token(self, job: RLJob, state: JobState, read: bool = False) -> str:
+        """The job's token, from its Secret (read again with `read`, as each apply of
+        the children does), which is made here first if it is not there (an older
         operator's Secret, which has none, gets one)."""
-        if state.token:
+        if state.token and not read:
             return state.token
         ns, secret = job.metadata.namespace, builders.secret_name(job.metadata.name)
         data = self.kube.secret_data(ns, secret)
@@ -352,7 +353,7 @@ class Operator:
         if applied_gen == generation and time.monotonic() - applied_at < REAPPLY_SECONDS:
             return
         ns, name = job.metadata.namespace, job.metadata.name
-        self._job_token(job, state)
+        self._job_token(job, state, read=True)
         for obj in builders.build_services(job):
             try:
                 self.kube.apply(obj)
