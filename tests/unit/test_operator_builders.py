@@ -265,6 +265,11 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     assert fresh_docs[1:] == expected[1:]
     assert len(fresh_docs[0]["stringData"]["password"]) >= 24
     assert fresh_docs[0]["stringData"]["password"] != RENDER_PASSWORD
+    # and a random job token, apart from the password
+    token = fresh_docs[0]["stringData"][b.TOKEN_KEY]
+    assert len(token) >= 32 and token not in (RENDER_PASSWORD,
+                                              fresh_docs[0]["stringData"]["password"])
+    assert docs[0]["stringData"][b.TOKEN_KEY] == RENDER_PASSWORD
 
 
 def test_runtime_image_replaces_only_the_default_image():
