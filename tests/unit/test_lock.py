@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -102,8 +103,11 @@ def test_lock_holds_what_pyproject_asks(lock, extras, python):
 def test_this_environment_is_the_lock():
     """The test command's .venv holds exactly the locked versions (installed with
     `uv pip sync locks/test.txt`)."""
+    # the environment's own site-packages: what sys.path adds besides (setuptools puts
+    # its vendored copies of packaging and platformdirs there) is not installed
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     installed = {canonicalize_name(d.metadata["Name"]): Version(d.version)
-                 for d in metadata.distributions()}
+                 for d in metadata.distributions(path=site)}
     locked = pins(LOCKS["test"])
     wrong = {n: (str(v), str(installed.get(n))) for n, v in locked.items()
              if installed.get(n) != v}
