@@ -52,6 +52,11 @@ def test_the_controller_answers_only_its_jobs_callers(guarded, monkeypatch):
                 with pytest.raises(grpc.RpcError) as err:
                     call(request, timeout=10)
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, (what, call)
+            # the session stream (claims, acks) is refused as it opens
+            ops = iter([pb.Op(id=1, claim=pb.ClaimRequest(task="t", count=1))])
+            with pytest.raises(grpc.RpcError) as err:
+                list(pbg.TransferQueueControllerStub(channel).Session(ops, timeout=10))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, what
             # probes carry no token: the health service stays open
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                                timeout=10)
