@@ -612,9 +612,14 @@ def _live_pods(plane, ns: str, job: str) -> dict[str, list[str]]:
 
 
 def _tq_stats(plane, ns: str, job: str):
-    """The TransferQueue controller's own Stats, over gRPC to its pod."""
+    """The TransferQueue controller's own Stats, over gRPC to its pod, asked with the
+    job's token from its Secret; asked without it, the pod refuses (infra/auth.py)."""
+    import base64
+
     import grpc
 
+    from rljob.api.builders import TOKEN_KEY, secret_name
+    from rljob.infra import auth
     from rljob.transferqueue.proto import transferqueue_pb2 as pb
     from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
 
@@ -624,7 +629,14 @@ def _tq_stats(plane, ns: str, job: str):
     ready = [p["status"]["podIP"] for p in pods if _pod_ready(p)]
     assert ready, [(p["metadata"]["name"], p["status"].get("containerStatuses")) for p in pods]
     ip = ready[0]
-    with grpc.insecure_channel(f"{ip}:50051") as channel:
+    with grpc.insecure_channel(f"{ip}:50051") as channel:  # an outsider
+        with pytest.raises(grpc.RpcError) as refused:
+            pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+    secret = json.loads(plane.kubectl("get", "secret", "-n", ns, secret_name(job),
+                                      "-o", "json").stdout)
+    token = base64.b64decode(secret["data"][TOKEN_KEY]).decode()
+    with auth.channel(f"{ip}:50051", token=token) as channel:
         return pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
 
 
