@@ -28,6 +28,9 @@ PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a UR
 # the job's token: every gRPC server of the job (TransferQueue controller, its storage
 # service, the weight server) serves only callers that present it (infra/auth.py)
 TOKEN_ENV = "RLJOB_JOB_TOKEN"
+# set by `rljob run` for its workers: each ends soon after its parent (infra/lifeline.py);
+# a worker a user starts by hand (in the background of a shell that exits) lives on
+LIFELINE_ENV = "RLJOB_DIE_WITH_PARENT"
 
 # what a role's podTemplate may not touch in the pods the operator builds (its
 # containers, volumes, mount paths, ports, environment and labels); a unit test checks

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
-from .contract import PASSWORD_ENV, TOKEN_ENV, worker_argv
+from .contract import LIFELINE_ENV, PASSWORD_ENV, TOKEN_ENV, worker_argv
 from .infra import auth
 from .infra.cores import Layout, write_layout
 from .infra.device import CORES_ENV
@@ -224,7 +224,7 @@ class LocalRun:
             else "cpu"
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
-                   **{TOKEN_ENV: self.token},
+                   **{TOKEN_ENV: self.token, LIFELINE_ENV: "1"},
                    **worker_env(kind, self.devices.get(name, ())))
         env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
         if self.torch_profile:

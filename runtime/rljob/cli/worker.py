@@ -66,13 +66,17 @@ def worker_transferqueue(
 
 def _become(role: str, index: int | None = None, of: int | None = None,
             job: str | None = None) -> None:
-    """This process titled as its `role` in the job (`ps`, `top`), and bound to live
-    no longer than seconds past whoever started it (infra/lifeline.py)."""
+    """This process titled as its `role` in the job (`ps`, `top`), and, as a worker of
+    `rljob run`, bound to live no longer than seconds past it (infra/lifeline.py)."""
+    import os
+
+    from ..contract import LIFELINE_ENV
     from ..infra.lifeline import watch_parent
     from ..infra.proctitle import set_title
 
     set_title(role, index, of, job)
-    watch_parent()
+    if os.environ.get(LIFELINE_ENV) == "1":
+        watch_parent()
 
 
 def _job_spec(job_file: Path, role: str, index: int | None = None, of: int | None = None):

@@ -14,10 +14,10 @@ The protocol is JSON lines: requests on the server's stdin
 forked, {"pid", "exit"} once the server reaped it: the exit code, -N for a signal,
 as `subprocess` gives it). The server's stdin closing ends it. When `rljob run` goes
 however it goes, the server gets SIGTERM (PR_SET_PDEATHSIG), passes it on to each
-child and waits STOP_GRACE seconds for them: the workers stop as they would had `rljob
-run` started them (the trainer checkpoints), and those still there then are SIGKILLed. A server that dies itself (SIGKILL, out of memory) takes
-its children with it by SIGKILL: to `rljob run` they are killed workers, which it
-restarts.
+child and waits STOP_GRACE seconds for them: the workers stop as they would had
+`rljob run` started them (the trainer checkpoints), and those still there then are
+SIGKILLed. A server that dies itself (SIGKILL, out of memory) takes its children with
+it by SIGKILL: to `rljob run` they are killed workers, which it restarts.
 
 Many runs can share one standing server instead (`--listen PATH`; `rljob run` with
 `RLJOB_FORK_SERVER=PATH`): each run is a connection to it, its requests and answers

@@ -5,7 +5,8 @@ run goes, even by SIGKILL), and the worker stops as it would when asked. A stop 
 on what went with the run (a peer it reports to, a controller that is gone), so a
 worker also watches its parent: once the parent is gone, its own session (itself and
 what it started: vLLM's engine core, tool servers) is SIGKILLed `grace` seconds later,
-whatever it is doing then (in a group not its own, itself alone).
+whatever it is doing then (in a group not its own, itself alone). `rljob run` asks its
+workers for this (contract.LIFELINE_ENV); a worker a user starts by hand lives on.
 """
 
 from __future__ import annotations
