@@ -29,3 +29,23 @@ def test_an_orphan_is_a_process_whose_parent_changed():
     assert orphaned(500, 1) and orphaned(500, 77)  # init, or a subreaper
     assert not orphaned(500, 500)
     assert not orphaned(1, 1) and not orphaned(0, 0)  # nobody to lose
+
+
+def test_only_rljob_runs_workers_watch_their_parent(monkeypatch):
+    """`rljob run` asks its workers to end with it (LIFELINE_ENV); a worker a user starts
+    by hand, in the background of a shell that then exits, lives on."""
+    import threading
+
+    from rljob.cli.worker import _become
+    from rljob.contract import LIFELINE_ENV
+
+    def watching() -> int:
+        return sum(t.name == "lifeline" for t in threading.enumerate())
+
+    before = watching()
+    monkeypatch.delenv(LIFELINE_ENV, raising=False)
+    _become("driver", job="by-hand")
+    assert watching() == before
+    monkeypatch.setenv(LIFELINE_ENV, "1")
+    _become("driver", job="of-a-run")
+    assert watching() == before + 1  # a daemon thread: it ends with the test process
