@@ -39,13 +39,21 @@ def test_only_rljob_runs_workers_watch_their_parent(monkeypatch):
     from rljob.cli.worker import _become
     from rljob.contract import LIFELINE_ENV
 
+    import setproctitle
+
     def watching() -> int:
         return sum(t.name == "lifeline" for t in threading.enumerate())
 
+    title, comm = setproctitle.getproctitle(), open("/proc/self/comm").read().strip()
     before = watching()
-    monkeypatch.delenv(LIFELINE_ENV, raising=False)
-    _become("driver", job="by-hand")
-    assert watching() == before
-    monkeypatch.setenv(LIFELINE_ENV, "1")
-    _become("driver", job="of-a-run")
-    assert watching() == before + 1  # a daemon thread: it ends with the test process
+    try:
+        monkeypatch.delenv(LIFELINE_ENV, raising=False)
+        _become("driver", job="by-hand")
+        assert watching() == before
+        monkeypatch.setenv(LIFELINE_ENV, "1")
+        _become("driver", job="of-a-run")
+        assert watching() == before + 1  # a daemon thread: it ends with the test process
+    finally:  # this process is pytest's: its own title again
+        setproctitle.setproctitle(title)
+        with open("/proc/self/comm", "w") as f:
+            f.write(comm)
