@@ -10,9 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 from rljob.infra.lifeline import GRACE
+from tests.chaos.test_faults import _alive
 
 # the parent starts a child in a session of its own (as `rljob run` does), which titles
 # itself, watches its parent, ignores SIGTERM and starts a grandchild
@@ -34,14 +34,6 @@ PARENT = textwrap.dedent("""
     print(child.pid, child.stdout.readline().strip(), flush=True)
     child.wait()
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def test_a_worker_goes_with_its_session_soon_after_its_parent():
