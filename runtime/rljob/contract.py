@@ -28,6 +28,16 @@ PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a UR
 # the job's token: every gRPC server of the job (TransferQueue controller, its storage
 # service, the weight server) serves only callers that present it (infra/auth.py)
 TOKEN_ENV = "RLJOB_JOB_TOKEN"
+# the storage units' Redis ACL user (unset: Redis's default user, as a Redis a user runs
+# with only a requirepass has); the operator's units admit this user alone
+REDIS_USER_ENV = "RLJOB_TQ_USER"
+REDIS_USER = "rljob"
+# every command the storage units' clients send (transferqueue/storage/redis_unit.py,
+# transferqueue/journal.py, units.py's ping), as Redis ACL names: the units' user may
+# run these and nothing else (no FLUSHALL, CONFIG, DEBUG, KEYS, MONITOR)
+REDIS_COMMANDS = ("ping", "get", "set", "mget", "mset", "expire", "incrby", "unlink", "del",
+                  "rename", "scan", "lrange", "rpush", "watch", "unwatch", "multi", "exec",
+                  "discard", "evalsha", "script|load")
 # set by `rljob run` for its workers: each ends soon after its parent (infra/lifeline.py);
 # a worker a user starts by hand (in the background of a shell that exits) lives on
 LIFELINE_ENV = "RLJOB_DIE_WITH_PARENT"

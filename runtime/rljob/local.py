@@ -504,10 +504,12 @@ class LocalRun:
         if not self.redis:
             return
         from .transferqueue.storage.redis_unit import RedisUnit
+        from .transferqueue.units import redis_user
 
         for url in self.redis:
             unit = RedisUnit(url, job=self.job_name,
-                             password=os.environ.get(PASSWORD_ENV) or None)
+                             password=os.environ.get(PASSWORD_ENV) or None,
+                             username=redis_user())
             try:
                 unit.purge()
             finally:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
 from rljob.api import RLJob
@@ -25,7 +24,13 @@ from rljob.inputs.models import load_tokenizer
 from rljob.transferqueue import TransferQueueClient, TransferQueueError
 from rljob.trainer.source import prompts_digest
 from rljob.workflow.driver import Workflow
-from tests.integration.conftest import PASSWORD, RedisServer
+from tests.integration.conftest import (
+    PASSWORD,
+    UNIT_ENV,
+    RedisServer,
+    admin_client,
+    redis_argv,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
@@ -58,7 +63,7 @@ class Run:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rljob", "run", str(job_file), "--run-dir", str(run_dir),
              "--max-steps", str(STEPS), *extra], cwd=REPO, stdout=self.out,
-            stderr=subprocess.STDOUT, env=dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD))
+            stderr=subprocess.STDOUT, env=dict(os.environ, **UNIT_ENV))
 
     def steps(self) -> int:
         path = self.run_dir / "metrics.jsonl"
@@ -287,16 +292,13 @@ def test_redis_restarted_empty_restarts_the_job_from_its_checkpoint(tmp_path, re
     redis_unit.proc.wait()
     t = time.monotonic()
     time.sleep(1.0)
-    again = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--requirepass", PASSWORD, "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL)
+    again = subprocess.Popen(redis_argv(port, tmp_path), stdout=subprocess.DEVNULL)
     try:
         print(f"\nredis-server killed at step 3, restarted empty: next step after "
               f"{recovery(run, 3, t):.1f}s")
         check(run)
         assert "restarting the job from step" in run.events()
-        assert redis.Redis(port=port, password=PASSWORD).dbsize() == 0
+        assert admin_client(port).dbsize() == 0
     finally:
         again.terminate()
         again.wait()

@@ -14,28 +14,45 @@ from pathlib import Path
 import pytest
 import redis
 
+from rljob.api.builders import redis_acl_args
+from rljob.contract import REDIS_USER
 from tests.cluster.controlplane import free_port
 
 PASSWORD = "tq-test-password"
+# what a process of the job has in its environment for its Redis units
+UNIT_ENV = {"RLJOB_TQ_PASSWORD": PASSWORD, "RLJOB_TQ_USER": REDIS_USER}
+# the tests' own user, to look at what the job's user did (the job's user may not)
+ADMIN, ADMIN_PASSWORD = "test-admin", "tq-test-admin"
+
+
+def redis_argv(port: int, workdir: Path, appendonly: bool = False) -> list[str]:
+    """redis-server with the job's ACL user as the operator renders it (on every key:
+    the tests' jobs share units) and the tests' admin user."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed: run the README test command "
+                           "(it installs Debian's redis-server)")
+    aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else \
+        ["--appendonly", "no"]
+    return [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *aof,
+            *redis_acl_args(PASSWORD), "--user", ADMIN, "on", f">{ADMIN_PASSWORD}", "~*",
+            "&*", "+@all", "--dir", str(workdir)]
+
+
+def admin_client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, username=ADMIN, password=ADMIN_PASSWORD)
 
 
 class RedisServer:
-    """A real redis-server; `appendonly` as the operator's StatefulSet runs it."""
+    """A real redis-server; `appendonly` as the operator's StatefulSet runs it, with
+    the job's ACL user; `client` is the tests' admin."""
 
     def __init__(self, workdir: Path, appendonly: bool = False, port: int | None = None):
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server is not installed: run the README test command "
-                               "(it installs Debian's redis-server)")
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else \
-            ["--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *aof,
-             "--requirepass", PASSWORD, "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        self.client = redis.Redis.from_url(self.url, password=PASSWORD)
+        self.proc = subprocess.Popen(redis_argv(self.port, workdir, appendonly),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.client = admin_client(self.port)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -66,7 +83,7 @@ class TQServer:
             args += ["--memory-units", "2"]
         if max_row_bytes:
             args += ["--max-row-bytes", str(max_row_bytes)]
-        env = dict(os.environ, RLJOB_TQ_PASSWORD=PASSWORD)
+        env = dict(os.environ, **UNIT_ENV)
         if token:  # the job's token: it answers only callers that present it
             env["RLJOB_JOB_TOKEN"] = token
         self.seen = ""  # what it logged before it listened
@@ -114,7 +131,8 @@ def redis_units(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _password(monkeypatch):
-    monkeypatch.setenv("RLJOB_TQ_PASSWORD", PASSWORD)
+    for name, value in UNIT_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture

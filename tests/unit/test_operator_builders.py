@@ -99,7 +99,17 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
     sts = b.build_redis_statefulset(job)
     assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == "quickstart-redis"
     redis = sts["spec"]["template"]["spec"]["containers"][0]
-    assert "--requirepass" in redis["args"] and "$(RLJOB_TQ_PASSWORD)" in redis["args"]
+    # the default user off; the job's ACL user, on the job's keys, with the password
+    args = " ".join(redis["args"])
+    assert "--requirepass" not in args and "--user default off " in args
+    assert "--user rljob on >$(RLJOB_TQ_PASSWORD) resetkeys ~quickstart:* resetchannels -@all " \
+        "+ping " in args
+    for refused in ("flushall", "flushdb", "config", "debug", "keys", "monitor", "@all"):
+        assert f"+{refused}" not in redis["args"]
+    assert "--user rljob" in redis["readinessProbe"]["exec"]["command"][-1]
+    assert env_of(redis)["REDISCLI_AUTH"]["secretKeyRef"]["key"] == "password"
+    assert env_of(ctl := b.build_tq_deployment(job)["spec"]["template"]["spec"]["containers"][0]
+                  )["RLJOB_TQ_USER"] == "rljob", ctl["env"]
     assert "volumeClaimTemplates" not in sts["spec"]
     dep = b.build_tq_deployment(job)
     ctl, driver = dep["spec"]["template"]["spec"]["containers"]

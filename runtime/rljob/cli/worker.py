@@ -40,7 +40,7 @@ def worker_transferqueue(
         from ..transferqueue.alloc import tune_allocator
         from ..transferqueue.service import TransferQueueService, serve
         from ..transferqueue.state import ControllerError, check_lease_seconds
-        from ..transferqueue.units import StorageError, UnitConfig, check_unit_url
+        from ..transferqueue.units import StorageError, UnitConfig, check_unit_url, redis_user
 
     tune_allocator()
     _become("transferqueue", job=job)
@@ -49,7 +49,8 @@ def worker_transferqueue(
     try:
         check_lease_seconds(lease_seconds)
         if redis:
-            units = [UnitConfig("redis", check_unit_url(url), password) for url in redis]
+            units = [UnitConfig("redis", check_unit_url(url), password, redis_user())
+                     for url in redis]
         else:
             units = [UnitConfig("memory") for _ in range(memory_units)]
     except (ControllerError, StorageError) as exc:

@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import redis
 
-from ..contract import PASSWORD_ENV
+from ..contract import PASSWORD_ENV, REDIS_USER_ENV
 from ..infra import auth
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
@@ -181,6 +181,7 @@ class DataPlane:
     def __init__(self, address: str, password: str | None):
         self.address = address
         self.password = password if password is not None else os.environ.get(PASSWORD_ENV)
+        self.username = os.environ.get(REDIS_USER_ENV) or None  # Redis's ACL user
         # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
         self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         self.job = ""
@@ -201,7 +202,7 @@ class DataPlane:
         for u in self.units:
             u.close()
         self.units = [connect(u.backend, u.address or self.address, job=layout.job,
-                              password=self.password, unit=u.id)
+                              password=self.password, username=self.username, unit=u.id)
                       for u in sorted(layout.units, key=lambda u: u.id)]
 
     def set_columns(self, columns) -> None:

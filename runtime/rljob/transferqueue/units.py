@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..contract import PASSWORD_ENV
+from ..contract import PASSWORD_ENV, REDIS_USER_ENV
 from .proto import transferqueue_pb2 as pb
 from .state import Cleared
 from .storage.base import StorageUnit, connect
@@ -40,11 +41,17 @@ def check_unit_url(url: str) -> str:
     return url
 
 
+def redis_user() -> str | None:
+    """The Redis ACL user this process's units are opened as (None: the default user)."""
+    return os.environ.get(REDIS_USER_ENV) or None
+
+
 @dataclass
 class UnitConfig:
     backend: str  # memory | redis
     address: str = ""  # redis URL (without password) for redis units
     password: str | None = None
+    username: str | None = None  # the ACL user (None: Redis's default user)
 
 
 def open_units(configs: Sequence[UnitConfig], job: str, max_row_bytes: int) -> list[StorageUnit]:
@@ -55,7 +62,7 @@ def open_units(configs: Sequence[UnitConfig], job: str, max_row_bytes: int) -> l
             units.append(MemoryUnit(max_cell_bytes=max_row_bytes))
         else:
             units.append(connect(u.backend, check_unit_url(u.address), job=job,
-                                 password=u.password))
+                                 password=u.password, username=u.username))
     return units
 
 
@@ -81,8 +88,9 @@ def wait_for_units(units: Sequence[StorageUnit], storage_wait: float) -> None:
                 break
             except redis.AuthenticationError as exc:
                 raise StorageError(
-                    f"storage unit {i} refused the password ({exc}): set {PASSWORD_ENV} to "
-                    "the Redis requirepass (on a cluster: the job's NAME-tq-auth Secret)"
+                    f"storage unit {i} refused the credentials ({exc}): set {PASSWORD_ENV} "
+                    f"to the Redis password and {REDIS_USER_ENV} to its ACL user (unset: "
+                    "the default user; on a cluster both come from the job's pod spec)"
                 ) from None
             except redis.ResponseError as exc:
                 if "without any password" in str(exc) or "NOAUTH" in str(exc):

@@ -83,6 +83,7 @@ from .transferqueue import (
     build_tq_deployment,
     build_tq_service,
     new_password,
+    redis_acl_args,
     resolved_job,
 )
 from .workers import (
@@ -137,6 +138,7 @@ __all__ = [
     "local_address",
     "master_host",
     "new_password",
+    "redis_acl_args",
     "redis_name",
     "redis_urls",
     "resolved_job",

@@ -14,6 +14,8 @@ from rljob.contract import (
     METRICS_PORT,
     PASSWORD_ENV,
     REDIS_PORT,
+    REDIS_USER,
+    REDIS_USER_ENV,
     TOKEN_ENV,
     TQ_PORT,
     WEIGHTS_PORT,
@@ -147,6 +149,7 @@ def _token_env(job: RLJob) -> dict:
 def _env_common(job: RLJob) -> list[dict]:
     return [
         _password_env(job),
+        {"name": REDIS_USER_ENV, "value": REDIS_USER},
         _token_env(job),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

@@ -14,7 +14,9 @@ from rljob.contract import (
     DRIVER_METRICS_PORT,
     METRICS_PORT,
     PASSWORD_ENV,
+    REDIS_COMMANDS,
     REDIS_PORT,
+    REDIS_USER,
     TQ_PORT,
     listen_address,
     local_address,
@@ -81,6 +83,15 @@ def build_secret(job: RLJob, password: str, token: str) -> dict:
     }
 
 
+def redis_acl_args(password: str, keys: str = "*") -> list[str]:
+    """redis-server arguments that turn Redis's default user off and admit one user,
+    `REDIS_USER` with `password`, to the commands the storage units send on the keys
+    matching `keys` (pure)."""
+    return ["--user", "default", "off",
+            "--user", REDIS_USER, "on", f">{password}", "resetkeys", f"~{keys}",
+            "resetchannels", "-@all", *(f"+{c}" for c in REDIS_COMMANDS)]
+
+
 def build_redis_service(job: RLJob) -> dict:
     return _headless_service(job, redis_name(job.metadata.name), "storage", {"redis": REDIS_PORT})
 
@@ -92,7 +103,9 @@ def build_redis_statefulset(job: RLJob) -> dict:
     # the append-only file always: a redis that crashes or is OOM-killed comes back with
     # the table and the controller's journal (in an emptyDir: the pod's life; on a PVC
     # with persistence: the pod may be rescheduled too)
-    args = ["--port", str(REDIS_PORT), "--requirepass", f"$({PASSWORD_ENV})",
+    # the job's own user only, on the job's keys: a caller with the password alone (the
+    # default user) or a command the units never send (FLUSHALL, CONFIG, KEYS) is refused
+    args = ["--port", str(REDIS_PORT), *redis_acl_args(f"$({PASSWORD_ENV})", f"{name}:*"),
             "--protected-mode", "no", "--save", "", "--appendonly", "yes",
             "--appendfsync", "everysec", "--dir", "/data"]
     container = {
@@ -103,7 +116,8 @@ def build_redis_statefulset(job: RLJob) -> dict:
         "args": args,
         "env": [_password_env(job), _password_env(job, "REDISCLI_AUTH")],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
-        "readinessProbe": {"exec": {"command": ["sh", "-c", "redis-cli ping | grep -q PONG"]},
+        "readinessProbe": {"exec": {"command": [
+            "sh", "-c", f"redis-cli --user {REDIS_USER} ping | grep -q PONG"]},
                            "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 10,
                           "failureThreshold": 6},

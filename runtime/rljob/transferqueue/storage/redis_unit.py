@@ -63,11 +63,11 @@ class RedisUnit(StorageUnit):
     backend = "redis"
 
     def __init__(self, address: str, job: str = "job", password: str | None = None,
-                 ttl_seconds: int | None = None, **_):
+                 ttl_seconds: int | None = None, username: str | None = None, **_):
         self.job = job
         self.ttl_seconds = ttl_seconds
         pool = redis.ConnectionPool.from_url(
-            address, password=password, connection_class=_ZeroCopyConnection,
+            address, username=username, password=password, connection_class=_ZeroCopyConnection,
             socket_read_size=1 << 20, max_connections=64,
         )
         self.client = redis.Redis(connection_pool=pool)
