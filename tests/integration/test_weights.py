@@ -283,6 +283,41 @@ def test_collective_versions_reach_a_replica_bit_exact():
         sender.stop(grace=0)
 
 
+def test_a_collective_group_admits_only_the_jobs_ranks():
+    """The replica's store asks no credential: a caller that reaches it and knows the
+    group's name (it is logged and sent in Join) tries to take rank 0 while the
+    replica's rank waits for it, and cannot, since the ranks meet under a prefix
+    derived from the job's token; the sender, which has the token, joins right after
+    and broadcasts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rljob.weights import collective as coll
+
+    token, name = "the-jobs-token", "rollout-0.1a2b3c4d"
+    prefix = coll.store_prefix(name, token)
+    assert prefix.startswith(f"{name}/") and token not in prefix
+    assert coll.store_prefix(name, None) == name
+    store, address = coll.open_store("127.0.0.1:1")
+    with ThreadPoolExecutor(1) as pool:
+        replica = pool.submit(coll.new_group, "gloo", address, prefix, 1, 2, 60.0)
+        for tried in (name, coll.store_prefix(name, "another-jobs-token")):
+            t = time.monotonic()
+            with pytest.raises(Exception, match="(?i)timeout|timed out"):
+                coll.new_group("gloo", address, tried, 0, 2, timeout=3.0)
+            print(f"\nan outsider at {tried[:32]!r}...: no group after "
+                  f"{time.monotonic() - t:.1f}s")
+        assert not replica.done()  # the replica's rank still waits for its sender
+        sender, _ = coll.new_group("gloo", address, prefix, 0, 2, 60.0)
+        group, _ = replica.result(timeout=60)
+        sent = torch.arange(8, dtype=torch.float32)
+        got = torch.zeros(8)
+        done = pool.submit(coll.broadcast, group, got)
+        coll.broadcast(sender, sent)
+        done.result(timeout=60)
+        assert torch.equal(got, sent)
+    del store
+
+
 def test_a_collective_replica_joins_the_restarted_trainer():
     """The trainer dies and a new one (new epoch, no groups) serves the same address:
     the replica's broadcast request is refused, it joins the new sender's group

@@ -10,6 +10,12 @@ bucket) and then broadcasts the buckets, which the replica's ranks receive into
 buffers of their own device. gRPC stays the control plane (versions, epochs,
 reports) and the data path across clusters (`weightTransport: grpc`).
 
+Admission: the store asks no credential (torch.distributed's stores have none), so the
+ranks meet under a prefix only the job's processes can name: the group's name (public:
+logged, sent in `Join`) and an HMAC of it under the job's token (`store_prefix`). A
+caller without the token who reaches the store sees no key of the group and cannot
+take a rank in it.
+
 Memory: the sender packs a version into host buckets one tensor at a time and
 stages one bucket at a time on its device to broadcast it; a receiver holds one
 bucket on its device beyond what it keeps (`receive_stream`: a tensor-parallel
@@ -24,6 +30,8 @@ group per replica.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,6 +139,14 @@ def device_of(backend: str) -> torch.device:
     if backend == "hccl":
         return torch.device("npu", torch.npu.current_device())  # torch_npu registers it
     return torch.device("cpu")
+
+
+def store_prefix(name: str, token: str | None) -> str:
+    """Where the ranks of group `name` meet in its store: under the job's `token`, a
+    prefix nobody without the token can derive (pure; no token: `name` itself)."""
+    if not token:
+        return name
+    return f"{name}/{hmac.new(token.encode(), name.encode(), hashlib.sha256).hexdigest()}"
 
 
 def source_address(host: str) -> str:

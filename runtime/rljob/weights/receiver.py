@@ -13,6 +13,7 @@ from collections.abc import Callable
 import grpc
 import torch
 
+from ..infra import auth
 from . import collective as coll
 from .client import WeightClient
 
@@ -93,15 +94,16 @@ class WeightReceiver:
         if self._store is None:
             self._store, self._store_address = coll.open_store(self.client.address)
         name = f"{self.replica}.{secrets.token_hex(4)}"
+        prefix = coll.store_prefix(name, auth.token_from_env())  # the job's ranks only
         ranks = engine.weight_ranks or 1
         log.info("joining weight group %s: store at %s, %d ranks", name, self._store_address,
                  1 + ranks)
         self.client.join(self.replica, name, self._store_address, 1 + ranks, self.backend)
         if engine.weight_ranks:
-            engine.join_weight_group(self.backend, self._store_address, name, 1, 1 + ranks)
+            engine.join_weight_group(self.backend, self._store_address, prefix, 1, 1 + ranks)
         else:
             self._group, self._group_store = coll.new_group(
-                self.backend, self._store_address, name, 1, 1 + ranks)
+                self.backend, self._store_address, prefix, 1, 1 + ranks)
         self._group_name = name
         log.info("joined weight group %s (%s, %d ranks)", name, self.backend, 1 + ranks)
 

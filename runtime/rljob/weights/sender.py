@@ -57,8 +57,9 @@ class _Group:
     sending run in order on a thread of its own, so a slow or dead replica holds
     up nobody else; a failed collective drops the group (the replica joins anew)."""
 
-    def __init__(self, request: pb.JoinRequest, timeout: float):
+    def __init__(self, request: pb.JoinRequest, timeout: float, token: str | None):
         self.replica, self.name = request.replica, request.group
+        self.prefix = coll.store_prefix(self.name, token)  # only the job's ranks meet there
         self.backend, self.timeout = request.backend, timeout
         self.group = None
         self.failed = False
@@ -67,7 +68,7 @@ class _Group:
 
     def _connect(self, store: str, world: int) -> None:
         try:
-            self.group, self._store = coll.new_group(self.backend, store, self.name, 0, world,
+            self.group, self._store = coll.new_group(self.backend, store, self.prefix, 0, world,
                                                      self.timeout)
             log.info("weight group %s: joined (%s, %d ranks)", self.name, self.backend, world)
         except Exception as exc:  # noqa: BLE001 - the replica went away: it joins again
@@ -123,7 +124,8 @@ class WeightSender(pbg.WeightServiceServicer):
     """Serves the latest version; `publish` replaces it (readers of the old one finish)."""
 
     def __init__(self, listen: str, epoch: int | None = None, transport: str = "grpc",
-                 bucket_bytes: int = coll.BUCKET_BYTES, group_timeout: float = 600.0):
+                 bucket_bytes: int = coll.BUCKET_BYTES, group_timeout: float = 600.0,
+                 token: str | None = None):
         self.epoch = epoch or new_epoch()
         self.transport = transport
         self.bucket_bytes, self.group_timeout = bucket_bytes, group_timeout
@@ -132,9 +134,10 @@ class WeightSender(pbg.WeightServiceServicer):
         self._cond = threading.Condition()
         self._closing = False
         self._replicas: dict[str, tuple[int, float]] = {}
-        # only the job's callers (its token)
+        # only the job's callers (its token, else this process's), on gRPC and in the groups
+        self._token = auth.token_from_env(token)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS,
-                                   interceptors=auth.server_interceptors())
+                                   interceptors=auth.server_interceptors(self._token))
         _add_to_server(self, self._server)
         self.port = self._server.add_insecure_port(listen)
         if not self.port:
@@ -228,7 +231,7 @@ class WeightSender(pbg.WeightServiceServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "this trainer sends weights over gRPC (workflow.weightTransport "
                           f"{self.transport}): fetch them")
-        group = _Group(request, self.group_timeout)
+        group = _Group(request, self.group_timeout, self._token)
         with self._cond:
             old = self._groups.pop(request.replica, None)
             self._groups[request.replica] = group
