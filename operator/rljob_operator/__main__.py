@@ -45,6 +45,14 @@ def main(
         help="Start a job (neither queued by Kueue nor gang-scheduled) only when all its "
              "starting pods fit the nodes' free capacity together (reads nodes and pods "
              "cluster-wide)."),
+    network_policy: bool = typer.Option(
+        True, "--network-policy/--no-network-policy", envvar="RLJOB_OPERATOR_NETWORK_POLICY",
+        help="Give each job a NetworkPolicy: its pods admit only the job's own pods, this "
+             "operator (its namespace: $POD_NAMESPACE) and the monitoring namespaces."),
+    monitoring_namespace: list[str] = typer.Option(
+        [], "--monitoring-namespace", envvar="RLJOB_OPERATOR_MONITORING_NAMESPACES",
+        metavar="NAMESPACE", help="A namespace whose pods may scrape the jobs' metrics "
+                                  "ports (repeat)."),
     log_level: str = typer.Option("INFO", envvar="RLJOB_OPERATOR_LOG_LEVEL"),
     log_format: str = typer.Option("json", envvar="RLJOB_OPERATOR_LOG_FORMAT",
                                    help="json (structured) or plain."),
@@ -53,7 +61,11 @@ def main(
                                  help="Print the version and exit."),
 ) -> None:
     """Reconcile RLJobs into TransferQueue, rollout and trainer pods."""
+    import os
+
     import kopf
+
+    from rljob.api.builders import NetworkAccess
 
     from .kube import NoCluster, ensure_peering, load_config
 
@@ -66,7 +78,9 @@ def main(
         typer.echo(f"rljob-operator: {exc}", err=True)
         raise typer.Exit(2) from None
     _configure_logging(log_level, log_format, source, created)
-    registry = _registry(interval, workers, metrics_port, capacity_check)
+    network = NetworkAccess(network_policy, os.environ.get("POD_NAMESPACE") or None,
+                            tuple(monitoring_namespace))
+    registry = _registry(interval, workers, metrics_port, capacity_check, network)
     kopf.run(
         registry=registry,
         clusterwide=not namespace,
@@ -91,7 +105,8 @@ def _configure_logging(level: str, fmt: str, source: str, created: list[str]) ->
         log.info("created peering object(s): %s", ", ".join(created))
 
 
-def _registry(interval: float, workers: int, metrics_port: int, capacity_check: bool = True):
+def _registry(interval: float, workers: int, metrics_port: int, capacity_check: bool = True,
+              network=None):
     """The operator's handlers, its settings at start-up and its cluster login."""
     import kopf
     from prometheus_client import start_http_server
@@ -100,7 +115,9 @@ def _registry(interval: float, workers: int, metrics_port: int, capacity_check: 
     from .kube import connection_info
 
     registry = kopf.OperatorRegistry()
-    register(registry, Operator(capacity_check=capacity_check), interval)
+    operator = Operator(capacity_check=capacity_check) if network is None else \
+        Operator(capacity_check=capacity_check, network=network)
+    register(registry, operator, interval)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_):

@@ -69,9 +69,11 @@ class JobState:
 
 class Operator:
     def __init__(self, kube: Kube | None = None, stats: StatsClient | None = None,
-                 capacity_check: bool = True):
+                 capacity_check: bool = True,
+                 network: builders.NetworkAccess = builders.NetworkAccess(operator_namespace=None)):
         self._kube = kube
         self.capacity_check = capacity_check  # capacity.py: a start waits for room
+        self.network = network  # each job's NetworkPolicy (builders/network.py)
         self.stats = stats or StatsClient()
         self._jobs: dict[tuple[str, str], JobState] = {}
         self._jobs_lock = threading.Lock()
@@ -354,7 +356,7 @@ class Operator:
             return
         ns, name = job.metadata.namespace, job.metadata.name
         self._job_token(job, state, read=True)
-        for obj in builders.build_services(job):
+        for obj in builders.build_services(job, self.network):
             try:
                 self.kube.apply(obj)
             except Exception as exc:  # e.g. Volcano's PodGroup CRD is not installed

@@ -44,7 +44,8 @@ def test_quickstart_children_are_named_labelled_and_owned():
         ("Secret", "quickstart-tq-auth"), ("ConfigMap", "quickstart-spec"),
         ("Service", "quickstart-redis"), ("StatefulSet", "quickstart-redis"),
         ("Service", "quickstart-tq"), ("Deployment", "quickstart-tq"),
-        ("Service", "quickstart-trainer"), ("Pod", "quickstart-trainer-0"),
+        ("Service", "quickstart-trainer"), ("NetworkPolicy", "quickstart-ingress"),
+        ("Pod", "quickstart-trainer-0"),
         *[("Pod", f"quickstart-rollout-{i}") for i in range(job.spec.rollout.replicas)],
     ]
     for o in objs:
@@ -58,6 +59,39 @@ def test_quickstart_children_are_named_labelled_and_owned():
         assert meta["labels"]["app.kubernetes.io/component"] == meta["labels"]["rljob.dev/role"]
     # deterministic: the same job gives the same objects
     assert b.build_all(job, "pw") == objs
+
+
+def test_the_network_policy_admits_the_job_its_operator_and_monitoring_only():
+    """NAME-ingress selects every pod of the job; it admits the job's own pods on any
+    port, the operator's pods (in its namespace) on the controller's port and the
+    monitoring namespaces on the metrics ports: nothing else; egress stays open."""
+    job = load("quickstart.yaml")
+    access = b.NetworkAccess(True, "ops", ("mon-a", "mon-b"))
+    objs = b.build_all(job, "pw", access=access)
+    policy = by_kind_name(objs)[("NetworkPolicy", "quickstart-ingress")]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"rljob.dev/name": "quickstart"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    own, operator, monitoring = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"rljob.dev/name": "quickstart"}}}]}
+    assert operator == {"from": [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rljob-operator"}}}],
+        "ports": [{"protocol": "TCP", "port": b.TQ_PORT}]}
+    assert monitoring["from"] == [{"namespaceSelector": {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["mon-a", "mon-b"]}]}}]
+    assert [p["port"] for p in monitoring["ports"]] == [b.METRICS_PORT, b.DRIVER_METRICS_PORT]
+    # every pod of the job is selected: each carries the job's label
+    pods = [o for o in objs if o["kind"] in ("Pod", "Deployment", "StatefulSet")]
+    for o in pods:
+        template = o if o["kind"] == "Pod" else o["spec"]["template"]
+        assert template["metadata"]["labels"]["rljob.dev/name"] == "quickstart"
+    # an operator outside the cluster, no monitoring: the job's own pods alone
+    alone = b.build_network_policy(job, b.NetworkAccess(True, None, ()))
+    assert alone["spec"]["ingress"] == [own]
+    # off: no policy (a cluster whose plugin enforces none, or a platform's own)
+    off = b.build_all(job, "pw", access=b.NetworkAccess(enabled=False))
+    assert "NetworkPolicy" not in {o["kind"] for o in off}
 
 
 def test_every_process_of_the_job_has_its_token_from_its_secret():

@@ -60,6 +60,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [get, list, watch, create, patch, delete]
+# each job's NetworkPolicy (networkPolicy.enabled)
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, create, patch, delete]

@@ -98,9 +98,18 @@ def render(
         "Secret, as the operator makes them. Without it the Secret holds the fixed "
         f"placeholder {RENDER_PASSWORD!r} for both, so two renders of one file are the "
         "same text."),
+    network_policy: bool = typer.Option(
+        True, "--network-policy/--no-network-policy",
+        help="The job's NetworkPolicy, as an operator with networkPolicy.enabled makes it."),
+    operator_namespace: str = typer.Option(
+        "rljob-system", metavar="NAMESPACE",
+        help="The operator's namespace, whose operator pods the policy admits."),
+    monitoring_namespace: list[str] = typer.Option(
+        ["monitoring"], "--monitoring-namespace", metavar="NAMESPACE",
+        help="A namespace the policy admits to the metrics ports (repeat)."),
 ) -> None:
     """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
-    from ..api.builders import build_all, new_password, to_yaml
+    from ..api.builders import NetworkAccess, build_all, new_password, to_yaml
     from ..infra.auth import new_token
 
     job = load_job(file)
@@ -112,7 +121,8 @@ def render(
         raise typer.Exit(1)
     password = new_password() if fresh_secret else RENDER_PASSWORD
     token = new_token() if fresh_secret else RENDER_PASSWORD
-    typer.echo(to_yaml(build_all(job, password, token=token)), nl=False)
+    access = NetworkAccess(network_policy, operator_namespace or None, tuple(monitoring_namespace))
+    typer.echo(to_yaml(build_all(job, password, token=token, access=access)), nl=False)
 
 
 @app.command()

@@ -15,6 +15,7 @@ Children of RLJob NAME (deterministic names, all owned by the RLJob):
     NAME-tq             Deployment   TransferQueue controller + workflow driver
     NAME-trainer        Service      headless: the gang's DNS (MASTER_ADDR, weights)
     NAME-trainer        PodGroup     Volcano gang (scheduling.schedulerName: volcano)
+    NAME-ingress        NetworkPolicy  who may connect to the job's pods
     NAME-trainer-R      Pod          trainer rank R (one pod per node)
     NAME-rollout-I      Pod          rollout replica I (added/removed one at a time)
 
@@ -24,7 +25,8 @@ resumes from one checkpoint) and picks which rollout replica to remove.
 
 One module per part: common.py (names, labels, addresses, pod pieces),
 transferqueue.py (Secret, ConfigMap, Redis units, controller and driver),
-workers.py (trainer gang, rollout replicas), job.py (the sets, YAML).
+workers.py (trainer gang, rollout replicas), network.py (the NetworkPolicy),
+job.py (the sets, YAML).
 """
 
 from rljob.contract import (  # the contract's names, read here as builders.X too
@@ -75,6 +77,7 @@ from .common import (
     weights_address,
 )
 from .job import build_all, build_services, to_yaml, with_runtime_image
+from .network import NetworkAccess, build_network_policy, network_policy_name
 from .transferqueue import (
     build_config_map,
     build_redis_service,
@@ -108,6 +111,7 @@ __all__ = [
     "LABEL_ROLE",
     "MANAGED_BY",
     "MASTER_PORT",
+    "NetworkAccess",
     "METRICS_PORT",
     "PASSWORD_ENV",
     "PASSWORD_KEY",
@@ -121,6 +125,7 @@ __all__ = [
     "WEIGHTS_PORT",
     "build_all",
     "build_config_map",
+    "build_network_policy",
     "build_pod_group",
     "build_preflight_container",
     "build_redis_service",
@@ -137,6 +142,7 @@ __all__ = [
     "listen_address",
     "local_address",
     "master_host",
+    "network_policy_name",
     "new_password",
     "redis_acl_args",
     "redis_name",

@@ -8,6 +8,7 @@ import yaml
 from rljob.api import RLJob
 
 from .common import volcano
+from .network import NetworkAccess, build_network_policy
 from .transferqueue import (
     build_config_map,
     build_redis_service,
@@ -19,9 +20,10 @@ from .transferqueue import (
 from .workers import build_pod_group, build_rollout_pod, build_trainer_pod, build_trainer_service
 
 
-def build_services(job: RLJob) -> list[dict]:
+def build_services(job: RLJob, access: NetworkAccess = NetworkAccess()) -> list[dict]:
     """The long-lived children applied on every reconcile (not the Secret:
-    its password is generated once; not pods: they are created one by one)."""
+    its password is generated once; not pods: they are created one by one), with the
+    job's NetworkPolicy where `access` asks for one."""
     objs = [
         build_config_map(job),
         build_redis_service(job),
@@ -30,6 +32,8 @@ def build_services(job: RLJob) -> list[dict]:
         build_tq_deployment(job),
         build_trainer_service(job),
     ]
+    if access.enabled:
+        objs.append(build_network_policy(job, access))
     if volcano(job):
         objs.append(build_pod_group(job))
     return objs
@@ -58,12 +62,12 @@ def with_runtime_image(job: RLJob, image: str | None) -> RLJob:
 
 
 def build_all(job: RLJob, password: str, trainer_restarts: int = 0,
-              token: str | None = None) -> list[dict]:
+              token: str | None = None, access: NetworkAccess = NetworkAccess()) -> list[dict]:
     """Every object of a freshly created job, in creation order (its Secret with
     `password` and `token`, the password again where no token is given)."""
     return [
         build_secret(job, password, password if token is None else token),
-        *build_services(job),
+        *build_services(job, access),
         *[build_trainer_pod(job, r, trainer_restarts) for r in range(job.spec.trainer.num_nodes)],
         *[build_rollout_pod(job, i) for i in range(job.spec.rollout.replicas)],
     ]
