@@ -105,8 +105,8 @@ def _configure_logging(level: str, fmt: str, source: str, created: list[str]) ->
         log.info("created peering object(s): %s", ", ".join(created))
 
 
-def _registry(interval: float, workers: int, metrics_port: int, capacity_check: bool = True,
-              network=None):
+def _registry(interval: float, workers: int, metrics_port: int, capacity_check: bool,
+              network):
     """The operator's handlers, its settings at start-up and its cluster login."""
     import kopf
     from prometheus_client import start_http_server
@@ -115,9 +115,7 @@ def _registry(interval: float, workers: int, metrics_port: int, capacity_check: 
     from .kube import connection_info
 
     registry = kopf.OperatorRegistry()
-    operator = Operator(capacity_check=capacity_check) if network is None else \
-        Operator(capacity_check=capacity_check, network=network)
-    register(registry, operator, interval)
+    register(registry, Operator(capacity_check=capacity_check, network=network), interval)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_):

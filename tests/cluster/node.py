@@ -51,10 +51,11 @@ from pathlib import Path
 from tests.cluster.controlplane import ControlPlane, free_port, log_tail
 from images import oci
 
-APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack")
+APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack",
+                "nftables")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 HOST_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "iptables",
-                 "iptables-save", "iptables-restore", "conntrack", "umount", "ip")
+                 "iptables-save", "iptables-restore", "conntrack", "umount", "ip", "nft")
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-proxy", "coredns", "pause", "probe")
 POD_CIDR = "10.244.0.0/24"
 BRIDGE = "cni0"
@@ -540,6 +541,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         "pause": ("/pause", {"entrypoint": ["/pause"]}),
         "probe": ("/probe", {"entrypoint": ["/probe"]}),
         "coredns": ("/coredns", {"entrypoint": ["/coredns"]}),
+        # the NetworkPolicy enforcer (tests/cluster/netpol.py)
+        "kube-network-policies": ("/kube-network-policies",
+                                  {"entrypoint": ["/kube-network-policies"]}),
         # Kueue's manager, as its release image runs it (/manager, a non-root user)
         "kueue": ("/manager", {"entrypoint": ["/manager"], "user": "65532:65532"}),
     }
@@ -795,6 +799,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             except OSError:
                 pass
 
+        # the NetworkPolicy enforcer's table, if it could not remove it (netpol.py)
+        from tests.cluster.netpol import remove_table
+
+        remove_table()
         # network: veths on the bridge (if any pod netns survived) and the bridge
         if BRIDGE not in before.links and BRIDGE in links():
             brif = Path("/sys/class/net") / BRIDGE / "brif"

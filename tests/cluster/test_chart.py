@@ -70,7 +70,8 @@ def test_cluster_scope_default_and_peering_replicas(cluster):
     docs = render(cluster)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole"] * 4 + ["ClusterRoleBinding", "ClusterRoleBinding",
-                                            "Deployment", "Service", "ServiceAccount"]
+                                            "Deployment", "NetworkPolicy", "Service",
+                                            "ServiceAccount"]
     dep = next(d for d in docs if d["kind"] == "Deployment")
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -90,6 +91,37 @@ def test_cluster_scope_default_and_peering_replicas(cluster):
     bad = helm(cluster, "template", "rel", str(CHART), "--kube-version", "v1.34.4",
                "--set", "replicaCount=2", check=False)
     assert bad.returncode != 0 and "peering.enabled" in bad.stderr
+
+
+def test_network_policies_for_the_jobs_and_the_operator_follow_the_values(cluster):
+    """networkPolicy: the operator's pod admits only the monitoring namespaces on its
+    metrics port; the operator is told to give each job its policy (and may), with
+    its namespace and the monitoring namespaces; off, neither."""
+    docs = render(cluster, "--set", "networkPolicy.monitoringNamespaces={obs,prom}")
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "rljob-operator", "app.kubernetes.io/instance": "rel"}
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+    assert rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "obs", "prom"]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value", e.get("valueFrom"))
+           for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_OPERATOR_NETWORK_POLICY"] == "true"
+    assert env["RLJOB_OPERATOR_MONITORING_NAMESPACES"] == "obs prom"
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    role = next(d for d in docs if d["kind"] == "ClusterRole"
+                and d["metadata"]["name"] == "rel-rljob-operator")
+    assert any(r["resources"] == ["networkpolicies"] and {"create", "patch"} <= set(r["verbs"])
+               for r in role["rules"])
+    off = render(cluster, "--set", "networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in {d["kind"] for d in off}
+    dep = next(d for d in off if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_OPERATOR_NETWORK_POLICY"] == "false"
+    none = render(cluster, "--set", "networkPolicy.monitoringNamespaces=null")
+    assert next(d for d in none if d["kind"] == "NetworkPolicy")["spec"]["ingress"] == []
 
 
 def test_users_roles_aggregate_into_edit_and_view_and_runtime_image_reaches_the_operator(cluster):

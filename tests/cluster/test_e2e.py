@@ -800,6 +800,136 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     assert len(pods.get("transferqueue", [])) == 1 and len(pods.get("storage", [])) == 1, pods
 
 
+# what a stranger tries on a running job: (name, role of the pod, port, kind); kind is
+# a gRPC method (called with no token), "redis" or "http" (tests/cluster/outsider.py)
+ENDPOINTS = (
+    ("transferqueue", "transferqueue", 50051,
+     "/rljob.transferqueue.v1.TransferQueueController/Stats"),
+    ("transferqueue-metrics", "transferqueue", 9090, "http"),
+    ("driver-metrics", "transferqueue", 9091, "http"),
+    ("redis", "storage", 6379, "redis"),
+    ("weights", "trainer", 50052, "/rljob.weights.v1.WeightService/Latest"),
+    ("trainer-metrics", "trainer", 9090, "http"),
+    ("rollout-metrics", "rollout", 9090, "http"),
+)
+
+
+def _endpoints(plane, ns: str, job: str) -> tuple[list[dict], str]:
+    """ENDPOINTS at the job's pods' addresses, and the image its pods run."""
+    pods = {}
+    for p in _pods(plane, ns, f"rljob.dev/name={job}"):
+        if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp"):
+            pods.setdefault(p["metadata"]["labels"]["rljob.dev/role"], p)
+    image = pods["transferqueue"]["spec"]["containers"][0]["image"]
+    return [{"name": n, "host": pods[role]["status"]["podIP"], "port": port, "kind": kind}
+            for n, role, port, kind in ENDPOINTS], image
+
+
+def _outsiders(plane, who: list[tuple[str, str]], image: str, targets: list[dict],
+               on_poll) -> dict[str, dict[str, str]]:
+    """Each target's outcome as each pod (namespace, name) without the job's labels
+    sees it; they try at once, and `on_poll()` runs every second meanwhile."""
+    script = (Path(__file__).parent / "outsider.py").read_text()
+    for ns, name in who:
+        _apply(plane, ns, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": "stranger"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "enableServiceLinks": False,
+                     "containers": [{"name": "try", "image": image, "imagePullPolicy": "Never",
+                                     "command": ["python", "-c", script, json.dumps(targets)]}]}})
+    deadline = time.monotonic() + 240
+    seen: dict[str, dict[str, str]] = {}
+    while len(seen) < len(who):
+        assert time.monotonic() < deadline, f"strangers not done: {seen}"
+        on_poll()
+        time.sleep(1)
+        for ns, name in who:
+            phase = plane.get(f"/api/v1/namespaces/{ns}/pods/{name}").get(
+                "status", {}).get("phase")
+            if name in seen or phase not in ("Succeeded", "Failed"):
+                continue
+            out = plane.kubectl("logs", "-n", ns, name, check=False).stdout
+            plane.kubectl("delete", "pod", "-n", ns, name, "--wait=false", check=False)
+            assert phase == "Succeeded", out[-3000:]
+            seen[name] = json.loads(out.strip().splitlines()[-1])
+    return seen
+
+
+@pytest.mark.timeout(1800)
+def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_policy(
+        operator_release, namespace, node_cluster):
+    """The cluster quickstart runs; pods that are not the job's (one in another
+    namespace, one in the job's own without its labels) try every endpoint of it.
+    Without an enforcer (as with the policy deleted) each gRPC server answers
+    UNAUTHENTICATED and Redis NOAUTH; the metrics ports answer (read-only, guarded by
+    the policy alone). Then SIG Network's kube-network-policies enforces the job's
+    NetworkPolicy on the node: every connection of theirs goes unanswered, while the
+    job's own pods keep training and the operator (admitted by the policy) keeps
+    reading its progress; the job trains each step's rows exactly once."""
+    from tests.cluster.netpol import Enforcer
+
+    plane = operator_release
+    ns, volume = namespace
+    host_dir = volume("quickstart-checkpoints")
+    plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
+    doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    steps = doc["spec"]["algorithm"]["maxSteps"] = 24
+    doc["spec"]["model"]["warmupSteps"] = 20
+    _apply(plane, ns, doc)
+    policy = json.loads(plane.kubectl("get", "networkpolicy", "-n", ns, f"{JOB}-ingress",
+                                      "-o", "json").stdout)
+    assert policy["metadata"]["ownerReferences"][0]["name"] == JOB
+    watch = Watch(plane, ns, JOB)
+
+    def poll() -> None:  # the steps the job shows, from the operator's reading of them
+        step = _rljob(plane, ns).get("status", {}).get("progress", {}).get("step", 0)
+        if step and (not watch.steps or watch.steps[-1][1] != step):
+            watch.steps.append((time.monotonic() - watch.t0, step, {}))
+
+    while watch.step() < 2:  # the job trains: every role is up
+        assert time.monotonic() - watch.t0 < 600, _debug(plane, ns)
+        poll()
+        time.sleep(1)
+    targets, image = _endpoints(plane, ns, JOB)
+    other = f"{ns[:50]}-stranger"
+    plane.kubectl("create", "namespace", other)
+    try:
+        who = [(other, "stranger-other-ns"), (ns, "stranger-same-ns")]
+        open_ = _outsiders(plane, who, image, targets, poll)
+        print(f"\nno policy enforced: {json.dumps(open_, indent=1)}")
+        for seen in open_.values():
+            assert seen["transferqueue"] == seen["weights"] == "grpc: UNAUTHENTICATED", seen
+            assert "NOAUTH" in seen["redis"] or "Authentication required" in seen["redis"], seen
+            assert all(seen[m] == "http: 200" for m in seen if m.endswith("metrics")), seen
+        enforcer = Enforcer(node_cluster).start()
+        try:
+            step_before = watch.step()
+            closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, poll)
+            print(f"policy enforced from step {step_before}: {json.dumps(closed, indent=1)}")
+            for seen in closed.values():
+                assert set(seen.values()) == {"timeout"}, seen
+            succeeded = watch.until_succeeded(900)
+            stats = _tq_stats(plane, ns, JOB)
+        finally:
+            enforcer.stop()
+    finally:
+        plane.kubectl("delete", "namespace", other, "--wait=false", check=False)
+    shown = [s for _, s, _ in watch.steps]
+    print(f"steps shown {shown}; succeeded {succeeded:.0f}s after apply")
+    # the operator (another namespace, admitted on the controller's port) read the
+    # steps trained while the policy was enforced
+    assert shown[-1] == steps and any(step_before < s < steps for s in shown), shown
+    n = doc["spec"]["algorithm"]["promptsPerStep"] * doc["spec"]["algorithm"]["groupSize"]
+    train = {t.name: t for t in stats.tasks}["train"]
+    assert train.acked == n * steps, (train, stats.rows)
+    from rljob.local import read_metrics
+
+    ms = read_metrics(host_dir / JOB)
+    assert [m["step"] for m in ms] == list(range(1, steps + 1))
+    assert all(m["samples"] == n and m["rows_claimed"] == n for m in ms)
+
+
 def _until_suspended(plane, ns: str, name: str, reason: str,
                      timeout: float) -> tuple[dict, dict[str, dict]]:
     """The job and its conditions by type, once its Suspended condition shows

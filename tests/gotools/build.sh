@@ -7,6 +7,7 @@
 #                  pause (pause/, the pod sandbox), probe (probe/, a test program)
 #   queue:         Kueue's manager (kueue/) and, as kueue-config, the manifests of
 #                  the same tag (its config/ folder: CRDs, RBAC, webhooks, manager)
+#   netpol:        kube-network-policies (netpol/), the node's NetworkPolicy enforcer
 # Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
 # where <key> names the pinned versions and hashes that group's go.mod/go.sum/
@@ -29,6 +30,7 @@ etcd_v="$(version_of go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")"
 helm_v="$(version_of helm.sh/helm/v3 "$here/helm/go.mod")"
 coredns_v="$(version_of github.com/coredns/coredns "$here/coredns/go.mod")"
 kueue_v="$(version_of sigs.k8s.io/kueue "$here/kueue/go.mod")"
+netpol_v="$(version_of sigs.k8s.io/kube-network-policies "$here/netpol/go.mod")"
 go_v="$(go env GOVERSION)"
 kube_files=("$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/tools.go)
 cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.sum \
@@ -37,18 +39,22 @@ node_digest="$(digest_of "${kube_files[@]}" "$here"/coredns/go.mod "$here"/cored
   "$here"/coredns/main.go "$here"/pause/go.mod "$here"/pause/main.go \
   "$here"/probe/go.mod "$here"/probe/main.go)"
 kueue_digest="$(digest_of "$here"/kueue/go.mod "$here"/kueue/go.sum "$here"/kueue/tools.go)"
+netpol_digest="$(digest_of "$here"/netpol/go.mod "$here"/netpol/go.sum "$here"/netpol/tools.go)"
 cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
 kueue_key="kueue-${kueue_v}_${go_v}_${kueue_digest}"
+netpol_key="netpol-${netpol_v}_${go_v}_${netpol_digest}"
 node_key="node-k8s-${kube_v}_coredns-${coredns_v}_${go_v}_${node_digest}"
 root="${RLJOB_GOTOOLS_CACHE:-$HOME/.cache/rljob/gotools}"
 cp_bin="$root/$cp_key/bin"
 node_bin="$root/$node_key/bin"
 kueue_bin="$root/$kueue_key/bin"
-all_bin="$root/bin-$(printf '%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
-  | sha256sum | cut -c1-12)"
+netpol_bin="$root/$netpol_key/bin"
+all_bin="$root/bin-$(printf '%s\n%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
+  "$netpol_key" | sha256sum | cut -c1-12)"
 cp_want=(kube-apiserver kube-controller-manager kubectl etcd helm)
 node_want=(kubelet kube-scheduler kube-proxy coredns pause probe)
 kueue_want=(kueue kueue-config)
+netpol_want=(kube-network-policies)
 
 have_all() { # dir, names... (the config folder counts as present when it holds the CRDs)
   local dir="$1"; shift
@@ -57,7 +63,8 @@ have_all() { # dir, names... (the config folder counts as present when it holds 
        || -f "$dir/$b/components/crd/bases/kueue.x-k8s.io_workloads.yaml" ]] || return 1
   done
 }
-if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}" "${kueue_want[@]}"; then
+if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}" "${kueue_want[@]}" \
+    "${netpol_want[@]}"; then
   echo "$all_bin"; exit 0
 fi
 
@@ -121,10 +128,21 @@ if ! have_all "$kueue_bin" "${kueue_want[@]}"; then
   echo "kueue built in $((SECONDS - t)) s: $kueue_bin" >&2
 fi
 
+if ! have_all "$netpol_bin" "${netpol_want[@]}"; then
+  rm -rf "$netpol_bin.partial"; mkdir -p "$netpol_bin.partial"
+  t=$SECONDS
+  echo "building kube-network-policies $netpol_v" >&2
+  (cd "$here/netpol" && go build -trimpath -ldflags "-s -w" \
+    -o "$netpol_bin.partial/kube-network-policies" sigs.k8s.io/kube-network-policies/cmd)
+  rm -rf "$netpol_bin"; mv "$netpol_bin.partial" "$netpol_bin"
+  echo "kube-network-policies built in $((SECONDS - t)) s: $netpol_bin" >&2
+fi
+
 rm -rf "$all_bin.partial"; mkdir -p "$all_bin.partial"
 for b in "${cp_want[@]}"; do ln -s "$cp_bin/$b" "$all_bin.partial/$b"; done
 for b in "${node_want[@]}"; do ln -s "$node_bin/$b" "$all_bin.partial/$b"; done
 for b in "${kueue_want[@]}"; do ln -s "$kueue_bin/$b" "$all_bin.partial/$b"; done
+for b in "${netpol_want[@]}"; do ln -s "$netpol_bin/$b" "$all_bin.partial/$b"; done
 rm -rf "$all_bin"; mv "$all_bin.partial" "$all_bin"
 echo "binaries ready in $((SECONDS - start)) s: $all_bin" >&2
 echo "$all_bin"
