@@ -1,5 +1,7 @@
 """A NetworkPolicy enforcer on the test node: SIG Network's kube-network-policies
-(tests/gotools/netpol, built by build.sh), run as its install manifest runs it (a
+(tests/gotools/netpol, built by build.sh with one patch: its queue verdict goes
+through the xtables NFQUEUE target, since the test machines' kernel is built without
+nft's queue expression; the policy logic is its own), run as its install manifest runs it (a
 privileged pod on the host network with a service account that reads pods,
 namespaces and NetworkPolicies). It puts an nftables table, `inet
 kube-network-policies`, in front of the pods: each new connection to or from a pod

@@ -874,12 +874,10 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     host_dir = volume("quickstart-checkpoints")
     plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
     doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
-    steps = doc["spec"]["algorithm"]["maxSteps"] = 24
+    # the example's 60 steps (about 2 s each here): the job runs through both rounds
+    steps = doc["spec"]["algorithm"]["maxSteps"]
     doc["spec"]["model"]["warmupSteps"] = 20
     _apply(plane, ns, doc)
-    policy = json.loads(plane.kubectl("get", "networkpolicy", "-n", ns, f"{JOB}-ingress",
-                                      "-o", "json").stdout)
-    assert policy["metadata"]["ownerReferences"][0]["name"] == JOB
     watch = Watch(plane, ns, JOB)
 
     def poll() -> None:  # the steps the job shows, from the operator's reading of them
@@ -891,6 +889,9 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
         assert time.monotonic() - watch.t0 < 600, _debug(plane, ns)
         poll()
         time.sleep(1)
+    policy = json.loads(plane.kubectl("get", "networkpolicy", "-n", ns, f"{JOB}-ingress",
+                                      "-o", "json").stdout)
+    assert policy["metadata"]["ownerReferences"][0]["name"] == JOB
     targets, image = _endpoints(plane, ns, JOB)
     other = f"{ns[:50]}-stranger"
     plane.kubectl("create", "namespace", other)
@@ -908,7 +909,8 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
             closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, poll)
             print(f"policy enforced from step {step_before}: {json.dumps(closed, indent=1)}")
             for seen in closed.values():
-                assert set(seen.values()) == {"timeout"}, seen
+                assert set(seen.values()) == {"timeout"}, \
+                    f"{seen}\n{targets}\n{_debug(plane, ns)}\nenforcer:\n{enforcer.logs()}"
             succeeded = watch.until_succeeded(900)
             stats = _tq_stats(plane, ns, JOB)
         finally:

@@ -7,7 +7,10 @@
 #                  pause (pause/, the pod sandbox), probe (probe/, a test program)
 #   queue:         Kueue's manager (kueue/) and, as kueue-config, the manifests of
 #                  the same tag (its config/ folder: CRDs, RBAC, webhooks, manager)
-#   netpol:        kube-network-policies (netpol/), the node's NetworkPolicy enforcer
+#   netpol:        kube-network-policies (netpol/), the node's NetworkPolicy enforcer,
+#                  with netpol/nfqueue-compat.patch applied: its queue verdict through
+#                  the xtables NFQUEUE target, for kernels built without nft's queue
+#                  expression (CONFIG_NFT_QUEUE), as the test machines' kernel is
 # Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
 # where <key> names the pinned versions and hashes that group's go.mod/go.sum/
@@ -39,7 +42,8 @@ node_digest="$(digest_of "${kube_files[@]}" "$here"/coredns/go.mod "$here"/cored
   "$here"/coredns/main.go "$here"/pause/go.mod "$here"/pause/main.go \
   "$here"/probe/go.mod "$here"/probe/main.go)"
 kueue_digest="$(digest_of "$here"/kueue/go.mod "$here"/kueue/go.sum "$here"/kueue/tools.go)"
-netpol_digest="$(digest_of "$here"/netpol/go.mod "$here"/netpol/go.sum "$here"/netpol/tools.go)"
+netpol_digest="$(digest_of "$here"/netpol/go.mod "$here"/netpol/go.sum "$here"/netpol/tools.go \
+  "$here"/netpol/nfqueue-compat.patch)"
 cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
 kueue_key="kueue-${kueue_v}_${go_v}_${kueue_digest}"
 netpol_key="netpol-${netpol_v}_${go_v}_${netpol_digest}"
@@ -131,9 +135,15 @@ fi
 if ! have_all "$netpol_bin" "${netpol_want[@]}"; then
   rm -rf "$netpol_bin.partial"; mkdir -p "$netpol_bin.partial"
   t=$SECONDS
-  echo "building kube-network-policies $netpol_v" >&2
-  (cd "$here/netpol" && go build -trimpath -ldflags "-s -w" \
-    -o "$netpol_bin.partial/kube-network-policies" sigs.k8s.io/kube-network-policies/cmd)
+  echo "building kube-network-policies $netpol_v (patched: netpol/nfqueue-compat.patch)" >&2
+  src="$(cd "$here/netpol" && go mod download sigs.k8s.io/kube-network-policies \
+    && go list -m -f '{{.Dir}}' sigs.k8s.io/kube-network-policies)"
+  cp -r "$src" "$netpol_bin.partial/src"; chmod -R u+w "$netpol_bin.partial/src"
+  # outside any git work tree: git apply then patches the folder it runs in
+  (cd "$netpol_bin.partial/src" && GIT_CEILING_DIRECTORIES="$netpol_bin.partial" \
+    git apply -p1 "$here/netpol/nfqueue-compat.patch" \
+    && go build -trimpath -ldflags "-s -w" -o "$netpol_bin.partial/kube-network-policies" ./cmd)
+  rm -rf "$netpol_bin.partial/src"
   rm -rf "$netpol_bin"; mv "$netpol_bin.partial" "$netpol_bin"
   echo "kube-network-policies built in $((SECONDS - t)) s: $netpol_bin" >&2
 fi
