@@ -814,6 +814,21 @@ ENDPOINTS = (
 )
 
 
+# run in one of the job's pods: new connections to the controller and to Redis, with
+# the credentials of the pod's environment
+INSIDER = """
+import os, sys
+import redis
+from rljob.infra import auth
+from rljob.transferqueue.proto import transferqueue_pb2 as pb, transferqueue_pb2_grpc as pbg
+with auth.channel(sys.argv[1] + ":50051") as channel:
+    pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
+print("served")
+print(redis.Redis(host=sys.argv[2], port=6379, username=os.environ["RLJOB_TQ_USER"],
+                  password=os.environ["RLJOB_TQ_PASSWORD"], socket_timeout=10).ping())
+"""
+
+
 def _endpoints(plane, ns: str, job: str) -> tuple[list[dict], str]:
     """ENDPOINTS at the job's pods' addresses, and the image its pods run."""
     pods = {}
@@ -866,7 +881,8 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     the policy alone). Then SIG Network's kube-network-policies enforces the job's
     NetworkPolicy on the node: every connection of theirs goes unanswered, while the
     job's own pods keep training and the operator (admitted by the policy) keeps
-    reading its progress; the job trains each step's rows exactly once."""
+    reading its progress, a new operator pod too, and the job's pods open new
+    connections to each other; the job trains each step's rows exactly once."""
     from tests.cluster.netpol import Enforcer
 
     plane = operator_release
@@ -874,8 +890,8 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     host_dir = volume("quickstart-checkpoints")
     plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
     doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
-    # the example's 60 steps (about 2 s each here): the job runs through both rounds
-    steps = doc["spec"]["algorithm"]["maxSteps"]
+    # long enough (about 1.5 s a step here) to run through both rounds of strangers
+    steps = doc["spec"]["algorithm"]["maxSteps"] = 120
     doc["spec"]["model"]["warmupSteps"] = 20
     _apply(plane, ns, doc)
     watch = Watch(plane, ns, JOB)
@@ -906,11 +922,26 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
         enforcer = Enforcer(node_cluster).start()
         try:
             step_before = watch.step()
+            # connections made under the policy: one of the job's pods opens new ones to
+            # the controller and to Redis, with the job's credentials: served
+            hosts = {t["name"]: t["host"] for t in targets}
+            insider = plane.kubectl(
+                "exec", "-n", ns, f"{JOB}-trainer-0", "-c", "trainer", "--", "python", "-c",
+                INSIDER, hosts["transferqueue"], hosts["redis"], check=False, timeout=60)
+            assert insider.stdout.split() == ["served", "True"], insider
+            # and the operator's pod replaced: the new one (another namespace) connects
+            # to the controller through the policy to read the job's progress
+            plane.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l",
+                          "app.kubernetes.io/name=rljob-operator", "--wait=false")
             closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, poll)
             print(f"policy enforced from step {step_before}: {json.dumps(closed, indent=1)}")
             for seen in closed.values():
                 assert set(seen.values()) == {"timeout"}, \
                     f"{seen}\n{targets}\n{_debug(plane, ns)}\nenforcer:\n{enforcer.logs()}"
+            out = plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
+                                "--timeout=120s", timeout=150, check=False)
+            assert out.returncode == 0, out.stderr
+            t_replaced = time.monotonic() - watch.t0  # only the new operator from here on
             succeeded = watch.until_succeeded(900)
             stats = _tq_stats(plane, ns, JOB)
         finally:
@@ -918,10 +949,12 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     finally:
         plane.kubectl("delete", "namespace", other, "--wait=false", check=False)
     shown = [s for _, s, _ in watch.steps]
-    print(f"steps shown {shown}; succeeded {succeeded:.0f}s after apply")
-    # the operator (another namespace, admitted on the controller's port) read the
-    # steps trained while the policy was enforced
-    assert shown[-1] == steps and any(step_before < s < steps for s in shown), shown
+    after = [s for t, s, _ in watch.steps if t > t_replaced]
+    print(f"steps shown {shown}, {after} after the operator's pod was replaced; "
+          f"succeeded {succeeded:.0f}s after apply")
+    # the new operator (another namespace, admitted on the controller's port) read the
+    # steps the job trained while the policy held
+    assert shown[-1] == steps and len(after) >= 2, shown
     n = doc["spec"]["algorithm"]["promptsPerStep"] * doc["spec"]["algorithm"]["groupSize"]
     train = {t.name: t for t in stats.tasks}["train"]
     assert train.acked == n * steps, (train, stats.rows)
