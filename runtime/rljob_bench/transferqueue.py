@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
-from rljob.contract import PASSWORD_ENV, TOKEN_ENV
+from rljob.contract import PASSWORD_ENV, REDIS_USER_ENV, TOKEN_ENV
 from rljob.infra.netutil import free_port
 
 ROWS_PER_BATCH = 64
@@ -90,7 +90,8 @@ def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) ->
     """
     from rljob.transferqueue.storage.redis_unit import RedisUnit
 
-    unit = RedisUnit(redis_url, job="raw", password=password)
+    unit = RedisUnit(redis_url, job="raw", password=password,
+                     username=os.environ.get(REDIS_USER_ENV) or None)
     views = [memoryview(np.random.bytes(row_bytes)) for _ in range(ROWS_PER_BATCH)]
     keys = [[f"raw:{b}:{i}".encode() for i in range(ROWS_PER_BATCH)] for b in range(batches)]
 
@@ -129,7 +130,9 @@ def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | Non
 
     u = urlparse(redis_url)
     n = max(2000, min(100_000, (256 << 20) // row_bytes))
+    user = os.environ.get(REDIS_USER_ENV)
     out = subprocess.run([exe, "-h", u.hostname or "127.0.0.1", "-p", str(u.port or 6379),
+                          *(["--user", user] if user else []),
                           "-a", password, "-t", "set,get", "-d", str(row_bytes), "-P", "16",
                           "-c", "8", "-n", str(n), "--csv", "-q"],
                          capture_output=True, text=True, timeout=300)
@@ -262,6 +265,10 @@ def run(redis_url: str | None = None, quick: bool = False) -> dict:
     password = os.environ.get(PASSWORD_ENV) or "rljob-bench"
     scale = 4 if quick else 1
     with ExitStack() as stack:
+        if redis_url is None:  # a Redis of our own, its default user: no ACL user of the env
+            user = os.environ.pop(REDIS_USER_ENV, None)
+            if user is not None:
+                stack.callback(os.environ.__setitem__, REDIS_USER_ENV, user)
         url = redis_url or _start_redis(stack, password)
         address = _start_controller(stack, url, password)
         results: dict = {"rows_per_batch": ROWS_PER_BATCH, "put_get": {}, "raw": {},
