@@ -24,7 +24,9 @@ log = logging.getLogger("rljob_operator.kube")
 # owner), and the new pod, still starting, is killed only after its grace period.
 CHILD_KINDS = (("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("v1", "Pod"),
                ("v1", "Service"), ("v1", "ConfigMap"), ("v1", "Secret"),
-               ("scheduling.volcano.sh/v1beta1", "PodGroup"))
+               ("scheduling.volcano.sh/v1beta1", "PodGroup"),
+               # last: the job's pods stay behind it while they go
+               ("networking.k8s.io/v1", "NetworkPolicy"))
 WORKLOAD_OWNERS = {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
 
 

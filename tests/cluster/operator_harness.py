@@ -180,7 +180,8 @@ def get_json(cluster: ControlPlane, *args: str) -> dict:
 
 def children(cluster: ControlPlane, ns: str, job: str) -> set[tuple[str, str]]:
     """(kind, name) of every object labelled as this job's child."""
-    kinds = "pods,services,statefulsets.apps,deployments.apps,configmaps,secrets"
+    kinds = ("pods,services,statefulsets.apps,deployments.apps,configmaps,secrets,"
+             "networkpolicies.networking.k8s.io")
     items = get_json(cluster, "-n", ns, "get", kinds, "-l", f"rljob.dev/name={job}")["items"]
     # pods of the Deployment/StatefulSet belong to those, not to the job directly
     return {(i["kind"], i["metadata"]["name"]) for i in items

@@ -77,7 +77,8 @@ def _condition(job: dict, kind: str) -> str:
 
 
 def _children(plane, ns: str, job: str = JOB) -> list[str]:
-    out = plane.kubectl("get", "pods,services,statefulsets,deployments,configmaps,secrets",
+    out = plane.kubectl("get", "pods,services,statefulsets,deployments,configmaps,secrets,"
+                        "networkpolicies",
                         "-n", ns, "-l", f"rljob.dev/name={job}", "-o", "name", check=False)
     return out.stdout.split()
 

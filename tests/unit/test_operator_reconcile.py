@@ -529,6 +529,7 @@ def test_the_clean_up_leaves_a_workloads_pods_to_go_with_it():
     kinds = [k for _, k in CHILD_KINDS]
     assert kinds.index("Deployment") < kinds.index("Pod")
     assert kinds.index("StatefulSet") < kinds.index("Pod")
+    assert kinds[-1] == "NetworkPolicy"  # the pods stay behind it while they go
 
     def pod(*refs):
         return {"metadata": {"name": "p", "ownerReferences": list(refs)}}
