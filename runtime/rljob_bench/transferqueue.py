@@ -89,9 +89,9 @@ def raw_pipeline(redis_url: str, password: str, row_bytes: int, batches: int) ->
     a best case no pipeline with queued data reaches (reported for context).
     """
     from rljob.transferqueue.storage.redis_unit import RedisUnit
+    from rljob.transferqueue.units import redis_user
 
-    unit = RedisUnit(redis_url, job="raw", password=password,
-                     username=os.environ.get(REDIS_USER_ENV) or None)
+    unit = RedisUnit(redis_url, job="raw", password=password, username=redis_user())
     views = [memoryview(np.random.bytes(row_bytes)) for _ in range(ROWS_PER_BATCH)]
     keys = [[f"raw:{b}:{i}".encode() for i in range(ROWS_PER_BATCH)] for b in range(batches)]
 
@@ -130,7 +130,9 @@ def redis_benchmark(redis_url: str, password: str, row_bytes: int) -> dict | Non
 
     u = urlparse(redis_url)
     n = max(2000, min(100_000, (256 << 20) // row_bytes))
-    user = os.environ.get(REDIS_USER_ENV)
+    from rljob.transferqueue.units import redis_user
+
+    user = redis_user()
     out = subprocess.run([exe, "-h", u.hostname or "127.0.0.1", "-p", str(u.port or 6379),
                           *(["--user", user] if user else []),
                           "-a", password, "-t", "set,get", "-d", str(row_bytes), "-P", "16",

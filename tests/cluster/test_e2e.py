@@ -171,13 +171,7 @@ class Watch:
             if self.steps and time.monotonic() - self.t0 - self.steps[-1][0] > stall:
                 pytest.fail(f"no new step for {stall:.0f} s after step {self.step()}\n"
                             f"{_debug(self.plane, self.ns)}")
-            job = _rljob(self.plane, self.ns, self.job)
-            progress = job.get("status", {}).get("progress", {})
-            if self.ready_at is None and _condition(job, "Ready") == "True":
-                self.ready_at = time.monotonic() - self.t0
-            step = progress.get("step", 0)
-            if step and (not self.steps or self.steps[-1][1] != step):
-                self.steps.append((time.monotonic() - self.t0, step, progress))
+            job = self.poll()
             if _condition(job, "Succeeded") == "True":
                 return time.monotonic() - self.t0
             if _condition(job, "Failed") == "True":
@@ -187,6 +181,17 @@ class Watch:
             time.sleep(1)
         pytest.fail(f"no success in {timeout:.0f} s: {[s[:2] for s in self.steps[-3:]]}\n"
                     f"{_debug(self.plane, self.ns)}")
+
+    def poll(self) -> dict:
+        """The job now, its Ready time and a step it shows for the first time noted."""
+        job = _rljob(self.plane, self.ns, self.job)
+        progress = job.get("status", {}).get("progress", {})
+        if self.ready_at is None and _condition(job, "Ready") == "True":
+            self.ready_at = time.monotonic() - self.t0
+        step = progress.get("step", 0)
+        if step and (not self.steps or self.steps[-1][1] != step):
+            self.steps.append((time.monotonic() - self.t0, step, progress))
+        return job
 
     def step(self) -> int:
         return self.steps[-1][1] if self.steps else 0
@@ -896,15 +901,9 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     doc["spec"]["model"]["warmupSteps"] = 20
     _apply(plane, ns, doc)
     watch = Watch(plane, ns, JOB)
-
-    def poll() -> None:  # the steps the job shows, from the operator's reading of them
-        step = _rljob(plane, ns).get("status", {}).get("progress", {}).get("step", 0)
-        if step and (not watch.steps or watch.steps[-1][1] != step):
-            watch.steps.append((time.monotonic() - watch.t0, step, {}))
-
     while watch.step() < 2:  # the job trains: every role is up
         assert time.monotonic() - watch.t0 < 600, _debug(plane, ns)
-        poll()
+        watch.poll()
         time.sleep(1)
     policy = json.loads(plane.kubectl("get", "networkpolicy", "-n", ns, f"{JOB}-ingress",
                                       "-o", "json").stdout)
@@ -914,7 +913,7 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     plane.kubectl("create", "namespace", other)
     try:
         who = [(other, "stranger-other-ns"), (ns, "stranger-same-ns")]
-        open_ = _outsiders(plane, who, image, targets, poll)
+        open_ = _outsiders(plane, who, image, targets, watch.poll)
         print(f"\nno policy enforced: {json.dumps(open_, indent=1)}")
         for seen in open_.values():
             assert seen["transferqueue"] == seen["weights"] == "grpc: UNAUTHENTICATED", seen
@@ -934,7 +933,7 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
             # to the controller through the policy to read the job's progress
             plane.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l",
                           "app.kubernetes.io/name=rljob-operator", "--wait=false")
-            closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, poll)
+            closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, watch.poll)
             print(f"policy enforced from step {step_before}: {json.dumps(closed, indent=1)}")
             for seen in closed.values():
                 assert set(seen.values()) == {"timeout"}, \

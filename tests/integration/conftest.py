@@ -23,6 +23,7 @@ PASSWORD = "tq-test-password"
 UNIT_ENV = {"RLJOB_TQ_PASSWORD": PASSWORD, "RLJOB_TQ_USER": REDIS_USER}
 # the tests' own user, to look at what the job's user did (the job's user may not)
 ADMIN, ADMIN_PASSWORD = "test-admin", "tq-test-admin"
+ADMIN_ARGS = ["--user", ADMIN, "on", f">{ADMIN_PASSWORD}", "~*", "&*", "+@all"]
 
 
 def redis_argv(port: int, workdir: Path, appendonly: bool = False) -> list[str]:
@@ -35,8 +36,7 @@ def redis_argv(port: int, workdir: Path, appendonly: bool = False) -> list[str]:
     aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if appendonly else \
         ["--appendonly", "no"]
     return [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *aof,
-            *redis_acl_args(PASSWORD), "--user", ADMIN, "on", f">{ADMIN_PASSWORD}", "~*",
-            "&*", "+@all", "--dir", str(workdir)]
+            *redis_acl_args(PASSWORD), *ADMIN_ARGS, "--dir", str(workdir)]
 
 
 def admin_client(port: int) -> redis.Redis:

@@ -14,7 +14,7 @@ from rljob.api import builders as b
 from rljob.contract import REDIS_USER
 from rljob.transferqueue import TaskSpec, TransferQueueClient
 from tests.cluster.controlplane import free_port
-from tests.integration.conftest import ADMIN, ADMIN_PASSWORD, PASSWORD, TQServer, admin_client
+from tests.integration.conftest import ADMIN_ARGS, PASSWORD, TQServer, admin_client
 from tests.integration.test_transferqueue import DRIVER, ROLLOUT, prompts, respond
 from tests.unit.test_operator_builders import load
 
@@ -29,9 +29,8 @@ class RenderedUnit:
         args[args.index("--port") + 1] = str(self.port)
         args[args.index("--dir") + 1] = str(workdir)
         # and the tests' admin, to read Redis's log of refused commands
-        admin = ["--user", ADMIN, "on", f">{ADMIN_PASSWORD}", "~*", "&*", "+@all"]
         self.proc = subprocess.Popen([*container["command"], *args, "--bind", "127.0.0.1",
-                                      *admin],
+                                      *ADMIN_ARGS],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 import redis
 
-from ..contract import PASSWORD_ENV, REDIS_USER_ENV
+from ..contract import PASSWORD_ENV
 from ..infra import auth
 from .proto import transferqueue_pb2 as pb
 from .proto import transferqueue_pb2_grpc as pbg
@@ -37,6 +37,7 @@ from .schema import (
 )
 from .storage import StorageUnit, connect
 from .storage.blocks import unpack_columns
+from .units import redis_user
 from .wire import GRPC_OPTIONS, column_from_pb
 
 
@@ -181,7 +182,7 @@ class DataPlane:
     def __init__(self, address: str, password: str | None):
         self.address = address
         self.password = password if password is not None else os.environ.get(PASSWORD_ENV)
-        self.username = os.environ.get(REDIS_USER_ENV) or None  # Redis's ACL user
+        self.username = redis_user()  # Redis's ACL user
         # how this process shows in Stats' per-consumer leases (the pod name in a cluster)
         self.consumer = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         self.job = ""
