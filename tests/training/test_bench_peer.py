@@ -118,6 +118,7 @@ def test_bench_overhead_splits_each_step_into_compute_and_orchestration(tmp_path
         for g in (x for x in spans if x.worker == "rollout-0" and x.kind == "generate"):
             held = max(v for end, v in swaps if end <= g.start)
             assert g.step - k <= held, (name, g.step, held)
+            assert g.info["version"] == held, (name, g.step, g.info["version"], held)
         ms = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert all(m["rows_regenerated"] == 0 and m["staleness_max"] <= k for m in ms)
     # periodic's replica generates a step in four batches of 64: the claim of the next

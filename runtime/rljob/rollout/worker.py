@@ -472,7 +472,6 @@ class RolloutWorker:
                 step = batch.rows[0].partition
                 self.profiler.at(step + 1)  # metrics.jsonl's step
                 firsts = list(range(0, len(batch.rows), g))
-                t0 = time.time()
                 # one seed per (step, group): a group's samples do not depend on which
                 # replica draws them or what else is in its batch
                 seeds = tuple(_seed(spec, step, batch.data["slot"][i] // g) for i in firsts)
@@ -485,6 +484,7 @@ class RolloutWorker:
                     ahead = io.submit(self.claim)
                 self._started.set()  # the swap's thread goes on
                 with hold, computing(self.cores):
+                    t0 = time.time()  # the weights held: a swap in progress is over
                     version, epoch = self.engine.version, self.receiver.epoch
                     params = replace(self.params, seeds=seeds)
                     groups = (self._episodes(batch, firsts, prompts, params)
@@ -493,8 +493,8 @@ class RolloutWorker:
                 done = time.time()
                 calls = [asdict(c) for c in self.engine.take_timings()]
                 self.spans.add("generate", t0, done, step, {
-                    "calls": calls, **({"episodes": summary(flat)} if spec.rollout.episodic
-                                       else {})})
+                    "calls": calls, "version": version,
+                    **({"episodes": summary(flat)} if spec.rollout.episodic else {})})
                 unwritten = (batch, 0, flat, version, epoch, (t0, done), None, True, calls)
                 self._count(flat, step)
                 self._tick()
@@ -614,8 +614,8 @@ class RolloutWorker:
                               "concurrent": True}]
                     step = batch.rows[0].partition
                     self.spans.add("generate", t0, finished, step, {
-                        "calls": calls, **({"episodes": summary(group)}
-                                           if spec.rollout.episodic else {})})
+                        "calls": calls, "version": version,
+                        **({"episodes": summary(group)} if spec.rollout.episodic else {})})
                     left[batch.lease] -= 1
                     last = left[batch.lease] == 0
                     if last:

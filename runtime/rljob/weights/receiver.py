@@ -68,10 +68,12 @@ class WeightReceiver:
             log.info("the trainer restarted: taking version %d of its new epoch "
                      "(held %d)", version, self.version)
         waited = [0.0]  # until the generation in progress let go of the weights
+        ended = [0.0]  # once the weights are in: before a generation may start on them
 
         def swap_in() -> None:
             waited[0] = time.time() - t0
             load()
+            ended[0] = time.time()
             self.version, self.epoch = version, epoch
 
         gate = getattr(engine, "gate", None)
@@ -80,7 +82,7 @@ class WeightReceiver:
         else:
             with self.lock:  # drain: waits for the generation in progress to finish
                 swap_in()
-        self.swap_seconds.append((t0, time.time(), version))
+        self.swap_seconds.append((t0, ended[0], version))
         self.drain_seconds.append(engine.drain_seconds + waited[0])
         self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
         with self.swapped:
