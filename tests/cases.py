@@ -176,7 +176,7 @@ INVALID = [
             {"spec": {"podTemplateOverrides": [{"roles": ["rollout"], "spec": {
                 "volumes": [{"name": "dshm", "emptyDir": {}}]}}]}},
             'spec.podTemplateOverrides[0].spec.volumes: Invalid value: "object": job, models, '
-            "data, dshm, checkpoints, ascend-driver, ascend-dcmi, npu-smi, ascend-install-info "
+            "data, dshm, checkpoints, tls, ascend-driver, ascend-dcmi, npu-smi, ascend-install-info "
             "are the operator's volume names; name yours otherwise"),
     Invalid("override-sets-the-rank",
             {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "container": {
@@ -188,7 +188,7 @@ INVALID = [
             {"spec": {"podTemplateOverrides": [{"roles": ["rollout"], "spec": {"containers": [
                 {"name": "side", "image": "busybox", "ports": [{"containerPort": 9090}]}]}}]}},
             'spec.podTemplateOverrides[0].spec.containers: Invalid value: "object": ports '
-            "50051, 50052, 29500, 9090, 9091, 6379 are the operator's; serve on another port"),
+            "50051, 50052, 29500, 9090, 9091, 6379, 50053 are the operator's; serve on another port"),
     Invalid("override-mounts-a-missing-volume",
             {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "container": {
                 "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}}]}},

@@ -22,8 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
-from rljob.contract import LIVE_PROFILE_SKIP, operator_manages
-from rljob.infra import auth
+from rljob.contract import LIVE_PROFILE_SKIP, TLS_CA_ENV, operator_manages
+from rljob.infra import auth, tls
 
 from . import capacity, metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
@@ -65,6 +65,7 @@ class JobState:
     # step below the first starts over (a trainer life restored from a checkpoint)
     steps: tuple[int, int] | None = None
     token: str = ""  # the job's token (its Secret's), once read
+    ca: str = ""  # with transferQueue.tls, the job's CA certificate (its Secret's)
 
 
 class Operator:
@@ -136,7 +137,8 @@ class Operator:
                 address = (meta.get("annotations", {}).get(ADDRESS_ANNOTATION)
                            or builders.tq_address(job))
                 try:
-                    stats = self.stats.fetch(address, self._job_token(job, state))
+                    token, ca = self._credentials(job, state)
+                    stats = self.stats.fetch(address, token, ca)
                 except grpc.RpcError as exc:
                     log.debug("%s/%s: stats from %s unavailable: %s", ns, name, address,
                               exc.code())
@@ -331,31 +333,41 @@ class Operator:
         for wl in wls:
             self._drop_finalizer(ns, wl["metadata"]["name"])
 
-    def _job_token(self, job: RLJob, state: JobState, read: bool = False) -> str:
-        """The job's token, from its Secret (read again with `read`, as each apply of
-        the children does), which is made here first if it is not there (an older
-        operator's Secret, which has none, gets one)."""
+    def _credentials(self, job: RLJob, state: JobState, read: bool = False
+                     ) -> tuple[str, str | None]:
+        """The job's token and, with transferQueue.tls, its CA certificate, from its
+        Secret (read again with `read`, as each apply of the children does), which is
+        made here first if it is not there; what an older operator's Secret lacks (the
+        token, the certificates) is added to it."""
+        on = job.spec.transfer_queue.tls
         if state.token and not read:
-            return state.token
+            return state.token, (state.ca if on else None)
         ns, secret = job.metadata.namespace, builders.secret_name(job.metadata.name)
         data = self.kube.secret_data(ns, secret)
         if data is None:
-            obj = builders.build_secret(job, builders.new_password(), auth.new_token())
+            obj = builders.build_secret(job, builders.new_password(), auth.new_token(),
+                                        tls.make().env() if on else None)
             if self.kube.create(obj):
                 metrics.CHILDREN.labels("Secret").inc()
             data = self.kube.secret_data(ns, secret) or {}
+        missing = {}
         if not data.get(builders.TOKEN_KEY):
-            data[builders.TOKEN_KEY] = auth.new_token()
-            self.kube.add_secret_keys(ns, secret, {builders.TOKEN_KEY: data[builders.TOKEN_KEY]})
-        state.token = data[builders.TOKEN_KEY]
-        return state.token
+            missing[builders.TOKEN_KEY] = auth.new_token()
+        ca_key = builders.TLS_KEYS[TLS_CA_ENV]
+        if on and not data.get(ca_key):
+            missing.update({builders.TLS_KEYS[k]: v for k, v in tls.make().env().items()})
+        if missing:
+            self.kube.add_secret_keys(ns, secret, missing)
+            data = {**data, **missing}
+        state.token, state.ca = data[builders.TOKEN_KEY], data.get(ca_key, "")
+        return state.token, (state.ca if on else None)
 
     def _apply_children(self, job: RLJob, state: JobState, generation, body) -> None:
         applied_gen, applied_at = state.applied
         if applied_gen == generation and time.monotonic() - applied_at < REAPPLY_SECONDS:
             return
         ns, name = job.metadata.namespace, job.metadata.name
-        self._job_token(job, state, read=True)
+        self._credentials(job, state, read=True)
         for obj in builders.build_services(job, self.network):
             try:
                 self.kube.apply(obj)

@@ -49,15 +49,17 @@ class StatsClient:
     TransferQueue pod left the job's status a step count 20 s and more behind."""
 
     def __init__(self) -> None:
-        self._channels: dict[tuple[str, str | None], grpc.Channel] = {}
+        self._channels: dict[tuple[str, str | None, str | None], grpc.Channel] = {}
 
-    def fetch(self, address: str, token: str | None = None, timeout: float = 2.0) -> JobStats:
+    def fetch(self, address: str, token: str | None = None, ca: str | None = None,
+              timeout: float = 2.0) -> JobStats:
         """The job's stats from its controller at `address`, asked with the job's
-        `token` (infra/auth.py: its controller answers no one else)."""
-        channel = self._channels.get((address, token))
+        `token` (infra/auth.py: its controller answers no one else), over TLS that
+        trusts the job's `ca` alone (none: plain text)."""
+        channel = self._channels.get((address, token, ca))
         if channel is None:
-            channel = auth.channel(address, CLIENT_OPTIONS, token or "")
-            self._channels[(address, token)] = channel
+            channel = auth.channel(address, CLIENT_OPTIONS, token or "", (ca or "").encode())
+            self._channels[(address, token, ca)] = channel
         resp = pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=timeout)
         busy: dict[str, int] = {}
         for c in resp.consumers:

@@ -22,12 +22,22 @@ MASTER_PORT = 29500  # the trainer gang's torch.distributed rendezvous
 METRICS_PORT = 9090  # a worker's Prometheus metrics
 DRIVER_METRICS_PORT = 9091  # the workflow driver's, beside the controller in its pod
 REDIS_PORT = 6379
+# the controller's gRPC health service alone, in plain text: the kubelet's gRPC probe
+# speaks no TLS
+HEALTH_PORT = 50053
 
 # environment
 PASSWORD_ENV = "RLJOB_TQ_PASSWORD"  # the storage units' password (never in a URL)
 # the job's token: every gRPC server of the job (TransferQueue controller, its storage
 # service, the weight server) serves only callers that present it (infra/auth.py)
 TOKEN_ENV = "RLJOB_JOB_TOKEN"
+# the job's TLS (transferQueue.tls, infra/tls.py): its CA certificate (every process
+# trusts it alone), and the server certificate and key its servers present (PEM text)
+TLS_CA_ENV = "RLJOB_TLS_CA"
+TLS_CERT_ENV = "RLJOB_TLS_CERT"
+TLS_KEY_ENV = "RLJOB_TLS_KEY"
+# their files, in the job's Secret and where redis-server reads them
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 # the storage units' Redis ACL user (unset: Redis's default user, as a Redis a user runs
 # with only a requirepass has); the operator's units admit this user alone
 REDIS_USER_ENV = "RLJOB_TQ_USER"
@@ -46,12 +56,13 @@ LIFELINE_ENV = "RLJOB_DIE_WITH_PARENT"
 # containers, volumes, mount paths, ports, environment and labels); a unit test checks
 # that every pod the builders make stays within these names
 OWN_CONTAINERS = ("trainer", "rollout", "transferqueue", "driver", "redis", "preflight")
-OWN_VOLUMES = ("job", "models", "data", "dshm", "checkpoints", "ascend-driver",
+OWN_VOLUMES = ("job", "models", "data", "dshm", "checkpoints", "tls", "ascend-driver",
                "ascend-dcmi", "npu-smi", "ascend-install-info")
-OWN_MOUNT_PATHS = ("/etc/rljob", "/models", "/data", "/dev/shm", "/checkpoints",
+OWN_MOUNT_PATHS = ("/etc/rljob", "/etc/rljob-tls", "/models", "/data", "/dev/shm", "/checkpoints",
                    "/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
                    "/etc/ascend_install.info")
-OWN_PORTS = (TQ_PORT, WEIGHTS_PORT, MASTER_PORT, METRICS_PORT, DRIVER_METRICS_PORT, REDIS_PORT)
+OWN_PORTS = (TQ_PORT, WEIGHTS_PORT, MASTER_PORT, METRICS_PORT, DRIVER_METRICS_PORT, REDIS_PORT,
+             HEALTH_PORT)
 OWN_ENV_PREFIX = "RLJOB_"
 OWN_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "RANK", "WORLD_SIZE",
            "NPROC_PER_NODE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "POD_NAME", "POD_NAMESPACE",
@@ -98,7 +109,7 @@ def local_address(port: int) -> str:
 # CLI's parser takes exactly these (a unit test compares them with its commands)
 WORKER_FLAGS = {
     "transferqueue": ("listen", "job", "redis", "memory_units", "password_env",
-                      "lease_seconds", "max_row_bytes", "metrics_port", "log_level"),
+                      "lease_seconds", "max_row_bytes", "metrics_port", "health_port", "log_level"),
     "driver": ("job", "tq", "weights", "run_dir", "start_step", "max_steps", "metrics_port",
                "stay"),
     "rollout": ("job", "tq", "weights", "replica", "run_dir", "metrics_port"),

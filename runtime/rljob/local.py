@@ -32,7 +32,7 @@ import yaml
 
 from .api import RLJob
 from .contract import LIFELINE_ENV, PASSWORD_ENV, TOKEN_ENV, worker_argv
-from .infra import auth
+from .infra import auth, tls
 from .infra.cores import Layout, write_layout
 from .infra.device import CORES_ENV
 from .infra.devices import count as count_devices, device_plan, worker_env
@@ -154,6 +154,8 @@ class LocalRun:
     # the run's token: its servers answer only its workers (infra/auth.py), as a job's
     # pods in a cluster
     token: str = field(default_factory=auth.new_token, repr=False)
+    # with transferQueue.tls, the run's CA and its servers' certificate (infra/tls.py)
+    pems: tls.Pems | None = field(default=None, repr=False)
     _devices: dict | None = None  # worker -> its accelerators (`devices`)
     _pending: dict[str, float] = field(default_factory=dict)  # worker -> restart time
     _args: dict[str, list[str]] = field(default_factory=dict)  # worker -> its command line
@@ -225,6 +227,7 @@ class LocalRun:
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads,
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", POD_NAME=name,
                    **{TOKEN_ENV: self.token, LIFELINE_ENV: "1"},
+                   **(self.pems.env() if self.pems else {}),
                    **worker_env(kind, self.devices.get(name, ())))
         env.pop(CORES_ENV, None)  # pinned, its cores are its affinity, not a count of ours
         if self.torch_profile:
@@ -314,6 +317,10 @@ class LocalRun:
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(self.token)
+        self.layout.ca.unlink(missing_ok=True)
+        if spec.transfer_queue.tls:  # what a tool of this machine trusts to reach the run
+            self.pems = self.pems or tls.make()
+            self.layout.ca.write_text(self.pems.ca)
         self.tq_address = f"127.0.0.1:{free_port()}"
         self.weights_address = f"127.0.0.1:{free_port()}"
         self._common = {"job": job_file, "run_dir": self.run_dir}

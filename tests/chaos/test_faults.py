@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from rljob.api import RLJob
-from rljob.contract import TOKEN_ENV
+from rljob.contract import TLS_CA_ENV, TOKEN_ENV
 from rljob.inputs.data import PromptCursor, load_examples
 from rljob.inputs.models import load_tokenizer
 from rljob.transferqueue import TransferQueueClient, TransferQueueError
@@ -342,6 +342,8 @@ def test_a_paused_rollout_cannot_publish_stale_samples(tmp_path, monkeypatch):
     log = (run.run_dir / "logs/transferqueue.log").read_text()
     address = log[log.rindex("listening on "):].split()[2]
     monkeypatch.delenv(TOKEN_ENV, raising=False)
+    # the run's servers speak TLS on a CA made for the run (transferQueue.tls)
+    monkeypatch.setenv(TLS_CA_ENV, (run.run_dir / "ca.crt").read_text())
     with pytest.raises(TransferQueueError, match="UNAUTHENTICATED"):  # an outsider
         TransferQueueClient(address, PASSWORD)
     monkeypatch.setenv(TOKEN_ENV, (run.run_dir / "token").read_text())  # the run's token

@@ -149,9 +149,29 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
     ctl, driver = dep["spec"]["template"]["spec"]["containers"]
     assert ctl["command"] == ["rljob", "worker", "transferqueue"]
     urls = [ctl["args"][i + 1] for i, a in enumerate(ctl["args"]) if a == "--redis"]
-    assert urls == [f"redis://quickstart-redis-{i}.quickstart-redis.team-a.svc:6379/0"
+    # transferQueue.tls (the default): rediss://, a unit serving TLS alone on the job's
+    # certificate from the Secret, probed over TLS; the controller probed on the plain-
+    # text port of its health service alone (the kubelet's gRPC probe speaks no TLS)
+    assert urls == [f"rediss://quickstart-redis-{i}.quickstart-redis.team-a.svc:6379/0"
                     for i in range(3)]
-    assert ctl["readinessProbe"]["grpc"]["port"] == b.TQ_PORT
+    assert "--port 0 --tls-port 6379 --tls-cert-file /etc/rljob-tls/tls.crt" in args
+    assert "--tls-cacert" not in args and "redis-cli --tls --cacert /etc/rljob-tls/ca.crt" in \
+        redis["readinessProbe"]["exec"]["command"][-1]
+    tls_volume = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}["tls"]
+    assert tls_volume["secret"]["secretName"] == "quickstart-tq-auth"
+    assert ctl["readinessProbe"]["grpc"]["port"] == b.HEALTH_PORT
+    assert "--health-port" in ctl["args"]
+    for env, key in b.TLS_KEYS.items():
+        assert env_of(ctl)[env] == {"secretKeyRef": {"name": "quickstart-tq-auth", "key": key}}
+    plain = load("quickstart.yaml")  # transferQueue.tls false: none of it
+    plain.spec.transfer_queue.tls = False
+    sts = b.build_redis_statefulset(plain)
+    redis = sts["spec"]["template"]["spec"]["containers"][0]
+    assert redis["args"][:2] == ["--port", "6379"] and "--tls-port" not in redis["args"]
+    assert "tls" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+    ctl_plain = b.build_tq_deployment(plain)["spec"]["template"]["spec"]["containers"][0]
+    assert not set(b.TLS_KEYS) & set(env_of(ctl_plain))
+    assert all(u.startswith("redis://") for u in b.redis_urls(plain))
     assert env_of(ctl)["RLJOB_TQ_PASSWORD"] == {"secretKeyRef": {
         "name": "quickstart-tq-auth", "key": "password"}}
     assert driver["command"][:3] == ["rljob", "worker", "driver"]
@@ -163,13 +183,13 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
     assert pod_sec["runAsNonRoot"] is True
     sts = b.build_redis_statefulset(job)
     redis_pod = sts["spec"]["template"]["spec"]
-    assert redis_pod["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert {"name": "data", "emptyDir": {}} in redis_pod["volumes"]
     assert "volumeClaimTemplates" not in sts["spec"]
     args = redis_pod["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"  # a redis restart keeps the table
     job.spec.transfer_queue.redis.persistence = True
     sts = b.build_redis_statefulset(job)
-    assert "volumes" not in sts["spec"]["template"]["spec"]
+    assert "data" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
     claim = sts["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
     assert "--appendonly" in sts["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -298,8 +318,11 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     expected = b.build_all(job, "x")
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
         (d["kind"], d["metadata"]["name"]) for d in expected]
-    # the same text every time: the Secret holds a fixed placeholder
-    assert docs == b.build_all(job, RENDER_PASSWORD)
+    # the same text every time: the Secret holds a fixed placeholder, for the TLS
+    # certificates too (transferQueue.tls, on by default)
+    placeholders = dict.fromkeys(b.TLS_KEYS, RENDER_PASSWORD)
+    assert docs == b.build_all(job, RENDER_PASSWORD, tls=placeholders)
+    assert "BEGIN" not in res.output
     again = CliRunner().invoke(app, ["render", str(REPO / "examples/quickstart.yaml"), "-n", "ml"])
     assert again.output == res.output
     # --fresh-secret: a random password, the rest unchanged
@@ -314,6 +337,13 @@ def test_render_cli_prints_the_builders_objects(tmp_path):
     assert len(token) >= 32 and token not in (RENDER_PASSWORD,
                                               fresh_docs[0]["stringData"]["password"])
     assert docs[0]["stringData"][b.TOKEN_KEY] == RENDER_PASSWORD
+    # and the job's own CA and server certificate, which verify as a chain
+    from cryptography import x509
+
+    pem = fresh_docs[0]["stringData"]
+    ca, cert = (x509.load_pem_x509_certificate(pem[k].encode()) for k in ("ca.crt", "tls.crt"))
+    cert.verify_directly_issued_by(ca)
+    assert "PRIVATE KEY" in pem["tls.key"] and "PRIVATE KEY" not in pem["tls.crt"]
 
 
 def test_runtime_image_replaces_only_the_default_image():

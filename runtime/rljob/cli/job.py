@@ -110,6 +110,8 @@ def render(
 ) -> None:
     """Print, as YAML, the Kubernetes objects the operator creates for an RLJob."""
     from ..api.builders import NetworkAccess, build_all, new_password, to_yaml
+    from ..contract import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+    from ..infra import tls
     from ..infra.auth import new_token
 
     job = load_job(file)
@@ -121,8 +123,13 @@ def render(
         raise typer.Exit(1)
     password = new_password() if fresh_secret else RENDER_PASSWORD
     token = new_token() if fresh_secret else RENDER_PASSWORD
+    pems = None  # transferQueue.tls: the job's CA and certificate, made or a placeholder
+    if job.spec.transfer_queue.tls:
+        pems = (tls.make().env() if fresh_secret
+                else dict.fromkeys((TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV), RENDER_PASSWORD))
     access = NetworkAccess(network_policy, operator_namespace or None, tuple(monitoring_namespace))
-    typer.echo(to_yaml(build_all(job, password, token=token, access=access)), nl=False)
+    typer.echo(to_yaml(build_all(job, password, token=token, access=access, tls=pems)),
+               nl=False)
 
 
 @app.command()

@@ -27,6 +27,8 @@ def worker_transferqueue(
     lease_seconds: float = typer.Option(60.0, help="Claims expire after this many seconds."),
     max_row_bytes: int = typer.Option(64 << 20, help="Largest row accepted, bytes."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+    health_port: int = typer.Option(
+        None, help="Serve gRPC health alone on this port, in plain text (for probes)."),
     log_level: str = typer.Option("INFO", help="Log level."),
 ) -> None:
     """Run the TransferQueue controller (gRPC, health, metrics) until SIGTERM."""
@@ -62,7 +64,7 @@ def worker_transferqueue(
     except Exception as exc:  # a wrong password, storage that never came up: one clear line
         typer.echo(f"transferqueue: {exc}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(serve(service, listen, metrics_port))
+    asyncio.run(serve(service, listen, metrics_port, health_port=health_port))
 
 
 def _become(role: str, index: int | None = None, of: int | None = None,

@@ -21,6 +21,7 @@ import secrets
 import grpc
 
 from ..contract import TOKEN_ENV
+from . import tls
 
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "
@@ -118,12 +119,16 @@ class _TokenChannel(grpc.Channel):
         return False
 
 
-def channel(address: str, options=None, token: str | None = None) -> grpc.Channel:
+def channel(address: str, options=None, token: str | None = None,
+            ca: bytes | None = None) -> grpc.Channel:
     """A channel to one of the job's servers whose calls present the job's token
-    (`token`, else this process's; none: a plain channel)."""
-    plain = grpc.insecure_channel(address, options=options)
+    (`token`, else this process's; none: no token), over TLS that trusts the job's CA
+    (`ca`, else this process's: infra/tls.py; none: plain text)."""
+    ca = ca if ca is not None else tls.ca_from_env()
+    inner = (tls.secure_channel(address, ca, options) if ca
+             else grpc.insecure_channel(address, options=options))
     token = token_from_env(token)
-    return _TokenChannel(plain, token) if token else plain
+    return _TokenChannel(inner, token) if token else inner
 
 
 # ---- servers ----------------------------------------------------------------------

@@ -78,6 +78,12 @@ class RunDir:
         return self.root / "token"
 
     @property
+    def ca(self) -> Path:
+        """The run's CA certificate (transferQueue.tls): what a tool of this machine
+        trusts to reach the run's servers (infra/tls.py)."""
+        return self.root / "ca.crt"
+
+    @property
     def final(self) -> Path:
         return self.root / "final"
 

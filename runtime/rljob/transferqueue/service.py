@@ -28,7 +28,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from ..infra import auth
+from ..infra import auth, tls
 from .controller import Controller
 from .journal import RedisJournal, journal_changes, recover, stop_storage_lost
 from .proto import transferqueue_pb2 as pb
@@ -555,8 +555,11 @@ SESSION_OPS.update({
 
 
 async def serve(service: TransferQueueService, listen: str, metrics_port: int | None = None,
-                grace: float = 5.0, ready: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT, then stop accepting and drain for `grace` seconds."""
+                grace: float = 5.0, ready: asyncio.Event | None = None,
+                health_port: int | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then stop accepting and drain for `grace` seconds;
+    with `health_port`, the health service alone is served there too, in plain text
+    (the kubelet's gRPC probe speaks no TLS; health tells a caller nothing else)."""
     # only the job's callers (its token); the health service stays open
     server = grpc.aio.server(options=GRPC_OPTIONS,
                              interceptors=auth.server_interceptors(is_async=True))
@@ -564,7 +567,7 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
     pbg.add_StorageServiceServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port(listen)
+    port = tls.add_port(server, listen)  # the job's certificate, where it has one
     if port == 0:
         raise RuntimeError(f"cannot listen on {listen}")
     if not service.public_address:
@@ -574,6 +577,13 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
         from .metrics import start_metrics_server
 
         metrics_port = start_metrics_server(service, metrics_port)
+    probes = None
+    if health_port is not None:
+        probes = grpc.aio.server(options=GRPC_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health, probes)
+        if probes.add_insecure_port(f"{listen.rsplit(':', 1)[0]}:{health_port}") == 0:
+            raise RuntimeError(f"cannot serve health on port {health_port}")
+        await probes.start()
     await server.start()
     for name in ("", "rljob.transferqueue.v1.TransferQueueController"):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -596,6 +606,8 @@ async def serve(service: TransferQueueService, listen: str, metrics_port: int | 
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reaper.cancel()
     await server.stop(grace)
+    if probes is not None:
+        await probes.stop(0)
     deleter.cancel()
     service.sweeper.delete(service.sweeper.pending)  # what the last acks cleared
     for u in service.units:

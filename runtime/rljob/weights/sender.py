@@ -14,7 +14,7 @@ from concurrent import futures
 import grpc
 import torch
 
-from ..infra import auth
+from ..infra import auth, tls
 from . import collective as coll
 from .codec import OPTIONS, host_bytes, new_epoch, version_messages
 from .proto import weights_pb2 as pb
@@ -139,7 +139,7 @@ class WeightSender(pbg.WeightServiceServicer):
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS,
                                    interceptors=auth.server_interceptors(self._token))
         _add_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(listen)
+        self.port = tls.add_port(self._server, listen)  # the job's certificate, if any
         if not self.port:
             raise RuntimeError(f"weight sender cannot listen on {listen}")
         self._server.start()

@@ -8,6 +8,9 @@ from typing import Any
 
 from rljob.api import API_VERSION, KIND, RLJob
 from rljob.contract import (
+    CA_FILE,
+    CERT_FILE,
+    KEY_FILE,
     LABEL_NAME,
     LABEL_ROLE,
     MANAGED_BY,
@@ -16,6 +19,9 @@ from rljob.contract import (
     REDIS_PORT,
     REDIS_USER,
     REDIS_USER_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
     TOKEN_ENV,
     TQ_PORT,
     WEIGHTS_PORT,
@@ -27,6 +33,8 @@ JOB_FILE = f"{JOB_DIR}/job.yaml"
 CHECKPOINT_DIR = "/checkpoints"
 PASSWORD_KEY = "password"
 TOKEN_KEY = "token"  # the job's token (infra/auth.py), in the same Secret
+# with transferQueue.tls, the job's CA and server certificate (infra/tls.py), there too
+TLS_KEYS = {TLS_CA_ENV: CA_FILE, TLS_CERT_ENV: CERT_FILE, TLS_KEY_ENV: KEY_FILE}
 WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
 
 # Host paths the Ascend driver stack needs inside a container (what the
@@ -112,7 +120,8 @@ def weights_address(job: RLJob) -> str:
 
 def redis_urls(job: RLJob) -> list[str]:
     name = job.metadata.name
-    return [f"redis://{redis_name(name)}-{i}.{redis_name(name)}.{_ns(job)}.svc:{REDIS_PORT}/0"
+    scheme = "rediss" if job.spec.transfer_queue.tls else "redis"
+    return [f"{scheme}://{redis_name(name)}-{i}.{redis_name(name)}.{_ns(job)}.svc:{REDIS_PORT}/0"
             for i in range(job.spec.transfer_queue.storage_units)]
 
 
@@ -146,11 +155,20 @@ def _token_env(job: RLJob) -> dict:
         "name": secret_name(job.metadata.name), "key": TOKEN_KEY}}}
 
 
+def _tls_env(job: RLJob) -> list[dict]:
+    """The job's CA, certificate and key (transferQueue.tls: infra/tls.py), if on."""
+    if not job.spec.transfer_queue.tls:
+        return []
+    return [{"name": env, "valueFrom": {"secretKeyRef": {
+        "name": secret_name(job.metadata.name), "key": key}}} for env, key in TLS_KEYS.items()]
+
+
 def _env_common(job: RLJob) -> list[dict]:
     return [
         _password_env(job),
         {"name": REDIS_USER_ENV, "value": REDIS_USER},
         _token_env(job),
+        *_tls_env(job),
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},

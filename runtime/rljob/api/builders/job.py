@@ -62,11 +62,13 @@ def with_runtime_image(job: RLJob, image: str | None) -> RLJob:
 
 
 def build_all(job: RLJob, password: str, trainer_restarts: int = 0,
-              token: str | None = None, access: NetworkAccess = NetworkAccess()) -> list[dict]:
+              token: str | None = None, access: NetworkAccess = NetworkAccess(),
+              tls: dict[str, str] | None = None) -> list[dict]:
     """Every object of a freshly created job, in creation order (its Secret with
-    `password` and `token`, the password again where no token is given)."""
+    `password`, `token` (the password again where none is given) and the `tls`
+    certificates, if any)."""
     return [
-        build_secret(job, password, password if token is None else token),
+        build_secret(job, password, password if token is None else token, tls),
         *build_services(job, access),
         *[build_trainer_pod(job, r, trainer_restarts) for r in range(job.spec.trainer.num_nodes)],
         *[build_rollout_pod(job, i) for i in range(job.spec.rollout.replicas)],

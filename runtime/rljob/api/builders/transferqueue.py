@@ -11,7 +11,11 @@ import yaml
 
 from rljob.api import API_VERSION, KIND, RLJob
 from rljob.contract import (
+    CA_FILE,
+    CERT_FILE,
     DRIVER_METRICS_PORT,
+    HEALTH_PORT,
+    KEY_FILE,
     METRICS_PORT,
     PASSWORD_ENV,
     REDIS_COMMANDS,
@@ -26,6 +30,7 @@ from rljob.contract import (
 from .common import (
     JOB_FILE,
     PASSWORD_KEY,
+    TLS_KEYS,
     TOKEN_KEY,
     _env_common,
     _headless_service,
@@ -72,14 +77,18 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def build_secret(job: RLJob, password: str, token: str) -> dict:
-    """The job's credentials: its storage units' password and its token (every gRPC
-    server of the job answers only callers that present it: infra/auth.py)."""
+def build_secret(job: RLJob, password: str, token: str, tls: dict[str, str] | None = None
+                 ) -> dict:
+    """The job's credentials: its storage units' password, its token (every gRPC
+    server of the job answers only callers that present it: infra/auth.py) and, with
+    transferQueue.tls, its CA and server certificate (`tls`: PEM text by environment
+    variable, `infra.tls.Pems.env()`)."""
     name = job.metadata.name
+    pems = {TLS_KEYS[env]: pem for env, pem in (tls or {}).items()}
     return {
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": _meta(job, secret_name(name), "transferqueue"),
-        "stringData": {PASSWORD_KEY: password, TOKEN_KEY: token},
+        "stringData": {PASSWORD_KEY: password, TOKEN_KEY: token, **pems},
     }
 
 
@@ -90,6 +99,19 @@ def redis_acl_args(password: str, keys: str = "*") -> list[str]:
     return ["--user", "default", "off",
             "--user", REDIS_USER, "on", f">{password}", "resetkeys", f"~{keys}",
             "resetchannels", "-@all", *(f"+{c}" for c in REDIS_COMMANDS)]
+
+
+TLS_DIR = "/etc/rljob-tls"  # a Redis unit's certificate files
+
+
+def redis_tls_args(directory: str, port: int) -> list[str]:
+    """redis-server arguments that serve TLS alone on `port`, with the job's certificate
+    from `directory`; a client is the ACL user's business, not a client
+    certificate's (pure)."""
+    return ["--port", "0", "--tls-port", str(port),
+            "--tls-cert-file", f"{directory}/{CERT_FILE}",
+            "--tls-key-file", f"{directory}/{KEY_FILE}",
+            "--tls-ca-cert-file", f"{directory}/{CA_FILE}", "--tls-auth-clients", "no"]
 
 
 def build_redis_service(job: RLJob) -> dict:
@@ -105,7 +127,11 @@ def build_redis_statefulset(job: RLJob) -> dict:
     # with persistence: the pod may be rescheduled too)
     # the job's own user only, on the job's keys: a caller with the password alone (the
     # default user) or a command the units never send (FLUSHALL, CONFIG, KEYS) is refused
-    args = ["--port", str(REDIS_PORT), *redis_acl_args(f"$({PASSWORD_ENV})", f"{name}:*"),
+    # with transferQueue.tls, TLS alone, on the job's certificate (its clients' rediss://)
+    listen = (redis_tls_args(TLS_DIR, REDIS_PORT) if tq.tls
+              else ["--port", str(REDIS_PORT)])
+    cli = f"redis-cli --tls --cacert {TLS_DIR}/{CA_FILE}" if tq.tls else "redis-cli"
+    args = [*listen, *redis_acl_args(f"$({PASSWORD_ENV})", f"{name}:*"),
             "--protected-mode", "no", "--save", "", "--appendonly", "yes",
             "--appendfsync", "everysec", "--dir", "/data"]
     container = {
@@ -117,7 +143,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
         "env": [_password_env(job), _password_env(job, "REDISCLI_AUTH")],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "readinessProbe": {"exec": {"command": [
-            "sh", "-c", f"redis-cli --user {REDIS_USER} ping | grep -q PONG"]},
+            "sh", "-c", f"{cli} --user {REDIS_USER} ping | grep -q PONG"]},
                            "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 10,
                           "failureThreshold": 6},
@@ -125,6 +151,13 @@ def build_redis_statefulset(job: RLJob) -> dict:
         "securityContext": _restricted(),
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
     }
+    volumes = []
+    if tq.tls:  # the Secret's certificate files, readable by the pod's group (fsGroup)
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR,
+                                          "readOnly": True})
+        volumes.append({"name": "tls", "secret": {
+            "secretName": secret_name(name), "defaultMode": 0o440,
+            "items": [{"key": k, "path": k} for k in TLS_KEYS.values()]}})
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # the official redis image's user
@@ -142,13 +175,15 @@ def build_redis_statefulset(job: RLJob) -> dict:
         },
     }
     if not tq.redis.persistence:
-        pod_spec["volumes"] = [{"name": "data", "emptyDir": {}}]
+        volumes.append({"name": "data", "emptyDir": {}})
     else:
         spec["volumeClaimTemplates"] = [{
             "metadata": {"name": "data", "labels": labels(name, "storage")},
             "spec": {"accessModes": ["ReadWriteOnce"],
                      "resources": {"requests": {"storage": tq.redis.storage_size}}},
         }]
+    if volumes:
+        pod_spec["volumes"] = volumes
     with_overrides(job, "storage", spec["template"]["metadata"], pod_spec, ("redis",))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(job, redis_name(name), "storage"), "spec": spec}
@@ -178,10 +213,12 @@ def build_tq_deployment(job: RLJob) -> dict:
     name = job.metadata.name
     tq = job.spec.transfer_queue
     vols, mounts = _volumes(job, shm=False)
-    grpc_probe = {"grpc": {"port": TQ_PORT}, "periodSeconds": 5}
+    # the health service alone on its plain-text port: the kubelet's probe speaks no TLS
+    grpc_probe = {"grpc": {"port": HEALTH_PORT}, "periodSeconds": 5}
     tq_argv = worker_argv("transferqueue", listen=listen_address(TQ_PORT), job=name,
                           redis=redis_urls(job), password_env=PASSWORD_ENV,
-                          lease_seconds=tq.lease_seconds, metrics_port=METRICS_PORT)
+                          lease_seconds=tq.lease_seconds, metrics_port=METRICS_PORT,
+                          health_port=HEALTH_PORT)
     driver_argv = worker_argv("driver", job=JOB_FILE, tq=local_address(TQ_PORT),
                               weights=weights_address(job), metrics_port=DRIVER_METRICS_PORT,
                               stay=True)

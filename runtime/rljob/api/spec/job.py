@@ -62,6 +62,13 @@ class TransferQueueSpec(ApiModel):
         description="A claimed row returns to its task if not acked within this time.",
     )
     redis: RedisSpec = Field(default_factory=RedisSpec)
+    tls: bool = Field(
+        True,
+        description="TLS on the job's connections: the TransferQueue controller, its storage "
+        "units (Redis too) and the weight server present a certificate of a CA made for the "
+        "job, which its clients alone trust. Off: plain text, the job token and Redis "
+        "password readable on the wire.",
+    )
     resources: ComputeResources = Field(
         default_factory=lambda: ComputeResources(cpu="1", memory="2Gi"),
         description="Requests of the TransferQueue controller's container (its memory "

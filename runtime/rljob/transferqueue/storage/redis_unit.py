@@ -12,7 +12,9 @@ from collections.abc import Sequence
 import socket
 
 import redis
-from redis.connection import Connection, PythonRespSerializer
+from redis.connection import Connection, PythonRespSerializer, SSLConnection
+
+from ...infra import tls
 
 _IOV_MAX = 1024  # Linux's limit of buffers per sendmsg
 
@@ -58,6 +60,14 @@ class _ZeroCopyConnection(Connection):
             raise
 
 
+class _TlsConnection(SSLConnection):
+    """rediss://: the pure-Python packer, whose chunks an SSL socket sends one by one
+    (it has no sendmsg)."""
+
+    def _construct_command_packer(self, packer):
+        return PythonRespSerializer(self._buffer_cutoff, self.encoder.encode)
+
+
 @register_backend("redis")
 class RedisUnit(StorageUnit):
     backend = "redis"
@@ -66,9 +76,11 @@ class RedisUnit(StorageUnit):
                  ttl_seconds: int | None = None, username: str | None = None, **_):
         self.job = job
         self.ttl_seconds = ttl_seconds
+        secure = tls.redis_client_kwargs(address)  # rediss://: the job's CA
         pool = redis.ConnectionPool.from_url(
-            address, username=username, password=password, connection_class=_ZeroCopyConnection,
-            socket_read_size=1 << 20, max_connections=64,
+            address, username=username, password=password,
+            connection_class=_TlsConnection if address.startswith("rediss://")
+            else _ZeroCopyConnection, socket_read_size=1 << 20, max_connections=64, **secure,
         )
         self.client = redis.Redis(connection_pool=pool)
 
