@@ -71,7 +71,8 @@ class RedisServer:
 class TQServer:
     def __init__(self, units: list[RedisServer] | None, lease_seconds: float = 60.0,
                  max_row_bytes: int | None = None, job: str | None = None,
-                 token: str | None = None):
+                 token: str | None = None, env: dict[str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()):
         # the worker binds port 0 and says which ports it got: no window in which another
         # process can take a port picked here
         args = [sys.executable, "-m", "rljob", "worker", "transferqueue",
@@ -83,7 +84,8 @@ class TQServer:
             args += ["--memory-units", "2"]
         if max_row_bytes:
             args += ["--max-row-bytes", str(max_row_bytes)]
-        env = dict(os.environ, **UNIT_ENV)
+        args += extra_args
+        env = dict(os.environ, **UNIT_ENV, **(env or {}))
         if token:  # the job's token: it answers only callers that present it
             env["RLJOB_JOB_TOKEN"] = token
         self.seen = ""  # what it logged before it listened
