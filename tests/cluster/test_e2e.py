@@ -435,6 +435,7 @@ def _live_decode_ms(plane, ns: str, job: str, controller: list) -> float | None:
     """The median decode step (ms) of the live profile the job's controller holds."""
     import grpc
 
+    from rljob.infra import auth
     from rljob.transferqueue.proto import transferqueue_pb2 as pb
     from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
 
@@ -445,7 +446,8 @@ def _live_decode_ms(plane, ns: str, job: str, controller: list) -> float | None:
         ips = [p["status"]["podIP"] for p in pods if _pod_ready(p)]
         if not ips:
             return None
-        controller.append(grpc.insecure_channel(f"{ips[0]}:50051"))
+        token, ca = _credentials(plane, ns, job)
+        controller.append(auth.channel(f"{ips[0]}:50051", token=token, ca=ca))
     try:
         stats = pbg.TransferQueueControllerStub(controller[0]).Stats(pb.StatsRequest(),
                                                                      timeout=3)
@@ -617,14 +619,26 @@ def _live_pods(plane, ns: str, job: str) -> dict[str, list[str]]:
     return by_role
 
 
-def _tq_stats(plane, ns: str, job: str):
-    """The TransferQueue controller's own Stats, over gRPC to its pod, asked with the
-    job's token from its Secret; asked without it, the pod refuses (infra/auth.py)."""
+def _credentials(plane, ns: str, job: str) -> tuple[str, bytes]:
+    """The job's token and CA certificate, from its Secret."""
     import base64
 
+    from rljob.api.builders import TLS_KEYS, TOKEN_KEY, secret_name
+    from rljob.contract import TLS_CA_ENV
+
+    data = json.loads(plane.kubectl("get", "secret", "-n", ns, secret_name(job),
+                                    "-o", "json").stdout)["data"]
+    return (base64.b64decode(data[TOKEN_KEY]).decode(),
+            base64.b64decode(data[TLS_KEYS[TLS_CA_ENV]]))
+
+
+def _tq_stats(plane, ns: str, job: str):
+    """The TransferQueue controller's own Stats, over gRPC to its pod, asked with the
+    job's token from its Secret over TLS that trusts the job's CA (its Secret's too);
+    in plain text the pod refuses the handshake, and without the token the call
+    (infra/tls.py, infra/auth.py)."""
     import grpc
 
-    from rljob.api.builders import TOKEN_KEY, secret_name
     from rljob.infra import auth
     from rljob.transferqueue.proto import transferqueue_pb2 as pb
     from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
@@ -635,14 +649,13 @@ def _tq_stats(plane, ns: str, job: str):
     ready = [p["status"]["podIP"] for p in pods if _pod_ready(p)]
     assert ready, [(p["metadata"]["name"], p["status"].get("containerStatuses")) for p in pods]
     ip = ready[0]
-    with grpc.insecure_channel(f"{ip}:50051") as channel:  # an outsider
-        with pytest.raises(grpc.RpcError) as refused:
+    token, ca = _credentials(plane, ns, job)
+    for outsider, code in ((grpc.insecure_channel(f"{ip}:50051"), "UNAVAILABLE"),
+                           (auth.channel(f"{ip}:50051", token="", ca=ca), "UNAUTHENTICATED")):
+        with outsider as channel, pytest.raises(grpc.RpcError) as refused:
             pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
-    secret = json.loads(plane.kubectl("get", "secret", "-n", ns, secret_name(job),
-                                      "-o", "json").stdout)
-    token = base64.b64decode(secret["data"][TOKEN_KEY]).decode()
-    with auth.channel(f"{ip}:50051", token=token) as channel:
+        assert refused.value.code().name == code, refused.value
+    with auth.channel(f"{ip}:50051", token=token, ca=ca) as channel:
         return pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
 
 
@@ -821,17 +834,19 @@ ENDPOINTS = (
 
 
 # run in one of the job's pods: new connections to the controller and to Redis, with
-# the credentials of the pod's environment
+# the credentials of the pod's environment (the token, the Redis user, the job's CA)
 INSIDER = """
 import os, sys
 import redis
-from rljob.infra import auth
+from rljob.infra import auth, tls
 from rljob.transferqueue.proto import transferqueue_pb2 as pb, transferqueue_pb2_grpc as pbg
 with auth.channel(sys.argv[1] + ":50051") as channel:
     pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
 print("served")
-print(redis.Redis(host=sys.argv[2], port=6379, username=os.environ["RLJOB_TQ_USER"],
-                  password=os.environ["RLJOB_TQ_PASSWORD"], socket_timeout=10).ping())
+url = f"rediss://{sys.argv[2]}:6379/0"
+print(redis.Redis.from_url(url, username=os.environ["RLJOB_TQ_USER"],
+                           password=os.environ["RLJOB_TQ_PASSWORD"], socket_timeout=10,
+                           **tls.redis_client_kwargs(url)).ping())
 """
 
 
@@ -882,8 +897,8 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
         operator_release, namespace, node_cluster):
     """The cluster quickstart runs; pods that are not the job's (one in another
     namespace, one in the job's own without its labels) try every endpoint of it.
-    Without an enforcer (as with the policy deleted) each gRPC server answers
-    UNAUTHENTICATED and Redis NOAUTH; the metrics ports answer (read-only, guarded by
+    Without an enforcer (as with the policy deleted) each server refuses plain text
+    (TLS), and over TLS each gRPC server answers UNAUTHENTICATED and Redis NOAUTH; the metrics ports answer (read-only, guarded by
     the policy alone). Then SIG Network's kube-network-policies enforces the job's
     NetworkPolicy on the node: every connection of theirs goes unanswered, while the
     job's own pods keep training and the operator (admitted by the policy) keeps
@@ -916,8 +931,10 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
         open_ = _outsiders(plane, who, image, targets, watch.poll)
         print(f"\nno policy enforced: {json.dumps(open_, indent=1)}")
         for seen in open_.values():
-            assert seen["transferqueue"] == seen["weights"] == "grpc: UNAUTHENTICATED", seen
-            assert "NOAUTH" in seen["redis"] or "Authentication required" in seen["redis"], seen
+            # TLS (transferQueue.tls) refuses plain text; over TLS, the token and the
+            # Redis user refuse them
+            assert seen["transferqueue"] == seen["weights"] == "grpc over TLS: UNAUTHENTICATED", seen
+            assert seen["redis"].startswith("redis over TLS: ") and "NOAUTH" in seen["redis"], seen
             assert all(seen[m] == "http: 200" for m in seen if m.endswith("metrics")), seen
         enforcer = Enforcer(node_cluster).start()
         try:
