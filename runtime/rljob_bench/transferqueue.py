@@ -32,36 +32,52 @@ ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
 BYTES_PER_CASE = 512 << 20
 
 
-def _start_redis(stack: ExitStack, password: str) -> str:
+def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | None = None
+                 ) -> str:
+    """A redis-server on `password`; with `pems` (infra.tls.Pems), serving TLS alone
+    on them (their files in `tls_dir`), as a Redis unit of a job with
+    transferQueue.tls does: its rediss:// URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server not found: install it (Debian: apt-get install redis-server) "
                          "or pass --redis URL")
     port = free_port()
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rljob-bench-redis-"))
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    listen, secure = ["--port", str(port)], {}
+    if pems is not None:
+        from rljob.api.builders.transferqueue import redis_tls_args
+        from rljob.contract import CA_FILE, CERT_FILE, KEY_FILE
+
+        for name, pem in ((CA_FILE, pems.ca), (CERT_FILE, pems.cert), (KEY_FILE, pems.key)):
+            (tls_dir / name).write_text(pem)
+        listen = redis_tls_args(str(tls_dir), port)
+        secure = {"ssl": True, "ssl_ca_data": pems.ca, "ssl_check_hostname": False}
+    proc = subprocess.Popen([exe, *listen, "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--requirepass", password, "--dir", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     stack.callback(lambda: (proc.terminate(), proc.wait()))
     import redis
 
-    client = redis.Redis(port=port, password=password)
+    client = redis.Redis(port=port, password=password, **secure)
     for _ in range(200):
         try:
             client.ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    return f"redis://127.0.0.1:{port}/0"
+    return f"{'rediss' if pems is not None else 'redis'}://127.0.0.1:{port}/0"
 
 
 def _start_controller(stack: ExitStack, redis_url: str, password: str,
-                      token: str | None = None, job: str = "bench") -> str:
+                      token: str | None = None, job: str = "bench",
+                      env: dict[str, str] | None = None) -> str:
     """A controller of `job` on `redis_url`; with `token`, one that answers only
-    callers that present it (infra/auth.py), as a job's does."""
+    callers that present it (infra/auth.py), as a job's does; `env` added to its
+    environment (the job's TLS certificate: infra/tls.py)."""
     address = f"127.0.0.1:{free_port()}"
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    env.update({PASSWORD_ENV: password, **({TOKEN_ENV: token} if token else {})})
+    env.update({PASSWORD_ENV: password, **({TOKEN_ENV: token} if token else {}), **extra})
     proc = subprocess.Popen([sys.executable, "-m", "rljob", "worker", "transferqueue",
                              "--listen", address, "--redis", redis_url, "--job", job,
                              "--log-level", "WARNING", "--max-row-bytes", str(16 << 20)],

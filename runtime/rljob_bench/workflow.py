@@ -85,10 +85,13 @@ def run_mode(mode: str, k: int | None, steps: int, root: Path, warmup_steps: int
                    lend_cores)
 
 
-def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool = False) -> dict:
+def measure(job: RLJob, run_dir: Path, warmup_steps: int = 3, lend_cores: bool = False,
+            token: str | None = None) -> dict:
     """`rljob run` of `job` in `run_dir`: its steady-state figures (after
-    `warmup_steps`), from its metrics and its timeline."""
-    run = LocalRun(job, run_dir, lend_cores=lend_cores)
+    `warmup_steps`), from its metrics and its timeline; `token` "" runs it without a
+    job token (what the token costs: `rljob bench security`)."""
+    run = LocalRun(job, run_dir, lend_cores=lend_cores,
+                   **({"token": token} if token is not None else {}))
     run.start()
     cpu: dict[str, list[tuple[float, float]]] = {}  # worker -> (wall, CPU seconds) reads
     try:

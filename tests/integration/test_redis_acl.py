@@ -11,29 +11,40 @@ import pytest
 import redis
 
 from rljob.api import builders as b
-from rljob.contract import REDIS_USER
+from rljob.api.builders.transferqueue import TLS_DIR
+from rljob.contract import CA_FILE, CERT_FILE, KEY_FILE, REDIS_USER, TLS_CA_ENV
+from rljob.infra import tls
 from rljob.transferqueue import TaskSpec, TransferQueueClient
 from tests.cluster.controlplane import free_port
-from tests.integration.conftest import ADMIN_ARGS, PASSWORD, TQServer, admin_client
+from tests.integration.conftest import ADMIN, ADMIN_ARGS, ADMIN_PASSWORD, PASSWORD, TQServer
 from tests.integration.test_transferqueue import DRIVER, ROLLOUT, prompts, respond
 from tests.unit.test_operator_builders import load
 
 
+PEMS = tls.make()  # the job's CA and its units' certificate
+SECURE = {"ssl": True, "ssl_ca_data": PEMS.ca, "ssl_check_hostname": False}
+
+
 class RenderedUnit:
-    """redis-server with the args of the job's StatefulSet, on loopback."""
+    """redis-server with the args of the job's StatefulSet, on loopback: TLS alone
+    (transferQueue.tls, the default), on the certificate of `PEMS` in `workdir`/tls."""
 
     def __init__(self, job, workdir):
         container = b.build_redis_statefulset(job)["spec"]["template"]["spec"]["containers"][0]
-        args = [a.replace("$(RLJOB_TQ_PASSWORD)", PASSWORD) for a in container["args"]]
+        (workdir / "tls").mkdir()
+        for name, pem in ((CA_FILE, PEMS.ca), (CERT_FILE, PEMS.cert), (KEY_FILE, PEMS.key)):
+            (workdir / "tls" / name).write_text(pem)
+        args = [a.replace("$(RLJOB_TQ_PASSWORD)", PASSWORD).replace(
+            TLS_DIR, str(workdir / "tls")) for a in container["args"]]
         self.port = free_port()
-        args[args.index("--port") + 1] = str(self.port)
+        args[args.index("--tls-port") + 1] = str(self.port)
         args[args.index("--dir") + 1] = str(workdir)
         # and the tests' admin, to read Redis's log of refused commands
         self.proc = subprocess.Popen([*container["command"], *args, "--bind", "127.0.0.1",
                                       *ADMIN_ARGS],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = f"rediss://127.0.0.1:{self.port}/0"
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -47,10 +58,10 @@ class RenderedUnit:
                 time.sleep(0.05)
 
     def connect(self, username: str | None = REDIS_USER, password: str | None = PASSWORD):
-        return redis.Redis(port=self.port, username=username, password=password)
+        return redis.Redis(port=self.port, username=username, password=password, **SECURE)
 
     def admin(self) -> redis.Redis:
-        return admin_client(self.port)
+        return redis.Redis(port=self.port, username=ADMIN, password=ADMIN_PASSWORD, **SECURE)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -63,7 +74,8 @@ def job():
 
 
 @pytest.fixture
-def unit(job, tmp_path):
+def unit(job, tmp_path, monkeypatch):
+    monkeypatch.setenv(TLS_CA_ENV, PEMS.ca)  # the tests' controllers and clients trust it
     u = RenderedUnit(job, tmp_path)
     yield u
     u.stop()
@@ -73,7 +85,7 @@ def test_the_job_works_through_its_acl_user_and_a_restarted_controller_recovers(
     """Every command of a job's life (the journal, its takeover, cells put, read and
     swept, the recovery's reads) runs as the ACL user: Redis logs no refusal."""
     name = job.metadata.name
-    server = TQServer([unit], job=name)
+    server = TQServer([unit], job=name, env=PEMS.env())  # TLS, as in the pods
     try:
         with TransferQueueClient(server.address) as c:
             c.register(DRIVER, ROLLOUT, TaskSpec("train", ["response_ids", "reward"]))
@@ -83,7 +95,7 @@ def test_the_job_works_through_its_acl_user_and_a_restarted_controller_recovers(
             c.ack(got)
     finally:
         server.stop()
-    again = TQServer([unit], job=name)  # the table and journal found again
+    again = TQServer([unit], job=name, env=PEMS.env())  # the table and journal found again
     try:
         with TransferQueueClient(again.address) as c:
             assert c.stats().rows == 6

@@ -317,6 +317,25 @@ def bench_peer(
                              micro_batch, keep, peer), json_out)
 
 
+@bench_app.command("security")
+def bench_security(
+    steps: int = typer.Option(24, min=3, help="Steps per run of the quickstart."),
+    warmup: int = typer.Option(4, min=1, help="Steps not measured at the start of a run."),
+    rounds: int = typer.Option(2, min=1, help="Rounds of off and on, alternating; medians "
+                               "are printed."),
+    quick: bool = typer.Option(False, help="An eighth of the TransferQueue's bytes."),
+    keep: Path = _keep(),
+    json_out: bool = JSON_OUT,
+) -> None:
+    """What the job's credentials cost: the quickstart's tokens/s with the job token and
+    TLS off and on, and the TransferQueue's 64 KB put+get and claim latency with none,
+    the token, and the token and TLS."""
+    from rljob_bench import security as bench
+
+    _check_warmup(warmup, steps)
+    _report(bench, bench.run(steps, warmup, rounds, keep, quick), json_out)
+
+
 @bench_app.command("overhead")
 def bench_overhead(
     steps: int = typer.Option(30, min=3, help="Steps per mode."),
