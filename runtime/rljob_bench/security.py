@@ -50,9 +50,14 @@ def job_cost(steps: int, warmup: int, rounds: int, root: Path) -> dict:
                         token=None if on else "")
             runs[side].append({
                 "tokens_per_s": m["tokens_per_s"], "step_seconds": m["step_seconds"],
-                "controller_cpu_ms": 1e3 * m["cpu_seconds"].get("transferqueue", 0.0)})
+                "controller_cpu_ms": 1e3 * m["cpu_seconds"].get("transferqueue", 0.0),
+                "cpu_ms": {w: 1e3 * s for w, s in m["cpu_seconds"].items()}})
     out: dict = {side: {k: statistics.median(x[k] for x in runs[side]) for k in FIGURES}
                  for side in SIDES}
+    for side in SIDES:  # each process's CPU a step: whose work the credentials add to
+        workers = sorted({w for x in runs[side] for w in x["cpu_ms"]})
+        out[side]["cpu_ms"] = {w: statistics.median(x["cpu_ms"].get(w, 0.0) for x in runs[side])
+                               for w in workers}
     out["ratio_on_to_off"] = {k: out["on"][k] / out["off"][k] for k in FIGURES
                               if out["off"][k]}
     out["rounds"] = rounds
@@ -136,6 +141,10 @@ def render(results: dict) -> None:
     table.add_row("on / off", *(f"{ratio[k]:.3f}" if k in ratio else "n/a" for k in FIGURES))
     console = Console(width=max(Console().width, 100))
     console.print(table)
+    cpu = {side: job[side].get("cpu_ms", {}) for side in SIDES}
+    if cpu["off"]:
+        console.print("CPU ms a step, off -> on: " + ", ".join(
+            f"{w} {cpu['off'][w]:.1f} -> {cpu['on'].get(w, 0.0):.1f}" for w in cpu["off"]))
     tq = results["transferqueue"]
     tq_table = Table(title="TransferQueue, 64 KB rows through a Redis unit")
     for col in ("", "put+get MB/s", "claim p50 ms (8 consumers)"):

@@ -61,8 +61,8 @@ class _ZeroCopyConnection(Connection):
 
 
 class _TlsConnection(SSLConnection):
-    """rediss://: the pure-Python packer, whose chunks an SSL socket sends one by one
-    (it has no sendmsg)."""
+    """rediss://: the pure-Python packer (no copy of a cell into one buffer); an SSL
+    socket has no sendmsg, so its chunks go one by one."""
 
     def _construct_command_packer(self, packer):
         return PythonRespSerializer(self._buffer_cutoff, self.encoder.encode)
