@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import numpy as np
 
@@ -308,47 +308,7 @@ def run(redis_url: str | None = None, quick: bool = False) -> dict:
         lat = claim_latency(address, password, claims=40 if quick else 150)
         results["claim_latency_ms"] = {"consumers": 8, "p50": _percentile(lat, 50) * 1e3,
                                        "p99": _percentile(lat, 99) * 1e3, "claims": len(lat)}
-        results["job_token"] = token_cost(stack, url, password, address, scale)
     return results
-
-
-@contextmanager
-def _presenting(token: str | None):
-    """This process and the consumers it spawns present `token` (none: no token)."""
-    before = os.environ.pop(TOKEN_ENV, None)
-    if token:
-        os.environ[TOKEN_ENV] = token
-    try:
-        yield
-    finally:
-        os.environ.pop(TOKEN_ENV, None)
-        if before is not None:
-            os.environ[TOKEN_ENV] = before
-
-
-def token_cost(stack: ExitStack, url: str, password: str, open_address: str,
-               scale: int, rounds: int = 2) -> dict:
-    """What the job's token costs: 64 KB put+get MB/s (1 consumer) and the claim latency
-    of 8 consumers against a controller without a token and one with (each of its calls
-    checked), alternately, `rounds` times each; the medians."""
-    from rljob.infra.auth import new_token
-
-    token = new_token()
-    guarded = _start_controller(stack, url, password, token, job="bench-token")
-    size = 64 << 10
-    batches = max(BYTES_PER_CASE // scale // 4 // (size * ROWS_PER_BATCH), 4)
-    runs: dict[str, dict[str, list[float]]] = {"off": {}, "on": {}}
-    for r in range(rounds):
-        for side, address, presented in (("off", open_address, None), ("on", guarded, token)):
-            with _presenting(presented):
-                mbs = tq_put_get(address, password, size, batches, 1, f"token-{side}-{r}")
-                lat = claim_latency(address, password, claims=20 if scale > 1 else 60)
-            runs[side].setdefault("put_get_64KB_MBps", []).append(mbs)
-            runs[side].setdefault("claim_p50_ms", []).append(_percentile(lat, 50) * 1e3)
-    out = {side: {k: float(np.median(v)) for k, v in figures.items()}
-           for side, figures in runs.items()}
-    out["ratio_on_to_off"] = {k: out["on"][k] / out["off"][k] for k in out["on"]}
-    return out
 
 
 def render(results: dict) -> None:
@@ -374,10 +334,3 @@ def render(results: dict) -> None:
     lat = results["claim_latency_ms"]
     console.print(f"claim latency with {lat['consumers']} concurrent consumers: "
                   f"p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms ({lat['claims']} claims)")
-    tok = results["job_token"]
-    console.print(f"the job's token (medians of alternate runs, without -> with): 64 KB "
-                  f"put+get {tok['off']['put_get_64KB_MBps']:.0f} -> "
-                  f"{tok['on']['put_get_64KB_MBps']:.0f} MB/s "
-                  f"({tok['ratio_on_to_off']['put_get_64KB_MBps']:.3f}x), claim p50 "
-                  f"{tok['off']['claim_p50_ms']:.2f} -> {tok['on']['claim_p50_ms']:.2f} ms "
-                  f"({tok['ratio_on_to_off']['claim_p50_ms']:.3f}x)")

@@ -23,8 +23,3 @@ def test_bench_prints_every_figure():
         assert figures["ratio_to_raw"][label] == ours["1_consumers"] / raw["put_get"]
     lat = figures["claim_latency_ms"]
     assert lat["consumers"] == 8 and lat["claims"] > 0 and 0 < lat["p50"] <= lat["p99"]
-    token = figures["job_token"]  # measured against a controller that checks the token
-    for side in ("off", "on"):
-        assert token[side]["put_get_64KB_MBps"] > 0 and token[side]["claim_p50_ms"] > 0
-    assert token["ratio_on_to_off"]["claim_p50_ms"] == (
-        token["on"]["claim_p50_ms"] / token["off"]["claim_p50_ms"])
