@@ -4,6 +4,7 @@ kubectl as the README's cluster journey does."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -126,6 +127,14 @@ def test_journey_ready_restart_no_duplicates_gang_restart_delete(operator, insta
     want = expected_children(path, ns)
     wait_for(lambda: children(cluster, ns, "quickstart") == want, 30, what="children")
     secret = get_json(cluster, "-n", ns, "get", "secret", "quickstart-tq-auth")["data"]
+    # the job's credentials: the Redis password, the token, and (transferQueue.tls) the
+    # job's CA and the certificate it signed for the job's servers
+    assert set(secret) == {"password", "token", "ca.crt", "tls.crt", "tls.key"}, set(secret)
+    from cryptography import x509
+
+    ca, cert = (x509.load_pem_x509_certificate(base64.b64decode(secret[k]))
+                for k in ("ca.crt", "tls.crt"))
+    cert.verify_directly_issued_by(ca)
 
     # the controller-manager made the Deployment's and StatefulSet's pods; mark
     # every pod ready as kubelets would, and the conditions follow
@@ -252,6 +261,9 @@ def test_autoscaler_scales_out_when_the_gap_pays(operator, installed, ns, tmp_pa
     cluster.kubectl("-n", ns, "create", "configmap", "elastic-profile",
                     f"--from-file=profile.json={tmp_path / 'profile.json'}")
 
+    # the scripted controller speaks plain text: the job's TLS off (the operator reads a
+    # real controller over TLS in the node tier's jobs)
+    job["spec"].setdefault("transferQueue", {})["tls"] = False
     with ScriptedStats() as stats:
         job["metadata"]["annotations"] = {"rljob.dev/transferqueue-address": stats.address}
         cluster.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(job))
