@@ -63,3 +63,58 @@ def test_the_readme_is_short_and_its_links_resolve():
     assert targets
     missing = [t for t in targets if not t.startswith("http") and not (REPO / t).exists()]
     assert not missing, missing
+
+
+def _model_bounds(model, path: str) -> dict[str, set[tuple[str, float]]]:
+    """Each field's bounds as its model states them ((symbol, value) pairs), by wire
+    path, through nested models and lists of them."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    symbols = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    out: dict[str, set[tuple[str, float]]] = {}
+    for name, field in model.model_fields.items():
+        here = f"{path}.{field.alias or name}"
+        out[here] = {(sym, float(getattr(m, attr))) for m in field.metadata
+                     for attr, sym in symbols.items() if getattr(m, attr, None) is not None}
+        ann = field.annotation
+        stack = [ann]
+        while stack:
+            a = stack.pop()
+            if isinstance(a, type) and issubclass(a, BaseModel):
+                out.update(_model_bounds(a, here + ("[]" if ann is not a and
+                                                    typing.get_origin(ann) is list else "")))
+            elif isinstance(a, types.UnionType) or typing.get_origin(a) in (typing.Union, list):
+                stack.extend(typing.get_args(a))
+    return out
+
+
+def _reference_bounds(text: str) -> dict[str, set[tuple[str, float]]]:
+    """Each field's bounds as the committed reference prints them, by wire path."""
+    out, section = {}, None
+    for line in text.splitlines():
+        if line.startswith("## `"):
+            section = line[4:].rstrip("`")
+        elif section and line.startswith("| ") and not line.startswith(("| field", "|---")):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            key = re.search(r"`([^`]+)`", cells[0])[1]
+            bounds = re.search(r"\(([^()]*[≥>≤<] [^()]*)\)$", cells[1])
+            out[f"{section}.{key}"] = {(b.split()[0], float(b.split()[1]))
+                                       for b in bounds[1].split(", ")} if bounds else set()
+    return out
+
+
+def test_every_bound_in_the_reference_is_the_models():
+    """`clipRatio` must read (> 0, < 1) as the model says `gt=0, lt=1`: each field's
+    bounds in docs/reference/job.md are exactly the ones its model states."""
+    from rljob.api.spec import RLJobSpec
+
+    model = _model_bounds(RLJobSpec, "spec")
+    page = _reference_bounds((REPO / "docs/reference/job.md").read_text(encoding="utf-8"))
+    assert page["spec.algorithm.clipRatio"] == {(">", 0.0), ("<", 1.0)}
+    checked = [p for p in page if p in model]
+    assert len(checked) > 100, len(checked)  # the page's rows are the model's fields
+    wrong = {p: (page[p], model[p]) for p in checked if page[p] != model[p]}
+    assert wrong == {}

@@ -29,7 +29,7 @@ def _type(node: dict[str, Any]) -> str:
     if "minimum" in node:
         bounds.append((">" if node.get("exclusiveMinimum") else "≥") + f" {node['minimum']}")
     if "maximum" in node:
-        bounds.append((">" if node.get("exclusiveMaximum") else "≤") + f" {node['maximum']}")
+        bounds.append(("<" if node.get("exclusiveMaximum") else "≤") + f" {node['maximum']}")
     return kind + (f" ({', '.join(bounds)})" if bounds else "")
 
 

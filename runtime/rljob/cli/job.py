@@ -94,10 +94,10 @@ def render(
     namespace: str = typer.Option(None, "--namespace", "-n",
                                   help="Namespace of the objects (default: the file's, or default)."),
     fresh_secret: bool = typer.Option(
-        False, "--fresh-secret", help="A new random Redis password and job token in the "
-        "Secret, as the operator makes them. Without it the Secret holds the fixed "
-        f"placeholder {RENDER_PASSWORD!r} for both, so two renders of one file are the "
-        "same text."),
+        False, "--fresh-secret", help="A new random Redis password, job token and (with "
+        "transferQueue.tls) CA and certificate in the Secret, as the operator makes them. "
+        f"Without it the Secret holds the fixed placeholder {RENDER_PASSWORD!r} for each, "
+        "so two renders of one file are the same text."),
     network_policy: bool = typer.Option(
         True, "--network-policy/--no-network-policy",
         help="The job's NetworkPolicy, as an operator with networkPolicy.enabled makes it."),
