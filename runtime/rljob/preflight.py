@@ -383,33 +383,19 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
 
 def check_text_here(text: str, base: Path) -> list[str]:
     """`check` for every RLJob document of a file whose relative paths are read from
-    `base`; a document that does not fit the schema is skipped (its problems are
-    the schema's), one that only breaks cross-field rules or has unknown fields (left
-    out here) is checked too."""
-    from pydantic import ValidationError
-
-    from .api.base import DEFER_RULES
-    from .api.validation import RLJobError, parse_documents, without_unknown
+    `base`: a document with fields the schema refuses (the schema's problems) is
+    checked with those fields left out, so its files are said in the same run; one
+    that cannot be read as a job at all (a required field missing) is skipped."""
+    from .api.validation import RLJobError, best_effort_job, parse_documents
 
     problems = []
     try:
         docs = parse_documents(text, str(base))
     except RLJobError:
         return []
-    def parse(doc) -> RLJob:
-        return RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
-                                         context={DEFER_RULES: True})
-
     for i, doc in enumerate(docs, 1):
-        try:
-            try:
-                job = parse(doc)
-            except ValidationError as exc:  # unknown fields only: the rest is checked too
-                unknown = [e for e in exc.errors() if e["type"] == "extra_forbidden"]
-                if not unknown or not isinstance(doc, dict):
-                    raise
-                job = parse(without_unknown(doc, unknown))
-        except ValidationError:
+        job = best_effort_job(doc)
+        if job is None:
             continue
         job = resolve_paths(job, base)
         prefix = f"document {i}: " if len(docs) > 1 else ""

@@ -93,6 +93,36 @@ def test_validate_suggests_the_field_an_unknown_one_meant(tmp_path):
         f'{bad}: unknown field "spec.algorithm.num_generations" (did you mean "groupSize"?)']
 
 
+def test_validate_says_mistakes_of_every_kind_in_one_run(tmp_path):
+    """Five mistakes of five kinds, five lines in one run: an apiVersion not served
+    hides nothing, a field put in the wrong object names where it belongs, a bound
+    and an enum the schema refuses, a rule of the whole object with no `<nil>:`
+    before it, and a file that is not there (the files are checked although the
+    schema refused the document)."""
+    bad = tmp_path / "five.yaml"
+    bad.write_text("apiVersion: rljob.dev/v1\nkind: RLJob\nmetadata:\n  name: Bad_Name\n"
+                   "spec:\n  lr: 1.0e-5\n"
+                   f"  model: {{path: 'random:{REPO / 'examples/models/tiny-qwen2'}', "
+                   "tokenizer: 'builtin:char'}\n"
+                   "  dataset: {path: data/none.jsonl}\n"
+                   "  algorithm: {clipRatio: 3}\n")
+    out = rljob("validate", str(bad))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = [line.removeprefix(f"{bad}: ") for line in out.stderr.strip().splitlines()]
+    assert lines == [
+        "document 1: apiVersion 'rljob.dev/v1' is not served: use apiVersion: "
+        "rljob.dev/v1alpha1",
+        'unknown field "spec.lr" (did you mean "spec.algorithm.lr"?)',
+        "spec.algorithm.clipRatio: Invalid value: 3: spec.algorithm.clipRatio in body should "
+        "be less than 1",
+        "metadata.name must be a DNS label: lowercase letters, digits and '-', starting with "
+        "a letter and ending with a letter or digit, e.g. grpo-qwen-7b (the job's services "
+        "are named after it)",
+        f"dataset.path: '{tmp_path / 'data/none.jsonl'}' does not exist (relative paths are "
+        f"read from {tmp_path}); give the JSONL or Parquet file of prompts"], lines
+    assert not any(line.startswith("<nil>") for line in lines)
+
+
 def test_validate_checks_the_dataset_keys_rows_and_context_with_numbers(tmp_path):
     model = f"random:{REPO / 'examples/models/tiny-qwen2'}"
     data = tmp_path / "q.jsonl"

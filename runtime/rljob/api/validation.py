@@ -170,14 +170,23 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     return [(f.alias or n) for n, f in model.model_fields.items()]
 
 
+def _all_fields(loc: tuple[Any, ...] = ("spec",)) -> list[tuple[Any, ...]]:
+    """The wire paths of every field under `loc`, through nested objects (pure)."""
+    out = []
+    for name in _fields_at(loc):
+        here = (*loc, name)
+        out.append(here)
+        out.extend(_all_fields(here))
+    return out
+
+
 def did_you_mean(loc: tuple[Any, ...]) -> str | None:
-    """The field an unknown field at `loc` probably meant (a peer's name for it, the
-    same name in another case, or a near spelling)."""
+    """The field an unknown field at `loc` probably meant: in its own object, a peer's
+    name for one, the same name in another case, or a near spelling; else the field of
+    that name elsewhere in the spec (`spec.lr` → `spec.algorithm.lr`), as a full path."""
     import difflib
 
     known = _fields_at(loc[:-1])
-    if not known:
-        return None
     typed = _norm(str(loc[-1]))
     by_norm = {_norm(k): k for k in known}
     if SYNONYMS.get(typed) in known:
@@ -185,7 +194,15 @@ def did_you_mean(loc: tuple[Any, ...]) -> str | None:
     if typed in by_norm:
         return by_norm[typed]
     close = difflib.get_close_matches(typed, list(by_norm), n=1, cutoff=0.75)
-    return by_norm[close[0]] if close else None
+    if close:
+        return by_norm[close[0]]
+    if not loc or loc[0] != "spec":
+        return None
+    wanted = {typed, _norm(SYNONYMS.get(typed, typed))}
+    elsewhere = [p for p in _all_fields() if _norm(str(p[-1])) in wanted]
+    if len(elsewhere) != 1:  # none, or several: no one guess
+        return None
+    return _path(elsewhere[0])
 
 
 def _wire_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -245,9 +262,19 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
     if kind != KIND:
         return [Problem(index, f"document {index}: kind {kind!r} is not an RLJob; this checks "
                                f"kind: {KIND} documents only")]
-    if api_version != API_VERSION:
-        return [Problem(index, f"document {index}: apiVersion {api_version!r} is not served: "
-                               f"use apiVersion: {API_VERSION}")]
+    problems: list[Problem] = []
+    if api_version != API_VERSION:  # said, and the rest checked as the served version's
+        problems.append(Problem(index, f"document {index}: apiVersion {api_version!r} is not "
+                                       f"served: use apiVersion: {API_VERSION}"))
+        doc = {**doc, "apiVersion": API_VERSION}
+    return problems + _check_served(doc, index)
+
+
+def _check_served(doc: dict, index: int, removed: frozenset = frozenset()) -> list[Problem]:
+    """check_document's problems of an RLJob of the served version: the schema's (the
+    unknown fields first, as the apiserver's decoder), then the rules' on what is left
+    once the fields that broke the schema are taken out (`removed`: (object path,
+    field) pairs taken out so far, whose rules are not said again)."""
     problems: list[Problem] = []
     meta = doc.get("metadata") or {}
     if isinstance(meta, dict) and not meta.get("name") and not meta.get("generateName"):
@@ -260,28 +287,64 @@ def check_document(doc: Any, index: int = 1) -> list[Problem]:
     except ValidationError as exc:
         # Unknown fields are rejected by the decoder before schema validation,
         # as the apiserver does with strict field validation.
-        errors = exc.errors(include_url=False)
+        # a field taken out for breaking the schema is not said again as missing
+        errors = [e for e in exc.errors(include_url=False) if not (
+            e["type"] == "missing" and _pair(e) in removed)]
+        if not errors:
+            return problems
         unknown = [e for e in errors if e["type"] == "extra_forbidden"]
         for err in unknown or errors:
             meant = (did_you_mean(_wire_loc(err["loc"])) if err["type"] == "extra_forbidden"
                      else None)
             problems.append(Problem(index, _describe(err),
                                     f'(did you mean "{meant}"?)' if meant else ""))
-        rest = without_unknown(doc, unknown) if unknown else doc
-        if rest != doc:  # and what the rest of the document has wrong, in the same run
+        # and what the rest of the document has wrong, in the same run: without the
+        # fields said (a required one missing stays missing: nothing more to learn)
+        said = [e for e in (unknown or errors) if e["type"] != "missing"]
+        rest = without_unknown(doc, said)
+        if rest != doc:
             seen = {p.text for p in problems}
-            problems += [p for p in check_document(rest, index) if p.text not in seen]
+            gone = removed | {_pair(e) for e in said if _wire_loc(e["loc"])}
+            problems += [p for p in _check_served(rest, index, frozenset(gone))
+                         if p.text not in seen]
         return problems
-    failed: set[tuple[str, str]] = set()  # (object path, field) of a failure said
+    failed: set[tuple[str, str]] = set(removed)  # (object path, field) of a failure said
     for failure in rule_failures(job, ""):
         if knock_on(failure, failed):
             continue
-        field = failure.field or "<nil>"
-        problems.append(Problem(index, f"{field}: {failure.rule.message}",
+        # a rule of the whole object (metadata.name's) names its field in its message
+        where = f"{failure.field}: " if failure.field else ""
+        problems.append(Problem(index, f"{where}{failure.rule.message}",
                                 failure.rule.hint(failure.obj)))
         if failure.rule.field_path:
             failed.add((failure.path, failure.rule.field_path.lstrip(".")))
     return problems
+
+
+def best_effort_job(doc: Any) -> RLJob | None:
+    """The job `doc` describes with every field the schema refuses left out (their
+    defaults apply) and its rules not yet applied, as the served version; None where
+    it cannot be read as one (not an RLJob, or a required field missing). What the
+    checks of the files see of a document whose schema problems are said already."""
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        return None
+    doc = {**doc, "apiVersion": API_VERSION}
+    while True:
+        try:
+            return RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
+                                             context={DEFER_RULES: True})
+        except ValidationError as exc:
+            said = [e for e in exc.errors(include_url=False) if e["type"] != "missing"]
+            rest = without_unknown(doc, said)
+            if rest == doc:
+                return None
+            doc = rest
+
+
+def _pair(err: dict) -> tuple[str, str]:
+    """(object path, field) of a pydantic error's field, as rule failures name them."""
+    loc = _wire_loc(err["loc"])
+    return _path(loc[:-1]), str(loc[-1]) if loc else ""
 
 
 def knock_on(failure, failed: set[tuple[str, str]]) -> bool:
@@ -293,14 +356,23 @@ def knock_on(failure, failed: set[tuple[str, str]]) -> bool:
                for path, name in failed)
 
 
-def without_unknown(doc: dict, unknown: list[dict]) -> dict:
-    """A copy of `doc` without the fields pydantic's `extra_forbidden` errors name (pure)."""
+def without_unknown(doc: dict, errors: list[dict]) -> dict:
+    """A copy of `doc` without the fields pydantic's `errors` name (pure): the unknown
+    ones, or any that broke the schema (their defaults then apply)."""
     out = copy.deepcopy(doc)
-    for err in unknown:
-        *parents, key = err["loc"]
+    for err in errors:
+        loc = _wire_loc(err["loc"])
+        if not loc:
+            continue
+        *parents, key = loc
         node: Any = out
         for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                node = None
         if isinstance(node, dict):
             node.pop(key, None)
     return out
