@@ -95,8 +95,10 @@ def _reference_bounds(text: str) -> dict[str, set[tuple[str, float]]]:
     """Each field's bounds as the committed reference prints them, by wire path."""
     out, section = {}, None
     for line in text.splitlines():
-        if line.startswith("## `"):
-            section = line[4:].rstrip("`")
+        if re.match(r"#{2,6} `", line):  # a section's heading: its own name
+            section = re.match(r"#+ `([^`]+)`", line)[1]
+        elif re.fullmatch(r"`spec[^`]*`", line):  # and its whole path, below it
+            section = line.strip("`")
         elif section and line.startswith("| ") and not line.startswith(("| field", "|---")):
             cells = [c.strip() for c in line.strip("|").split(" | ")]
             key = re.search(r"`([^`]+)`", cells[0])[1]
@@ -104,6 +106,25 @@ def _reference_bounds(text: str) -> dict[str, set[tuple[str, float]]]:
             out[f"{section}.{key}"] = {(b.split()[0], float(b.split()[1]))
                                        for b in bounds[1].split(", ")} if bounds else set()
     return out
+
+
+def test_the_references_contents_name_each_object_under_its_parent():
+    """The page's headings (its contents list) are each object's own name, one level
+    deeper than its parent's, each with its whole path below it and as its anchor."""
+    from rljob.api.reference import _anchor
+
+    lines = (REPO / "docs/reference/job.md").read_text(encoding="utf-8").splitlines()
+    heads = [(i, re.fullmatch(r"(#{2,6}) `([^`]+)` \{#([a-z0-9_-]+)\}", line))
+             for i, line in enumerate(lines) if line.startswith("##")]
+    assert heads and all(m for _, m in heads), [lines[i] for i, m in heads if not m]
+    paths = []
+    for i, m in heads:
+        level, name, anchor = len(m[1]), m[2], m[3]
+        path = lines[i + 2].strip("`") if level > 2 else name
+        assert path.split(".")[-1] == name and len(path.split(".")) == level - 1, (i, path)
+        assert anchor == _anchor(path)
+        paths.append(path)
+    assert len(paths) == len(set(paths)) > 40 and paths[0] == "spec"
 
 
 def test_every_bound_in_the_reference_is_the_models():

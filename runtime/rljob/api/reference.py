@@ -43,10 +43,20 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def heading(path: str) -> str:
+    """The heading of `path`'s section (pure): its own name, at the depth of its
+    nesting (## for spec, ### for spec.model, ...), so the page's contents list names
+    each object and nests it under its parent; the anchor stays the whole path's."""
+    parts = path.split(".")
+    return f"{'#' * (len(parts) + 1)} `{parts[-1]}` {{#{_anchor(path)}}}"
+
+
 def _sections(node: dict[str, Any], path: str, out: list[str]) -> None:
     props = node.get("properties", {})
     required = set(node.get("required", []))
-    out.append(f"\n## `{path}`\n")
+    out.append(f"\n{heading(path)}\n")
+    if "." in path:
+        out.append(f"`{path}`\n")
     if node.get("description"):
         out.append(_cell(node["description"]) + "\n")
     out.append("| field | type | default | description |")
