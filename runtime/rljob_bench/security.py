@@ -30,23 +30,29 @@ SIDES = ("off", "on")
 FIGURES = ("tokens_per_s", "step_seconds", "controller_cpu_ms")
 
 
-def security_job(steps: int, tls: bool) -> RLJob:
+QUICK_WARMUP_STEPS = 20  # --quick: the policy's supervised warm-up, before any step
+
+
+def security_job(steps: int, tls: bool, quick: bool = False) -> RLJob:
     """The quickstart with `steps` steps and `transferQueue.tls` `tls`, its relative
-    paths read from the examples' folder as `rljob run` reads them."""
+    paths read from the examples' folder as `rljob run` reads them; `quick`: a tenth
+    of its supervised warm-up (before the steps measured: both sides alike)."""
     path = example("quickstart.yaml")
     job = resolve_paths(load_rljob(str(path)), path.parent)
     job.spec.algorithm.max_steps = steps
     job.spec.transfer_queue.tls = tls
+    if quick:
+        job.spec.model.warmup_steps = min(job.spec.model.warmup_steps, QUICK_WARMUP_STEPS)
     return job
 
 
-def job_cost(steps: int, warmup: int, rounds: int, root: Path) -> dict:
+def job_cost(steps: int, warmup: int, rounds: int, root: Path, quick: bool = False) -> dict:
     """Each side's figures (medians of `rounds` alternate runs) and on/off ratios."""
     runs: dict[str, list[dict]] = {s: [] for s in SIDES}
     for r in range(rounds):
         for side in SIDES if r % 2 == 0 else SIDES[::-1]:
             on = side == "on"
-            m = measure(security_job(steps, on), root / f"round-{r}" / side, warmup,
+            m = measure(security_job(steps, on, quick), root / f"round-{r}" / side, warmup,
                         token=None if on else "")
             runs[side].append({
                 "tokens_per_s": m["tokens_per_s"], "step_seconds": m["step_seconds"],
@@ -120,8 +126,8 @@ def tq_cost(quick: bool, rounds: int = 2) -> dict:
 def run(steps: int = 24, warmup: int = 4, rounds: int = 2, keep: Path | None = None,
         quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="rljob-bench-security-") as tmp:
-        job = job_cost(steps, warmup, rounds, keep or Path(tmp))
-    return {"job": job, "transferqueue": tq_cost(quick)}
+        job = job_cost(steps, warmup, rounds, keep or Path(tmp), quick)
+    return {"job": job, "transferqueue": tq_cost(quick, rounds=1 if quick else 2)}
 
 
 def render(results: dict) -> None:

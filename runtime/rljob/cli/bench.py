@@ -323,7 +323,8 @@ def bench_security(
     warmup: int = typer.Option(4, min=1, help="Steps not measured at the start of a run."),
     rounds: int = typer.Option(2, min=1, help="Rounds of off and on, alternating; medians "
                                "are printed."),
-    quick: bool = typer.Option(False, help="An eighth of the TransferQueue's bytes."),
+    quick: bool = typer.Option(False, help="An eighth of the TransferQueue's bytes, one "
+                               "round of it, and a tenth of the quickstart's warm-up."),
     keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
