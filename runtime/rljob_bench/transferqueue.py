@@ -43,7 +43,7 @@ def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | Non
                          "or pass --redis URL")
     port = free_port()
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rljob-bench-redis-"))
-    listen, secure = ["--port", str(port)], {}
+    listen = ["--port", str(port)]
     if pems is not None:
         from rljob.api.builders.transferqueue import redis_tls_args
         from rljob.contract import CA_FILE, CERT_FILE, KEY_FILE
@@ -51,21 +51,24 @@ def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | Non
         for name, pem in ((CA_FILE, pems.ca), (CERT_FILE, pems.cert), (KEY_FILE, pems.key)):
             (tls_dir / name).write_text(pem)
         listen = redis_tls_args(str(tls_dir), port)
-        secure = {"ssl": True, "ssl_ca_data": pems.ca, "ssl_check_hostname": False}
     proc = subprocess.Popen([exe, *listen, "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--requirepass", password, "--dir", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     stack.callback(lambda: (proc.terminate(), proc.wait()))
     import redis
 
-    client = redis.Redis(port=port, password=password, **secure)
+    from rljob.infra.tls import redis_client_kwargs
+
+    url = f"{'rediss' if pems is not None else 'redis'}://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, password=password,
+                                  **redis_client_kwargs(url, pems.ca if pems else None))
     for _ in range(200):
         try:
             client.ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    return f"{'rediss' if pems is not None else 'redis'}://127.0.0.1:{port}/0"
+    return url
 
 
 def _start_controller(stack: ExitStack, redis_url: str, password: str,

@@ -22,7 +22,6 @@ from tests.unit.test_operator_builders import load
 
 
 PEMS = tls.make()  # the job's CA and its units' certificate
-SECURE = {"ssl": True, "ssl_ca_data": PEMS.ca, "ssl_check_hostname": False}
 
 
 class RenderedUnit:
@@ -58,10 +57,11 @@ class RenderedUnit:
                 time.sleep(0.05)
 
     def connect(self, username: str | None = REDIS_USER, password: str | None = PASSWORD):
-        return redis.Redis(port=self.port, username=username, password=password, **SECURE)
+        return redis.Redis.from_url(self.url, username=username, password=password,
+                                    **tls.redis_client_kwargs(self.url, PEMS.ca))
 
     def admin(self) -> redis.Redis:
-        return redis.Redis(port=self.port, username=ADMIN, password=ADMIN_PASSWORD, **SECURE)
+        return self.connect(ADMIN, ADMIN_PASSWORD)
 
     def stop(self) -> None:
         self.proc.terminate()

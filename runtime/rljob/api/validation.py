@@ -281,9 +281,7 @@ def _check_served(doc: dict, index: int, removed: frozenset = frozenset()) -> li
         problems.append(Problem(index, "metadata.name: Required value: name or generateName "
                                        "is required"))
     try:
-        job = RLJob.model_validate_json(
-            json.dumps(doc, default=str), strict=True, context={DEFER_RULES: True}
-        )
+        job = _parse(doc)
     except ValidationError as exc:
         # Unknown fields are rejected by the decoder before schema validation,
         # as the apiserver does with strict field validation.
@@ -301,7 +299,7 @@ def _check_served(doc: dict, index: int, removed: frozenset = frozenset()) -> li
         # and what the rest of the document has wrong, in the same run: without the
         # fields said (a required one missing stays missing: nothing more to learn)
         said = [e for e in (unknown or errors) if e["type"] != "missing"]
-        rest = without_unknown(doc, said)
+        rest = without_fields(doc, said)
         if rest != doc:
             seen = {p.text for p in problems}
             gone = removed | {_pair(e) for e in said if _wire_loc(e["loc"])}
@@ -321,6 +319,12 @@ def _check_served(doc: dict, index: int, removed: frozenset = frozenset()) -> li
     return problems
 
 
+def _parse(doc: dict) -> RLJob:
+    """`doc` as a job, strictly, its rules not yet applied (ValidationError else)."""
+    return RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
+                                     context={DEFER_RULES: True})
+
+
 def best_effort_job(doc: Any) -> RLJob | None:
     """The job `doc` describes with every field the schema refuses left out (their
     defaults apply) and its rules not yet applied, as the served version; None where
@@ -331,11 +335,10 @@ def best_effort_job(doc: Any) -> RLJob | None:
     doc = {**doc, "apiVersion": API_VERSION}
     while True:
         try:
-            return RLJob.model_validate_json(json.dumps(doc, default=str), strict=True,
-                                             context={DEFER_RULES: True})
+            return _parse(doc)
         except ValidationError as exc:
             said = [e for e in exc.errors(include_url=False) if e["type"] != "missing"]
-            rest = without_unknown(doc, said)
+            rest = without_fields(doc, said)
             if rest == doc:
                 return None
             doc = rest
@@ -356,7 +359,7 @@ def knock_on(failure, failed: set[tuple[str, str]]) -> bool:
                for path, name in failed)
 
 
-def without_unknown(doc: dict, errors: list[dict]) -> dict:
+def without_fields(doc: dict, errors: list[dict]) -> dict:
     """A copy of `doc` without the fields pydantic's `errors` name (pure): the unknown
     ones, or any that broke the schema (their defaults then apply)."""
     out = copy.deepcopy(doc)

@@ -111,12 +111,12 @@ def secure_channel(address: str, ca: bytes, options=None):
 
 
 # ---- Redis ---------------------------------------------------------------------------
-def redis_client_kwargs(url: str) -> dict:
-    """redis-py's TLS arguments for `url` (rediss://: the job's CA, else the system's
-    trust store when this process has none); none for redis:// (pure but for the env)."""
+def redis_client_kwargs(url: str, ca: str | None = None) -> dict:
+    """redis-py's TLS arguments for `url` (rediss://: the job's CA, `ca` or else this
+    process's, else the system's trust store); none for redis:// (pure but for the env)."""
     if not url.startswith("rediss://"):
         return {}
-    ca = ca_from_env()
+    ca = ca.encode() if ca else ca_from_env()
     if ca is None:  # a user's own Redis behind a certificate of the public kind
         return {"ssl_cert_reqs": "required"}
     # the job's CA signs nothing but this job's servers: the chain is the identity, and
