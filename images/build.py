@@ -1,6 +1,6 @@
 """Builds rljob's CPU container images without a container engine, as OCI image archives
-that ``ctr -n k8s.io images import`` takes (pods then use them with a pull policy that
-never pulls).
+that ``python -m images.push`` pushes to a registry and ``ctr -n k8s.io images import``
+loads into one node's containerd.
 
     sudo python -m images.build [runtime] [operator] [--verify] [--rebuild]
 

@@ -316,6 +316,21 @@ class Node:
     def socket(self) -> Path:
         return self.workdir / "containerd.sock"
 
+    @property
+    def registry_hosts(self) -> Path:
+        """containerd's registry host configuration (certs.d/HOST:PORT/hosts.toml)."""
+        return self.workdir / "certs.d"
+
+    def image_names(self) -> list[str]:
+        """The names of the images containerd holds for the kubelet."""
+        return [line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.splitlines()
+                if line.strip()]
+
+    def remove_image(self, ref: str) -> None:
+        """Removes an image's name from containerd and its content and snapshots with
+        it (unless another name holds them): its next use pulls it again."""
+        self._ctr("images", "rm", "--sync", ref, timeout=120)
+
     # -- processes -----------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -523,6 +538,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
   Root = "{c / 'runc'}"
+
+[{cri}.registry]
+  # a registry's hosts.toml (its CA, what it serves) under certs.d/HOST:PORT/, read at
+  # each pull (tests/cluster/registry.py writes one)
+  config_path = "{self.registry_hosts}"
 
 [{cri}.cni]
   bin_dir = "{CNI_BIN_DIR}"

@@ -141,6 +141,15 @@ def test_users_roles_aggregate_into_edit_and_view_and_runtime_image_reaches_the_
     dep = next(d for d in plain if d["kind"] == "Deployment")
     assert "RLJOB_RUNTIME_IMAGE" not in {e["name"] for e in
                                          dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"rljob/operator:{version}"
+    # the operator's image by digest, as python -m images.push prints it
+    digest = "sha256:" + "d6" * 32
+    pinned = render(cluster, "--set", "image.repository=registry.example/ml/operator",
+                    "--set", f"image.digest={digest}", "--set", "image.tag=ignored")
+    dep = next(d for d in pinned if d["kind"] == "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        f"registry.example/ml/operator@{digest}"
 
 
 def test_monitoring_objects_select_the_jobs_and_ship_the_dashboard(cluster):

@@ -31,19 +31,51 @@ JOB = "quickstart-cluster"
 
 
 @pytest.fixture(scope="module")
-def images_on_node(node_cluster):
-    """The CPU runtime and operator images, built (cached by content) and imported."""
+def images_on_node(node_cluster, bin_dir, tmp_path_factory):
+    """The CPU runtime and operator images, built (cached by content) and pushed to a
+    real registry with `python -m images.push`, as the cluster guide does; the node
+    trusts the registry's CA and pulls from it. The operator's image is taken off the
+    node first, so `helm install` makes the node pull it whole from the registry; the
+    runtime image is also imported under its plain name for the tests that apply the
+    examples as they are (its layers are the pushed image's, so a pull of it by the
+    registry's name fetches only the manifest)."""
+    from tests.cluster.registry import Registry
+
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "images.build", "runtime", "operator"],
                          cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-4000:]
     built = time.monotonic() - t0
     archives = [line.split() for line in out.stdout.splitlines()]
-    # the node's image store may hold them from an earlier run (tests/cluster/node.py)
-    todo = [(ref, archive) for ref, archive in archives
-            if not node_cluster.has_image(Path(archive))]
-    # an import into a nearly full disk ends in the kubelet's disk-pressure eviction,
-    # which deletes images (the pod sandbox's too) and every pod fails: say so first
+    registry = Registry(bin_dir, tmp_path_factory.mktemp("registry")).start()
+    try:
+        t1 = time.monotonic()
+        pinned = registry.push(out.stdout)
+        pushed = time.monotonic() - t1
+        registry.trust_on(node_cluster)
+        # the node's copies of the operator image go: helm install pulls it
+        for ref in node_cluster.image_names():
+            if "/rljob/operator" in ref:
+                node_cluster.remove_image(ref)
+        runtime = [(ref, a) for ref, a in archives if "/rljob/runtime" in ref]
+        todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
+        _room_for(node_cluster, todo)
+        refs = {ref: "held" for ref, _ in runtime}
+        for ref, archive in todo:
+            t2 = time.monotonic()
+            oci.import_archive(archive, node_cluster.socket)
+            refs[ref] = f"{time.monotonic() - t2:.0f}s"
+        print(f"\nimages: build {built:.0f}s (cached by content), push {pushed:.0f}s "
+              f"({', '.join(pinned.values())}), import "
+              + ", ".join(f"{r} {s}" for r, s in refs.items()))
+        yield {"registry": registry, "pinned": pinned}
+    finally:
+        registry.stop()
+
+
+def _room_for(node_cluster, todo) -> None:
+    """An import into a nearly full disk ends in the kubelet's disk-pressure eviction,
+    which deletes images (the pod sandbox's too) and every pod fails: say so first."""
     disk = shutil.disk_usage(node_cluster.workdir)
     need = sum(2.2 * Path(a).stat().st_size for _, a in todo) + 0.01 * disk.total + 2**31
     if disk.free < need:
@@ -51,14 +83,11 @@ def images_on_node(node_cluster):
                     f"importing the images needs about {need / 2**30:.1f} GiB (content, "
                     "unpacked layers, and the kubelet evicts below 1 % free): free some "
                     "space (old ~/.cache/rljob entries, /tmp) and run again")
-    refs = {ref: "held" for ref, _ in archives}
-    for ref, archive in todo:
-        t1 = time.monotonic()
-        oci.import_archive(archive, node_cluster.socket)
-        refs[ref] = f"{time.monotonic() - t1:.0f}s"
-    print(f"\nimages: build {built:.0f}s (cached by content), import "
-          + ", ".join(f"{r} {s}" for r, s in refs.items()))
-    return refs
+
+
+def _pinned(images_on_node, name: str) -> str:
+    """The pushed image `name` (runtime, operator) by its registry name and digest."""
+    return next(p for s, p in images_on_node["pinned"].items() if f"/rljob/{name}:" in s)
 
 
 def _rljob(plane, ns: str, job: str = JOB) -> dict:
@@ -104,10 +133,14 @@ def _debug(plane, ns: str) -> str:
 
 @pytest.fixture(scope="module")
 def operator_release(node_cluster, images_on_node):
-    """`helm install` of the chart: the operator runs as a pod from its image."""
+    """`helm install` of the chart with the pushed operator image, by digest, as the
+    cluster guide installs it: the node pulls it from the registry and runs it."""
     plane = node_cluster.plane
+    registry = images_on_node["registry"]
+    repository, digest = _pinned(images_on_node, "operator").split("@")
     t0 = time.monotonic()
     helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
+         "--set", f"image.repository={repository}", "--set", f"image.digest={digest}",
          "--set", "reconcileInterval=2", "--set", "logFormat=plain")
     try:
         out = plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
@@ -115,7 +148,15 @@ def operator_release(node_cluster, images_on_node):
         assert out.returncode == 0, f"the operator is not Ready: {out.stderr}\n" + _debug(
             plane, OPERATOR_NS) + plane.kubectl("-n", OPERATOR_NS, "describe", "pods",
                                                 check=False).stdout[-3000:]
-        print(f"\noperator Ready {time.monotonic() - t0:.0f}s after helm install")
+        print(f"\noperator Ready {time.monotonic() - t0:.0f}s after helm install, its "
+              f"image pulled from the registry: {registry.served('blobs')} layers and "
+              "configs sent")
+        pod = _pods(plane, OPERATOR_NS, "app.kubernetes.io/name=rljob-operator")[0]
+        assert pod["spec"]["containers"][0]["image"] == f"{repository}@{digest}"
+        # the node fetched the operator's manifest and blobs from the registry
+        assert registry.served("manifests", repository.split("/", 1)[1]) >= 1, \
+            registry.log_tail()
+        assert registry.served("blobs", repository.split("/", 1)[1]) >= 2, registry.log_tail()
         yield plane
     finally:
         helm(plane, "uninstall", RELEASE, "-n", OPERATOR_NS, check=False)
@@ -212,8 +253,14 @@ def _apply(plane, ns: str, doc_or_path) -> None:
 
 
 @pytest.mark.timeout(1800)
-def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace):
+def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace,
+                                                   images_on_node):
+    """The cluster guide's route: the images pushed to the registry, the chart
+    installed with the operator's (operator_release), the job applied naming the
+    runtime image's registry copy by digest; it trains, shows its progress, ends and
+    is cleaned up."""
     plane = operator_release
+    runtime = _pinned(images_on_node, "runtime")
     ns, volume = namespace
     host_dir = volume("quickstart-checkpoints")
     plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
@@ -226,8 +273,12 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace)
     assert doc["spec"]["algorithm"]["maxSteps"] == 60
     steps = doc["spec"]["algorithm"]["maxSteps"] = 16
     doc["spec"]["model"]["warmupSteps"] = 20
+    doc["spec"]["image"] = doc["spec"]["transferQueue"]["redis"]["image"] = runtime
     _apply(plane, ns, doc)
     succeeded = watch.until_succeeded(900)
+    # every pod of the job ran the registry's image
+    assert {c["image"] for pod in _pods(plane, ns, f"rljob.dev/name={JOB}")
+            for c in pod["spec"]["containers"]} == {runtime}
     steps_seen = [(t, s, p.get("stalenessMean", 0.0), p.get("tokensPerSecond", 0.0))
                   for t, s, p in watch.steps]
     table = plane.kubectl("get", "rljobs", "-n", ns).stdout

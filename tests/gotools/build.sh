@@ -11,6 +11,9 @@
 #                  with netpol/nfqueue-compat.patch applied: its queue verdict through
 #                  the xtables NFQUEUE target, for kernels built without nft's queue
 #                  expression (CONFIG_NFT_QUEUE), as the test machines' kernel is
+#   registry:      the CNCF distribution registry and go-containerregistry's crane
+#                  (registry/): the images are pushed to it (python -m images.push)
+#                  and the node pulls them from it
 # Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
 # where <key> names the pinned versions and hashes that group's go.mod/go.sum/
@@ -34,6 +37,8 @@ helm_v="$(version_of helm.sh/helm/v3 "$here/helm/go.mod")"
 coredns_v="$(version_of github.com/coredns/coredns "$here/coredns/go.mod")"
 kueue_v="$(version_of sigs.k8s.io/kueue "$here/kueue/go.mod")"
 netpol_v="$(version_of sigs.k8s.io/kube-network-policies "$here/netpol/go.mod")"
+registry_v="$(version_of github.com/distribution/distribution/v3 "$here/registry/go.mod")"
+crane_v="$(version_of github.com/google/go-containerregistry "$here/registry/go.mod")"
 go_v="$(go env GOVERSION)"
 kube_files=("$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/tools.go)
 cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.sum \
@@ -44,21 +49,26 @@ node_digest="$(digest_of "${kube_files[@]}" "$here"/coredns/go.mod "$here"/cored
 kueue_digest="$(digest_of "$here"/kueue/go.mod "$here"/kueue/go.sum "$here"/kueue/tools.go)"
 netpol_digest="$(digest_of "$here"/netpol/go.mod "$here"/netpol/go.sum "$here"/netpol/tools.go \
   "$here"/netpol/nfqueue-compat.patch)"
+registry_digest="$(digest_of "$here"/registry/go.mod "$here"/registry/go.sum \
+  "$here"/registry/tools.go)"
 cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
 kueue_key="kueue-${kueue_v}_${go_v}_${kueue_digest}"
 netpol_key="netpol-${netpol_v}_${go_v}_${netpol_digest}"
+registry_key="registry-${registry_v}_crane-${crane_v}_${go_v}_${registry_digest}"
 node_key="node-k8s-${kube_v}_coredns-${coredns_v}_${go_v}_${node_digest}"
 root="${RLJOB_GOTOOLS_CACHE:-$HOME/.cache/rljob/gotools}"
 cp_bin="$root/$cp_key/bin"
 node_bin="$root/$node_key/bin"
 kueue_bin="$root/$kueue_key/bin"
 netpol_bin="$root/$netpol_key/bin"
-all_bin="$root/bin-$(printf '%s\n%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
-  "$netpol_key" | sha256sum | cut -c1-12)"
+registry_bin="$root/$registry_key/bin"
+all_bin="$root/bin-$(printf '%s\n%s\n%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
+  "$netpol_key" "$registry_key" | sha256sum | cut -c1-12)"
 cp_want=(kube-apiserver kube-controller-manager kubectl etcd helm)
 node_want=(kubelet kube-scheduler kube-proxy coredns pause probe)
 kueue_want=(kueue kueue-config)
 netpol_want=(kube-network-policies)
+registry_want=(registry crane)
 
 have_all() { # dir, names... (the config folder counts as present when it holds the CRDs)
   local dir="$1"; shift
@@ -68,7 +78,7 @@ have_all() { # dir, names... (the config folder counts as present when it holds 
   done
 }
 if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}" "${kueue_want[@]}" \
-    "${netpol_want[@]}"; then
+    "${netpol_want[@]}" "${registry_want[@]}"; then
   echo "$all_bin"; exit 0
 fi
 
@@ -148,11 +158,23 @@ if ! have_all "$netpol_bin" "${netpol_want[@]}"; then
   echo "kube-network-policies built in $((SECONDS - t)) s: $netpol_bin" >&2
 fi
 
+if ! have_all "$registry_bin" "${registry_want[@]}"; then
+  rm -rf "$registry_bin.partial"; mkdir -p "$registry_bin.partial"
+  t=$SECONDS
+  echo "building the distribution registry $registry_v and crane $crane_v" >&2
+  (cd "$here/registry" && go build -trimpath -ldflags "-s -w" -o "$registry_bin.partial/" \
+    github.com/distribution/distribution/v3/cmd/registry \
+    github.com/google/go-containerregistry/cmd/crane)
+  rm -rf "$registry_bin"; mv "$registry_bin.partial" "$registry_bin"
+  echo "registry and crane built in $((SECONDS - t)) s: $registry_bin" >&2
+fi
+
 rm -rf "$all_bin.partial"; mkdir -p "$all_bin.partial"
 for b in "${cp_want[@]}"; do ln -s "$cp_bin/$b" "$all_bin.partial/$b"; done
 for b in "${node_want[@]}"; do ln -s "$node_bin/$b" "$all_bin.partial/$b"; done
 for b in "${kueue_want[@]}"; do ln -s "$kueue_bin/$b" "$all_bin.partial/$b"; done
 for b in "${netpol_want[@]}"; do ln -s "$netpol_bin/$b" "$all_bin.partial/$b"; done
+for b in "${registry_want[@]}"; do ln -s "$registry_bin/$b" "$all_bin.partial/$b"; done
 rm -rf "$all_bin"; mv "$all_bin.partial" "$all_bin"
 echo "binaries ready in $((SECONDS - start)) s: $all_bin" >&2
 echo "$all_bin"

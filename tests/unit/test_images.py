@@ -223,3 +223,44 @@ def test_built_image_names_match_what_pods_and_chart_use():
     assert specs["runtime"].tags == (RLJobSpec.model_fields["image"].default + "-cpu",)
     for image in specs.values():
         oci.image_config(image.oci_config(), "sha256:" + "0" * 64)  # a valid config
+
+
+# ---- images/push.py: the archives to a registry (pushed for real in the node tier) --
+
+def test_push_names_each_image_under_the_registry_and_prints_the_charts_values():
+    from images import push
+    assert push.target_of("docker.io/rljob/runtime:0.1.0-cpu", "registry.example.com/ml/rljob/"
+                          ) == "registry.example.com/ml/rljob/runtime:0.1.0-cpu"
+    for bad in ("https://registry.example.com", "", "reg istry"):
+        with pytest.raises(ValueError, match="registry"):
+            push.target_of("docker.io/rljob/runtime:0.1.0-cpu", bad)
+    digest = "sha256:" + "ab" * 32
+    pushed = [push.Pushed("docker.io/rljob/operator:0.1.0", "r.example/x/operator:0.1.0", digest),
+              push.Pushed("docker.io/rljob/runtime:0.1.0-cpu", "r.example/x/runtime:0.1.0-cpu",
+                          digest)]
+    assert pushed[1].pinned == f"r.example/x/runtime@{digest}"
+    assert push.helm_values(pushed) == ["image.repository=r.example/x/operator",
+                                        f"image.digest={digest}",
+                                        f"runtimeImage=r.example/x/runtime@{digest}"]
+    # images.build's output lines on stdin, or NAME=ARCHIVE arguments
+    assert push.parse_pairs([], ["a:1 /x/a.tar\n", "\n"]) == [("a:1", Path("/x/a.tar"))]
+    assert push.parse_pairs(["a:1=/x/a.tar"], []) == [("a:1", Path("/x/a.tar"))]
+    with pytest.raises(SystemExit, match="NAME=ARCHIVE"):
+        push.parse_pairs([], ["just-one-word\n"])
+
+
+def test_an_archive_unpacks_to_the_layout_crane_pushes(tmp_path):
+    from images import push
+    rootfs = tmp_path / "root"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "hello").write_text("hi")
+    archive = tmp_path / "img.tar"
+    oci.pack_rootfs(rootfs, "rljob/x:1", archive, {"entrypoint": ["/bin/true"]})
+    layout = push.unpack(archive, tmp_path / "layout")
+    index = json.loads((layout / "index.json").read_text())
+    manifest = index["manifests"][0]["digest"].split(":")[1]
+    assert (layout / "blobs" / "sha256" / manifest).is_file()
+    with tarfile.open(tmp_path / "empty.tar", "w"):
+        pass
+    with pytest.raises(ValueError, match="not an OCI image archive"):
+        push.unpack(tmp_path / "empty.tar", tmp_path / "empty")

@@ -1,0 +1,159 @@
+"""A real image registry for the node: the CNCF distribution registry (built from its Go
+module by tests/gotools/build.sh), served over TLS with a CA of its own, that the
+images are pushed to with ``python -m images.push`` (crane) and the node's containerd
+pulls from, trusting that CA through its hosts.toml, as a platform's nodes pull from
+the platform's registry.
+
+Its storage is kept between runs under ``~/.cache/rljob/registry`` (a push of what it
+holds uploads nothing); it starts empty again once it outgrows `STORAGE_LIMIT`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from images import oci
+
+REPO = Path(__file__).resolve().parents[2]
+STORAGE = Path(os.environ.get("RLJOB_REGISTRY_CACHE",
+                              Path.home() / ".cache" / "rljob" / "registry"))
+STORAGE_LIMIT = 12 * 2**30
+
+CONFIG = """\
+version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: {storage}
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+  tls:
+    certificate: {cert}
+    key: {key}
+"""
+
+HOSTS_TOML = """\
+server = "https://{host}"
+
+[host."https://{host}"]
+  capabilities = ["pull", "resolve"]
+  ca = "{ca}"
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _certificate(into: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 it signs (openssl)."""
+    ca_key, ca, key, csr, cert = (into / n for n in ("ca.key", "ca.crt", "tls.key",
+                                                     "tls.csr", "tls.crt"))
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
+        "-subj", "/CN=rljob test registry CA")
+    run("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
+    ext = into / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))
+    return ca, cert, key
+
+
+@dataclass
+class Registry:
+    bin_dir: Path
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    ca: Path | None = None
+    pushed: dict[str, str] = field(default_factory=dict)  # source name -> pinned name
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "Registry":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if STORAGE.is_dir() and oci.tree_size(STORAGE) > STORAGE_LIMIT:
+            shutil.rmtree(STORAGE, ignore_errors=True)
+        STORAGE.mkdir(parents=True, exist_ok=True)
+        self.ca, cert, key = _certificate(self.workdir)
+        self.port = _free_port()
+        config = self.workdir / "config.yml"
+        config.write_text(CONFIG.format(storage=STORAGE, port=self.port, cert=cert, key=key))
+        log = open(self.workdir / "registry.log", "ab")
+        self.proc = subprocess.Popen([str(self.bin_dir / "registry"), "serve", str(config)],
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the registry did not start:\n{self.log_tail()}")
+                time.sleep(0.1)
+
+    def trust_on(self, node) -> None:
+        """The node's containerd pulls from here, trusting the registry's CA."""
+        hosts = node.registry_hosts / self.host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(HOSTS_TOML.format(host=self.host, ca=self.ca))
+
+    def push(self, build_output: str, path: str = "rljob") -> dict[str, str]:
+        """``python -m images.push`` of images.build's output lines, as the docs run it;
+        returns {source name: name by digest}."""
+        done = subprocess.run(
+            [sys.executable, "-m", "images.push", f"{self.host}/{path}", "--ca", str(self.ca),
+             "--crane", str(self.bin_dir / "crane")],
+            input=build_output, capture_output=True, text=True, cwd=REPO, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"images.push failed: {done.stderr[-3000:]}\n{self.log_tail()}")
+        sources = [line.split()[0] for line in build_output.splitlines() if line.strip()]
+        pinned = done.stdout.split()
+        assert len(pinned) == len(sources), (done.stdout, build_output)
+        self.pushed.update(zip(sources, pinned))
+        return dict(zip(sources, pinned))
+
+    def served(self, kind: str, repository: str = "") -> int:
+        """How many GETs of `kind` (manifests, blobs) the registry answered with 200, of
+        `repository` (all where empty), from its access log."""
+        text = (self.workdir / "registry.log").read_text(errors="replace")
+        want = f'"GET /v2/{repository}' if repository else '"GET /v2/'
+        return sum(1 for line in text.splitlines()
+                   if want in line and f"/{kind}/" in line and '" 200 ' in line)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join((self.workdir / "registry.log").read_text(
+                errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
