@@ -91,6 +91,44 @@ def test_an_expired_certificate_fails_the_handshake_with_the_reason():
         server.stop()
 
 
+def test_grpcs_handshake_trace_names_the_address_and_reason_of_a_refused_caller():
+    """The documented knob (docs/guides/security.md): GRPC_TRACE=handshaker in a
+    server's environment logs each failed handshake with the caller's address and the
+    reason; without it the reason alone (grpc logs no address)."""
+    import re
+    import socket
+
+    def garbage(address: str) -> int:  # plain text that is no TLS: the caller's port
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.settimeout(5)
+            try:
+                sock.recv(1024)
+            except OSError:
+                pass
+            return sock.getsockname()[1]
+
+    for traced in (False, True):
+        env = JOB.env() | ({"GRPC_TRACE": "handshaker"} if traced else {})
+        server = TQServer(None, token=TOKEN, env=env)
+        try:
+            port = garbage(server.address)
+            time.sleep(0.5)
+        finally:
+            server.stop()
+        log = server.proc.stdout.read()
+        # the reason, either way: BoringSSL's, an HTTP request where TLS was due
+        assert "Handshake failed" in log and "HTTP_REQUEST" in log, log[-2000:]
+        failed = [m for m in re.finditer(r"CallNextHandshakerLocked: error=(?!OK)(.*?)"
+                                         r"endpoint_peer_address=([\w:.]+)", log, re.S)]
+        if traced:
+            assert any(m[2] == f"ipv4:127.0.0.1:{port}" and "HTTP_REQUEST" in m[1]
+                       for m in failed), log[-3000:]
+        else:
+            assert not failed and f":{port}" not in log
+
+
 def test_the_weight_server_serves_tls_on_the_jobs_certificate_alone(monkeypatch):
     import torch
 
