@@ -44,7 +44,11 @@ def test_undescribed_names_a_field_without_text():
 def test_the_site_builds_strictly_and_a_broken_link_fails_it(tmp_path):
     out = _build(REPO, tmp_path / "site")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "site/reference/job/index.html").exists()
+    page = (tmp_path / "site/reference/job/index.html").read_text()
+    # field names and defaults keep whole in the tables (docs/stylesheets/extra.css)
+    assert "stylesheets/extra.css" in page
+    css = (tmp_path / "site/stylesheets/extra.css").read_text()
+    assert re.search(r"table:not\(\[class\]\) code \{[^}]*white-space: nowrap", css), css
 
     copy = tmp_path / "copy"
     shutil.copytree(REPO / "docs", copy / "docs")
