@@ -100,6 +100,46 @@ def test_plan_gives_the_trainer_one_node_or_whole_nodes(npus):
 def test_plan_of_a_cpu_job_counts_cores():
     out = rljob("plan", str(REPO / "examples" / "quickstart.yaml"))
     assert out.returncode == 0 and "trainer cores" in out.stdout and "NPU" not in out.stdout
+    # a tiny model's roofline says so, and names the command that measures this machine
+    assert "rljob profile" in out.stdout and "per-step overheads" in out.stdout, out.stdout
+    big = rljob("plan", str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"))
+    assert "per-step overheads" not in big.stdout
+
+
+def test_a_plan_says_in_one_line_why_it_splits_otherwise():
+    from rljob.cli.plan import why
+
+    def row(replicas, trainer, gen, train, npus_per_replica=4):
+        return {"rollout_replicas": replicas, "rollout_npus": replicas * npus_per_replica,
+                "trainer_npus": trainer, "gen_seconds": gen, "train_seconds": train,
+                "step_seconds": max(gen, train)}
+
+    assert why(row(2, 8, 10, 39), row(2, 8, 10, 39), "NPU", "NPU") == \
+        "the split as specified is the fastest of those tried"
+    assert why(row(1, 8, 12, 39), row(2, 8, 10, 39), "NPU", "NPU") == (
+        "why another split: as specified, training is the slower side (Tgen 10.00 s, "
+        "Ttrain 39.00 s); rollout 2 → 1 replica keeps a step at 39.00 s with 4 NPUs fewer")
+    assert why(row(1, 2, 0.08, 0.1, 1), row(2, 1, 0.06, 0.19, 1), "core", "core") == (
+        "why another split: as specified, training is the slower side (Tgen 0.06 s, "
+        "Ttrain 0.19 s); the trainer 1 → 2 cores, rollout 2 → 1 replica takes a step from "
+        "0.19 s to 0.10 s")
+    out = rljob("plan", str(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml"))
+    lines = [x for x in out.stdout.splitlines() if x.startswith(("why another", "the split"))]
+    assert len(lines) == 1, out.stdout
+
+
+def test_the_workload_takes_its_prompts_length_from_the_dataset():
+    from rljob.cli.app import local_job
+    from rljob.planner.job import PROMPT_TOKENS, dataset_prompt_tokens, job_model
+
+    job = local_job(REPO / "examples" / "quickstart.yaml")
+    tokens = dataset_prompt_tokens(job.spec)
+    assert tokens is not None and 4 < tokens < 20  # "12+34=" and its specials, by character
+    assert job_model(job.spec).workload.prompt_tokens == tokens
+    # a hub tokenizer is not fetched for a plan: the assumed length
+    hub = local_job(REPO / "examples" / "grpo-qwen2.5-7b-ascend.yaml")
+    assert dataset_prompt_tokens(hub.spec) is None
+    assert job_model(hub.spec).workload.prompt_tokens == PROMPT_TOKENS
 
 
 def test_plan_of_roles_on_different_accelerators_keeps_two_pools(tmp_path):

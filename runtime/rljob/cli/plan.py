@@ -115,7 +115,7 @@ def plan(
     if json_out:
         typer.echo(json.dumps(out, indent=2))
     else:
-        _print_plan(job, model, out, cross)
+        _print_plan(job, model, out, cross, file)
 
 
 def _plan_pools(file: Path, spec, current, npus: int | None, cross: str | None) -> str | None:
@@ -152,7 +152,7 @@ def _best_allocation(file: Path, model, total: int, cross: str | None):
         raise typer.Exit(1) from None
 
 
-def _print_plan(job, model, out: dict, cross: str | None) -> None:
+def _print_plan(job, model, out: dict, cross: str | None, file: Path) -> None:
     spec = job.spec
     units = {"cpu": "core", "gpu": "GPU"}
     unit = units.get(spec.accelerator_for("trainer").type, "NPU")
@@ -169,6 +169,50 @@ def _print_plan(job, model, out: dict, cross: str | None) -> None:
           f"{r['step_seconds']:.2f}", f"{r['idle_ratio']:.0%}",
           f"{r['gain_of_one_more_replica']:.2f}")
          for name, r in (("plan", out["plan"]), ("as specified", out["current"]))], 110)
+    from rich.console import Console
+
+    say = Console().print  # wrapped to a terminal's width, whole words
+    say(why(out["plan"], out["current"], unit, r_unit), markup=False, highlight=False)
+    if model.source.startswith("analytic") and _small_model(model):
+        say(f"analytic: a roofline of the model's FLOPs and bytes on a typical "
+                   f"{model.hardware.name}, which a model this small misses (its steps cost "
+                   f"per-step overheads it does not count): `rljob profile {file}` "
+                   "measures this machine, then `rljob plan --profile profile.json`",
+            markup=False, highlight=False)
+
+
+def why(plan: dict, current: dict, unit: str, r_unit: str) -> str:
+    """One line on the plan against the job as specified (pure)."""
+    if (plan["rollout_replicas"], plan["trainer_npus"]) == (
+            current["rollout_replicas"], current["trainer_npus"]):
+        return "the split as specified is the fastest of those tried"
+    slower = "training" if current["train_seconds"] >= current["gen_seconds"] else "generation"
+    n_plan, n_cur = plan["trainer_npus"], current["trainer_npus"]
+    moves = [f"the trainer {n_cur} → {n_plan} {unit}{'s' if n_plan != 1 else ''}"
+             if n_plan != n_cur else "",
+             f"rollout {current['rollout_replicas']} → {plan['rollout_replicas']} "
+             f"replica{'s' if plan['rollout_replicas'] != 1 else ''}"
+             if plan["rollout_replicas"] != current["rollout_replicas"] else ""]
+    head = (f"why another split: as specified, {slower} is the slower side (Tgen "
+            f"{current['gen_seconds']:.2f} s, Ttrain {current['train_seconds']:.2f} s); "
+            f"{', '.join(m for m in moves if m)}")
+    freed = (current["rollout_npus"] + current["trainer_npus"]
+             - plan["rollout_npus"] - plan["trainer_npus"])
+    if plan["step_seconds"] >= current["step_seconds"] * 0.99 and freed > 0:
+        return (f"{head} keeps a step at {plan['step_seconds']:.2f} s with {freed} "
+                f"{unit}{'s' if freed != 1 else ''} fewer")
+    return (f"{head} takes a step from {current['step_seconds']:.2f} s to "
+            f"{plan['step_seconds']:.2f} s")
+
+
+def _small_model(model) -> bool:
+    """A model whose roofline the per-step overheads swamp (under 100M parameters)."""
+    from ..planner.job import model_shape
+
+    try:
+        return model_shape(model.spec).params < 100e6
+    except ValueError:
+        return False
 
 
 def _print_table(title: str, columns, rows, width: int) -> None:

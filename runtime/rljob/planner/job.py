@@ -13,7 +13,8 @@ from ..inputs.models import model_config
 from .profile import MODEL_PRESETS, GenProfile, ModelShape, Profile, TrainProfile
 from .simulator import PipelineConfig
 
-PROMPT_TOKENS = 256.0  # assumed prompt length when no profile says otherwise
+PROMPT_TOKENS = 256.0  # assumed prompt length when neither a profile nor the dataset says
+PROMPTS_READ = 256  # the dataset's first prompts, whose mean length the workload takes
 
 
 def model_shape(spec: RLJobSpec) -> ModelShape:
@@ -59,6 +60,28 @@ class JobModel:
         return training_time(self.train, self.workload, npus)
 
 
+def dataset_prompt_tokens(spec: RLJobSpec) -> float | None:
+    """The mean tokens of the dataset's first prompts as the model sees them (without
+    the tool schemas an episodic job's prompts announce: a plan starts no tool
+    server), where the dataset and the tokenizer are on this machine (a hub tokenizer
+    is not fetched for a plan); None elsewhere."""
+    from pathlib import Path
+
+    from ..inputs.data import load_examples, prompt_ids
+    from ..inputs.models import BUILTIN_CHAR, load_tokenizer
+
+    name = spec.model.tokenizer_path
+    if name != BUILTIN_CHAR and not Path(name.removeprefix("random:")).is_dir():
+        return None
+    try:
+        tok = load_tokenizer(spec.model)
+        examples = load_examples(spec.dataset)[:PROMPTS_READ]
+        lengths = [len(prompt_ids(tok, e.prompt)) for e in examples]
+    except (OSError, ValueError, ImportError):
+        return None
+    return sum(lengths) / len(lengths) if lengths else None
+
+
 def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
     # rollout and trainer on their own hardware (rollout.accelerator / trainer.accelerator)
     hw = HARDWARE[spec.accelerator_for("trainer").type]
@@ -76,7 +99,9 @@ def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
     context = int(PROMPT_TOKENS + spec.rollout.max_new_tokens)
     gen = GenProfile.analytic(gen_hw, shape, spec.rollout.tensor_parallel, context)
     train = TrainProfile.analytic(hw, shape)
-    workload = Workload.assumed(samples, spec.rollout.max_new_tokens, PROMPT_TOKENS, g)
+    prompt = dataset_prompt_tokens(spec)
+    workload = Workload.assumed(samples, spec.rollout.max_new_tokens,
+                                PROMPT_TOKENS if prompt is None else prompt, g)
     return JobModel(spec, hw, gen, train, workload, f"analytic, {hw.name}")
 
 
