@@ -320,7 +320,7 @@ def test_the_reference_is_a_task_only_where_a_parked_replica_can_take_a_share():
 
 
 def test_every_example_job_keeps_its_reference_path():
-    """docs/benchmarks.md: the single-replica sync rule changes no example job's path
+    """docs/benchmarks/overhead.md: the single-replica sync rule changes no example job's path
     (each is a task exactly where it was before the rule)."""
     from pathlib import Path
 

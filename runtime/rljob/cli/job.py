@@ -157,7 +157,7 @@ def run(
                                     "(the trainer computes on a parked rollout's cores, a "
                                     "rollout on a waiting trainer's); hf engine, torch "
                                     "trainer. Off by default: on the tiny model it costs "
-                                    "more than it gives (docs/benchmarks.md, \"Lending an "
+                                    "more than it gives (docs/benchmarks/placement.md, \"Lending an "
                                     "idle core\")."),
     torch_profile: str = typer.Option(
         None, "--torch-profile", envvar="RLJOB_TORCH_PROFILE", metavar="FIRST-LAST",

@@ -16,7 +16,7 @@ the tiny model gains (torch's CPU kernels are made for a thread count), so the
 count changes only when who is busy changes.
 
 `rljob run --lend-cores` turns it on (off by default). Measured on the 2-core
-machine with the tiny model (docs/benchmarks.md), it costs more than it gives:
+machine with the tiny model (docs/benchmarks/placement.md), it costs more than it gives:
 two threads synchronise at every operator, and the light processes and the
 gRPC threads that share the lent core stall them; a forward and backward alone
 on two cores is 1.5x faster than on one.

@@ -376,7 +376,7 @@ class TrainerWorker:
         # sync and periodic: the figures are made once the replicas hold the new
         # weights. The next step is released only then, through this process's weight
         # service (the replicas' fetch and report, the driver's wait), whose threads
-        # the figures' Python held up (docs/benchmarks.md). The next step cannot end
+        # the figures' Python held up (docs/benchmarks/overhead.md). The next step cannot end
         # sooner, so they never fall behind; async trains on meanwhile and makes them
         # at once, and after the last step, or with no replica live, nothing is released.
         wait = self.spec.workflow.mode != "async" and version < self.steps

@@ -291,7 +291,7 @@ class TrainerSpec(ApiModel):
     def micro_batch_order_in(self, mode: str, dispatch: str = "fifo") -> str:
         """The order in force in workflow `mode` with `rollout.dispatch` (auto resolved:
         arrival where `rljob bench optimisations` measures it faster than slot order,
-        periodic mode with skew-aware dispatch; the figure is in docs/benchmarks.md)."""
+        periodic mode with skew-aware dispatch; the figure is in docs/benchmarks/workflow.md)."""
         if self.micro_batch_order != "auto":
             return self.micro_batch_order
         return "arrival" if mode == "async" or dispatch == "skew_aware" else "slot"
