@@ -197,3 +197,35 @@ def test_a_relative_command_is_read_from_the_job_files_directory():
                    for p in problems), problems
     finally:
         mcp_tools.close_all()
+
+
+def test_a_hung_server_is_stopped_after_its_time_out_and_the_next_call_gets_a_new_one():
+    """A call cut at its time-out is followed by a ping: a server that is only slow
+    (it answers the ping) keeps running; one that answers nothing is stopped (its
+    process killed) and the next call is answered by a new one."""
+    hanging = [sys.executable, str(Path(__file__).with_name("hanging_server.py"))]
+    server = MCPServer("hanging", hanging, timeout=30, concurrency=4)
+    try:
+        tools = {t.name: t for t in server.tools()}
+        first = tools["add"]({"a": 1, "b": 2}).output
+        server.timeout = 2  # the calls' time-out from here (a start took its own above)
+        assert first.startswith("3 from ")
+        # slow but alive: the call fails at its time-out, the server stays
+        with pytest.raises(ToolServerError, match=r"did not answer within 2 s$"):
+            tools["wait"]({"seconds": 30})
+        assert tools["add"]({"a": 2, "b": 2}).output == f"4 from {first.split()[-1]}"
+        assert server.starts == 1
+        # hung: no answer to the call nor to the ping; stopped, and its process goes
+        [pid] = _pids("hanging_server.py")
+        with pytest.raises(ToolServerError, match="nor a ping after: it is started again"):
+            tools["hang"]({})
+        deadline = time.monotonic() + 10
+        while pid in _pids("hanging_server.py") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid not in _pids("hanging_server.py"), "the hung server still runs"
+        server.timeout = 30  # room for the new server's start on a busy machine
+        again = tools["add"]({"a": 3, "b": 4}).output
+        assert again.startswith("7 from ") and again != f"7 from {pid}"
+        assert server.starts == 2
+    finally:
+        server.close()

@@ -10,7 +10,10 @@ calls them. Calls go through a bounded pool of their own — at most
 from the generation slots: a slow server holds up the episodes waiting on it,
 never generation. A call the tool fails (`isError`) is an error message to the
 model; a server that dies or stops answering ends the episodes whose calls were in
-flight with the error (`ToolServerError`), and the next call starts it again.
+flight with the error (`ToolServerError`), and the next call starts it again. A call
+cut at its time-out is followed by a ping: a server that answers it is only slow and
+keeps running; one that does not is hung, and is stopped (the SDK ends its process)
+so that the next call starts a new one.
 """
 
 from __future__ import annotations
@@ -139,12 +142,31 @@ class MCPServer:
             return future.result(timeout + 5)
         except (asyncio.TimeoutError, FutureTimeout):
             future.cancel()
+            if self._answers_ping(session):  # alive, only this call slow: it stays
+                raise ToolServerError(f"the MCP server {self.name!r} did not answer within "
+                                      f"{timeout:g} s") from None
+            self._restart_later(session)  # hung: stopped (its process with it)
+            log.warning("the MCP server %r answered neither a call within %g s nor a ping: "
+                        "stopped, the next call starts it again", self.name, timeout)
             raise ToolServerError(f"the MCP server {self.name!r} did not answer within "
-                                  f"{timeout:g} s") from None
+                                  f"{timeout:g} s, nor a ping after: it is started again "
+                                  "for the next call") from None
         except Exception as exc:  # noqa: BLE001 - the transport broke: the server died
             self._restart_later(session)
             raise ToolServerError(f"the MCP server {self.name!r} failed: "
                                   f"{type(exc).__name__}: {exc}") from None
+
+    def _answers_ping(self, session, seconds: float = 5.0) -> bool:
+        """Whether the server answers a ping on `session` within `seconds` (outside the
+        call pool, which hung calls may fill)."""
+        async def ping():
+            await asyncio.wait_for(session.send_ping(), seconds)
+
+        try:
+            asyncio.run_coroutine_threadsafe(ping(), self._loop).result(seconds + 2)
+            return True
+        except Exception:  # noqa: BLE001 - no answer, or the transport broke
+            return False
 
     def _restart_later(self, session) -> None:
         """Forget `session` (a call on it failed): the next call starts the server
