@@ -208,6 +208,64 @@ def test_an_episodes_tokens_are_the_templates_rendering_of_its_conversation(fami
     assert episode_record(e)["malformed_calls"] == 0
 
 
+def test_the_turn_end_tokens_are_the_eos_and_llama_3_1s_eom_where_the_tokenizer_has_it():
+    from rljob.inputs.models import CharTokenizer, turn_end_ids
+
+    llama, _, _ = _family("llama3")
+    eom = llama.convert_tokens_to_ids("<|eom_id|>")
+    assert turn_end_ids(llama) == (llama.eos_token_id, eom) and eom != llama.eos_token_id
+    qwen, _, _ = _family("qwen2.5")
+    assert turn_end_ids(qwen) == (qwen.eos_token_id,)
+    assert turn_end_ids(CharTokenizer()) == (CharTokenizer().eos_token_id,)
+
+
+@pytest.mark.parametrize("driver", ["batch", "concurrent"])
+def test_a_llama_3_1_call_that_ends_its_turn_with_eom_gets_its_answer_as_ipython(driver):
+    """Llama 3.1 ends a turn that calls a tool after `<|python_tag|>` with `<|eom_id|>`
+    (not its EOS, `<|eot_id|>`): the turn ends there, the call is read without the end
+    token, and the answer goes in as the template's ipython message right after the
+    model's `<|eom_id|>` (no `<|eot_id|>` the model did not write); the model then
+    answers and its EOS ends the episode."""
+    from rljob.inputs.data import prompt_ids
+
+    tok, parser, _ = _family("llama3")
+    eom = tok.convert_tokens_to_ids("<|eom_id|>")
+    call = "<|python_tag|>" + json.dumps({"name": "calculator",
+                                          "parameters": {"expression": "3+4"}})
+    turns = [tok.encode(call, add_special_tokens=False) + [eom],
+             tok.encode("It is 7.", add_special_tokens=False) + [tok.eos_token_id]]
+    tools = resolve(["calculator"])
+    schemas = [t.schema for t in tools]
+    make_env = environment_factory("tools", tools, parser)
+    prompt = prompt_ids(tok, "What is 3+4?", schemas)
+
+    class Turns(Scripted):
+        def ids(self, k):
+            return list(turns[k])
+
+    engine = Turns(tok, turns)
+    if driver == "batch":
+        [[e]] = run_episodes(engine, tok, [prompt], [{"prompt": "q", "answer": "7"}],
+                             SamplingParams(n=1, seeds=(3,)), make_env, 4, 512)
+    else:
+        async def turn(prefix, room, seed, stop):
+            ids = turns[min(sum(1 for t in prefix if t == eom), 1)][:room]
+            return Generation(ids, [-0.25] * len(ids))
+
+        with ThreadPoolExecutor(2) as pool:
+            [e] = asyncio.run(episode_group(turn, tok, prompt, {"prompt": "q"}, 1, 3, make_env,
+                                            4, 512, pool, ChatTurns.of(tok, schemas)))
+    assert e.done and not e.error, e.error
+    assert e.tool_calls == 1 and e.tool_errors == 0 and e.malformed_calls == 0
+    assert e.turns == [call, "It is 7."]  # the turns' text without their end tokens
+    text = tok.decode(e.response_ids)
+    assert text == (call + "<|eom_id|><|start_header_id|>ipython<|end_header_id|>\n\n7"
+                    "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nIt is 7."
+                    "<|eot_id|>"), text
+    model = [t for t, m in zip(e.response_ids, e.loss_mask) if m]
+    assert model == turns[0] + turns[1]  # the model's tokens, its eom included
+
+
 def test_the_warm_up_teaches_a_demonstrated_native_episode_as_the_episode_samples_it():
     """A demonstration of native calls: the model's end token after each call turn is
     taught (the turn ends there; there is no stop text), the tool messages of one turn

@@ -2,7 +2,8 @@
 
 A model with a chat template saw its prompt rendered as a user turn with the
 assistant's generation prompt (inputs/data.render_prompt); its turn ends at its
-end-of-turn token (the tokenizer's EOS: `<|im_end|>`, `<|eot_id|>`) or at the
+end-of-turn token (the tokenizer's EOS: `<|im_end|>`, `<|eot_id|>`; or Llama 3.1's
+`<|eom_id|>` after a `<|python_tag|>` call, inputs/models.turn_end_ids) or at the
 environment's stop text. A reply then goes in as the template writes tool
 messages: the assistant's turn closed (what the template puts after an assistant
 message: `<|im_end|>\\n`, less the EOS the model wrote itself), one tool message
@@ -74,9 +75,10 @@ class ChatTurns:
         return self._many[k]
 
     def observation(self, content: str | list[str], ended_at_eos: bool) -> str:
-        """The text appended after a model turn: its close (less the EOS the model
-        wrote, when it did), the reply as tool messages (one per content), the
-        next turn's opening."""
+        """The text appended after a model turn: its close (less the EOS, when the
+        model ended its turn with an end token of its own: the EOS, or `<|eom_id|>`
+        in its place), the reply as tool messages (one per content), the next turn's
+        opening."""
         contents = [content] if isinstance(content, str) else list(content)
         close = self.close
         if ended_at_eos and self.eos_text and close.startswith(self.eos_text):

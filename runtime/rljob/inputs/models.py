@@ -11,6 +11,23 @@ from pathlib import Path
 from ..api.spec import ModelSpec
 
 BUILTIN_CHAR = "builtin:char"
+# what ends a model's turn besides its tokenizer's EOS, where the tokenizer has it as
+# one token: Llama 3.1's <|eom_id|> ends a turn that called a tool after <|python_tag|>
+# (the turn waits for the tool's answer; its EOS, <|eot_id|>, ends one that does not)
+TURN_END_TOKENS = ("<|eom_id|>",)
+
+
+def turn_end_ids(tok) -> tuple[int, ...]:
+    """The tokens that end a model's turn: the EOS first, then `TURN_END_TOKENS` the
+    tokenizer has as single tokens."""
+    ends = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    convert = getattr(tok, "convert_tokens_to_ids", None)
+    for token in TURN_END_TOKENS if convert is not None else ():
+        i = convert(token)
+        if isinstance(i, int) and i != getattr(tok, "unk_token_id", None) and i not in ends \
+                and tok.decode([i]) == token:
+            ends.append(i)
+    return tuple(ends)
 
 
 class CharTokenizer:

@@ -398,7 +398,9 @@ class HFEngine(RolloutEngine):
         torch = self.torch
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        pad, eos = self.tok.pad_token_id, self.tok.eos_token_id
+        from ..inputs.models import turn_end_ids
+
+        pad, ends = self.tok.pad_token_id, turn_end_ids(self.tok)
         device = self.weight_device()
         real = len(ids)
         if real < self.min_rows:  # copies of the last row, dropped below
@@ -419,14 +421,15 @@ class HFEngine(RolloutEngine):
                 logits_processor=LogitsProcessorList([sampler]),
                 stopping_criteria=StoppingCriteriaList(criteria),
                 max_new_tokens=params.max_new_tokens - done,
-                pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True)
+                pad_token_id=pad, eos_token_id=list(ends), return_dict_in_generate=True)
         new = out.sequences[:real, width + done:].cpu().tolist()
         ended = [False] * real
         for k in range(real):
             if stop is not None and stop.ends[k] is not None:
                 new[k], ended[k] = new[k][:stop.ends[k] - done], True
-            if eos in new[k]:
-                new[k], ended[k] = new[k][:new[k].index(eos) + 1], True
+            end = next((j for j, t in enumerate(new[k]) if t in ends), None)
+            if end is not None:  # its end token (the EOS, or another that ends a turn)
+                new[k], ended[k] = new[k][:end + 1], True
         logps = torch.stack(sampler.logprobs, 1).cpu().tolist() if sampler.logprobs else []
         times = sampler.times
         self._timings = getattr(self, "_timings", [])

@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ..environments import Environment, Reply, episode_figures
 from ..environments.chat import ChatTurns, observation_ids
+from ..inputs.models import turn_end_ids
 from ..workflow.versions import VersionChanges, changed
 from .engine import Generation, RolloutEngine, SamplingParams
 
@@ -70,9 +71,10 @@ class Episode:
 
 
 def cut_at_stop(gen: Generation, stop: str | None, decode: Callable[[list[int]], str],
-                eos: int, room: int) -> tuple[list[int], list[float], str]:
+                ends: Collection[int], room: int) -> tuple[list[int], list[float], str]:
     """A turn's tokens up to and with the first `stop` text (or the end token), at
-    most `room` of them, their log-probs and the turn's text (pure)."""
+    most `room` of them, their log-probs and the turn's text, without its end tokens
+    (`ends`: the EOS and the others that end a turn) (pure)."""
     ids, logps = list(gen.response_ids)[:room], list(gen.logprobs)[:room]
     if stop and stop in decode(ids):
         # the shortest prefix holding the stop (a longer prefix holds it too)
@@ -81,7 +83,7 @@ def cut_at_stop(gen: Generation, stop: str | None, decode: Callable[[list[int]],
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if stop in decode(ids[:mid]) else (mid + 1, hi)
         ids, logps = ids[:lo], logps[:lo]
-    text = decode([t for t in ids if t != eos])
+    text = decode([t for t in ids if t not in ends])
     return ids, logps, text
 
 
@@ -90,8 +92,7 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
                  max_turns: int, budget: int) -> list[list[Episode]]:
     """The episodes of each prompt's group (`params.n` each; `rows`: each prompt's
     dataset row, for its environments)."""
-    eos = tok.eos_token_id
-    decode = tok.decode
+    ends, decode = frozenset(turn_end_ids(tok)), tok.decode
     chat = ChatTurns.of(tok, announced_by(make_env))
     groups: list[list[Episode]] = []
     for p, row, seed in zip(prompts, rows, params.prompt_seeds(len(prompts))):
@@ -109,13 +110,13 @@ def run_episodes(engine: RolloutEngine, tok, prompts: list[list[int]], rows: lis
     with ThreadPoolExecutor(min(8, max(1, len(episodes))),
                             thread_name_prefix="rljob-env") as pool:
         for turn in range(1, max_turns + 1):
-            asked = [_add_turn(e, cut_at_stop(g, e.env.stop, decode, eos,
+            asked = [_add_turn(e, cut_at_stop(g, e.env.stop, decode, ends,
                                               budget - len(e.response_ids)),
-                               turn, max_turns, budget, eos, chat, g.versions)
+                               turn, max_turns, budget, ends, chat, g.versions)
                      for e, g in zip(live, turn_out)]
             replies = list(pool.map(_reply, live, asked))
             for e, reply in zip(live, replies):
-                _take(e, reply, budget, tok, chat)
+                _take(e, reply, budget, tok, chat, ends)
             live = [e for e in live if not e.done]
             if not live:
                 break
@@ -142,7 +143,7 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
     `pool` (an executor), so one slow tool never holds up the others. `chat`: the
     tokenizer's chat template's pieces (`ChatTurns.of`), where it has one."""
     loop = asyncio.get_running_loop()
-    eos, decode = tok.eos_token_id, tok.decode
+    ends, decode = frozenset(turn_end_ids(tok)), tok.decode
 
     async def one(e: Episode) -> None:
         for t in range(1, max_turns + 1):
@@ -153,10 +154,10 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
             if t > 1 and gen.cached_tokens is not None:
                 e.later_prefix_tokens += len(prefix)
                 e.cached_tokens = (e.cached_tokens or 0) + gen.cached_tokens
-            asked = _add_turn(e, cut_at_stop(gen, e.env.stop, decode, eos, room), t,
-                              max_turns, budget, eos, chat, gen.versions)
+            asked = _add_turn(e, cut_at_stop(gen, e.env.stop, decode, ends, room), t,
+                              max_turns, budget, ends, chat, gen.versions)
             reply = await loop.run_in_executor(pool, _reply, e, asked)
-            _take(e, reply, budget, tok, chat)
+            _take(e, reply, budget, tok, chat, ends)
             if e.done:
                 return
 
@@ -168,12 +169,12 @@ async def episode_group(turn: Turn, tok, prompt: list[int], row: Mapping, n: int
 
 
 def _add_turn(e: Episode, cut: tuple[list[int], list[float], str], turn: int,
-              max_turns: int, budget: int, eos: int, chat: ChatTurns | None = None,
-              versions: VersionChanges | None = None) -> bool:
+              max_turns: int, budget: int, ends: Collection[int],
+              chat: ChatTurns | None = None, versions: VersionChanges | None = None) -> bool:
     """The model's turn (cut at its stop) into the episode, with the versions of its
     tokens (`versions`: the turn's change points, where the engine records them);
     whether its environment is asked to answer it (a turn that leaves the episode
-    room to go on: with a chat template the EOS ends the model's turn, not the
+    room to go on: with a chat template an end token ends the model's turn, not the
     episode; without one it ends the episode)."""
     ids, logps, text = cut
     at = len(e.response_ids)
@@ -185,7 +186,7 @@ def _add_turn(e: Episode, cut: tuple[list[int], list[float], str], turn: int,
     e.loss_mask += [1] * len(ids)
     e.turns.append(text)
     return (turn < max_turns and len(e.response_ids) < budget
-            and (chat is not None or not (ids and ids[-1] == eos)))
+            and (chat is not None or not (ids and ids[-1] in ends)))
 
 
 def announced_by(make_env) -> list[dict] | None:
@@ -223,10 +224,12 @@ def _reply(e: Episode, asked: bool = True) -> Reply:
     return reply
 
 
-def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = None) -> None:
+def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = None,
+          ends: Collection[int] = ()) -> None:
     """The environment's reply into the episode: its observation (as the chat
-    template writes a tool message, where there is one), its end (a turn that left
-    no room to go on was not asked: its reply is done)."""
+    template writes a tool message, where there is one, after the model's end token
+    in place of the template's: `ends`), its end (a turn that left no room to go on
+    was not asked: its reply is done)."""
     if not reply.done:  # the environment answered the turn's calls
         e.tool_calls += reply.calls
         e.tool_errors += (bool(reply.error) if reply.call_errors is None
@@ -240,7 +243,8 @@ def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = N
         e.done = True
         return
     obs = observation_ids(tok, chat, list(reply.messages) or reply.observation,
-                          bool(e.response_ids) and e.response_ids[-1] == tok.eos_token_id)
+                          bool(e.response_ids) and e.response_ids[-1] in (
+                              ends or (tok.eos_token_id,)))
     room = budget - len(e.response_ids)
     if len(obs) >= room:  # no room left for the model to answer
         e.done = True

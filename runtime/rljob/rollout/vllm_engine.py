@@ -42,7 +42,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..inputs.models import model_config
+from ..inputs.models import model_config, turn_end_ids
 from ..workflow.versions import changed
 from .engine import Generation, RolloutEngine, SamplingParams, register_engine
 
@@ -224,7 +224,7 @@ class VLLMEngine(RolloutEngine):
         self._env_pool: ThreadPoolExecutor | None = None  # environments' replies (episodes)
         self._chat = None  # the chat template's pieces (environments/chat.py), with the pool
         self.tok = tokenizer
-        self.stop_ids = [tokenizer.eos_token_id]
+        self.stop_ids = list(turn_end_ids(tokenizer))  # the EOS, Llama 3.1's <|eom_id|>
         # rows past the tokenizer are never sampled: -inf before temperature and
         # top-p, so the processed log-probs are over the tokenizer's ids, as the
         # trainer's (sampling.py)
