@@ -3,6 +3,7 @@ log-probs equal transformers', weights update in place, many groups in flight.""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -322,6 +323,47 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
           [e.later_prefix_tokens for e in later], "cached", [e.cached_tokens for e in later],
           f"hit {figures.get('prefix_cache_hit', 0):.0%}")
     assert figures["prefix_cache_hit"] > 0
+
+
+def test_an_interrupting_update_aborts_a_group_that_entered_generation_just_before_it(
+        engine, tok):
+    """The update's task runs right after a group entered generation and before the
+    group's request is registered (or reaches vLLM): the update aborts it all the same,
+    so the group goes on under the new weights instead of draining under the old."""
+    import asyncio
+
+    old, new = _policy(tok, seed=0), _policy(tok, seed=0, noise=0.05)
+    engine.load_weights(old.state_dict(), 20)
+    engine.interrupting = True
+    path = None
+    try:
+        from safetensors.torch import save_file
+
+        from rljob.rollout.vllm_engine import version_file
+
+        tensors = {k: v.detach().contiguous().clone() for k, v in new.state_dict().items()}
+        path = version_file(sum(t.numel() * t.element_size() for t in tensors.values()))
+        save_file(tensors, path)
+        params = SamplingParams(n=2, max_new_tokens=60)
+
+        async def race():
+            # both queued on the engine's loop, the group first: it enters generation
+            # and schedules its request's task, the update runs before that task
+            group = asyncio.ensure_future(engine._group(tok.encode("12+34="), params, 7))
+            swap = asyncio.ensure_future(engine._swap(path, 21, engine.epoch))
+            await swap
+            return await group
+
+        gens = engine._call(race(), timeout=300)
+    finally:
+        engine.interrupting = False
+        if path:
+            os.unlink(path)
+    versions = [g.versions for g in gens[0]]
+    print("versions of the raced group's samples:", versions)
+    # every sample generated tokens under the new weights (drained, they would have
+    # none: the old version would have written them whole)
+    assert all(any(v == 21 for _, v, _ in vs) for vs in versions), versions
 
 
 def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engine, tok):

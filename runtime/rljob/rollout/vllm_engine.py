@@ -501,10 +501,11 @@ class VLLMEngine(RolloutEngine):
         self._open.clear()
         t0 = time.monotonic()
         try:
-            if self.interrupting and self._requests:  # their samples go on after the load
-                await self.llm.abort(list(self._requests))
-            async with self._idle:
-                await self._idle.wait_for(lambda: self._inflight == 0)
+            if self.interrupting:  # their samples go on after the load
+                await self._abort_until_idle()
+            else:
+                async with self._idle:
+                    await self._idle.wait_for(lambda: self._inflight == 0)
             t1 = time.monotonic()
             if broadcast is None:
                 await self.llm.collective_rpc("rljob_reload", args=(path,))
@@ -516,6 +517,21 @@ class VLLMEngine(RolloutEngine):
             self.drain_seconds, self.reload_seconds = t1 - t0, time.monotonic() - t1
         finally:
             self._open.set()
+
+    async def _abort_until_idle(self, every: float = 0.05) -> None:
+        """Abort the requests in flight until no generation holds the weights. Once is
+        not enough: a group that entered generation just before the update closed the
+        gate registers its request only when its part starts, and vLLM takes a request
+        only when its stream is first read (an abort before that is ignored), so the
+        requests registered are aborted again every `every` seconds until all ended."""
+        while True:
+            if self._requests:
+                await self.llm.abort(list(self._requests))
+            async with self._idle:
+                if self._inflight == 0:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), every)
 
     def close(self) -> None:
         async def shutdown():
