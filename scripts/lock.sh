@@ -5,6 +5,8 @@
 #                    ranges), for every platform and Python >= 3.11; the CPU runtime and
 #                    operator images install with it as pip's constraints
 #   locks/vllm.txt   the vLLM tier's environment (tests/vllm/setup.sh --lock)
+#   locks/mcp1.txt   an MCP server's own environment on the 1.x SDK (locks/mcp1.in), which
+#                    the MCP tests run against the 2.x client
 # then regenerates the gRPC code (runtime/rljob/*/proto) with the locked grpcio-tools.
 #
 #   bash scripts/lock.sh                     # pyproject.toml changed: pins kept where they fit
@@ -28,6 +30,12 @@ uv=$(bash scripts/uv.sh)
   cat locks/test.txt; } > locks/test.txt.new && mv locks/test.txt.new locks/test.txt
 echo "wrote locks/test.txt"
 bash tests/vllm/setup.sh --lock "${args[@]}"
+"$uv" pip compile -q --universal --python-version 3.11 --no-header --annotation-style line \
+  "${args[@]}" -o locks/mcp1.txt locks/mcp1.in
+{ echo "# An MCP server's environment on the 1.x SDK (tests/integration/test_mcp_tools.py), from"
+  echo "# locks/mcp1.in, every platform, Python >= 3.11. Written by scripts/lock.sh; do not edit."
+  cat locks/mcp1.txt; } > locks/mcp1.txt.new && mv locks/mcp1.txt.new locks/mcp1.txt
+echo "wrote locks/mcp1.txt"
 
 tools=$(sed -n 's/^grpcio-tools==\([^ ;]*\).*/\1/p' locks/test.txt)
 for proto in rljob/transferqueue/proto/transferqueue.proto rljob/weights/proto/weights.proto; do

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -227,5 +228,56 @@ def test_a_hung_server_is_stopped_after_its_time_out_and_the_next_call_gets_a_ne
         again = tools["add"]({"a": 3, "b": 4}).output
         assert again.startswith("7 from ") and again != f"7 from {pid}"
         assert server.starts == 2
+    finally:
+        server.close()
+
+
+def _mcp1_python() -> str:
+    """An environment of the MCP SDK's 1.x line (locks/mcp1.txt), made once per lock and
+    Python under ~/.cache/rljob/mcp1 by the pinned uv: where a server from PyPI that
+    pins `mcp<2` runs."""
+    import hashlib
+    import shutil
+
+    lock = REPO / "locks/mcp1.txt"
+    key = hashlib.sha256(lock.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("RLJOB_MCP1_CACHE", Path.home() / ".cache/rljob/mcp1"))
+    env = root / key
+    if not (env / ".complete").exists():
+        uv = subprocess.run(["bash", str(REPO / "scripts/uv.sh")], capture_output=True,
+                            text=True, check=True).stdout.strip().splitlines()[-1]
+        shutil.rmtree(env, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        done = subprocess.run([uv, "pip", "sync", "-q", "--python", str(env / "bin/python"),
+                               str(lock)], capture_output=True, text=True)
+        assert done.returncode == 0, f"the 1.x SDK's environment: {done.stderr[-2000:]}"
+        (env / ".complete").touch()
+        for old in root.iterdir():  # those of older locks go
+            if old.name != key:
+                shutil.rmtree(old, ignore_errors=True)
+    return str(env / "bin/python")
+
+
+def test_a_server_on_the_1x_sdk_runs_from_its_own_environment_for_our_2x_client():
+    """examples/tools/legacy_sdk_server.py (FastMCP of the SDK's 1.x line, as servers on
+    PyPI pinned to it are written) from an environment of its own: our client, on the
+    2.x SDK, lists its tool with the server's own names and calls it."""
+    import mcp as sdk
+    from importlib.metadata import version
+
+    python = _mcp1_python()
+    assert version("mcp").split(".")[0] == "2" and sdk is not None  # the client's side
+    out = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('mcp'))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert out.split(".")[0] == "1", out  # the server's side
+    server = MCPServer("units", [python, str(REPO / "examples/tools/legacy_sdk_server.py")],
+                       timeout=30)
+    try:
+        [tool] = server.tools()
+        fn = tool.schema["function"]
+        assert fn["name"] == "to_celsius" and fn["parameters"]["required"] == ["fahrenheit"]
+        assert tool({"fahrenheit": 212}).output == "100.0"
+        assert "fahrenheit" in tool({}).error  # the server's own argument names
     finally:
         server.close()
