@@ -325,6 +325,66 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
     assert figures["prefix_cache_hit"] > 0
 
 
+def test_a_keeping_update_pauses_the_requests_with_their_cache_and_marks_each_token(
+        engine, tok):
+    """workflow.interruptCache keep: an update pauses vLLM's requests with their KV
+    cache (pause_generation keep), loads the new weights and resumes them; no request
+    is submitted again. Each sample's change point is exact: its tokens before it have
+    the old weights' log-probs (transformers on the whole sequence), the token at it
+    does not (the new weights sampled it, on the old weights' cache)."""
+    old, new = _policy(tok, seed=0), _policy(tok, seed=0, noise=0.05)
+    engine.load_weights(old.state_dict(), 30)
+    engine.interruptible(keep=True)
+    calls = []
+    try:
+        prompts = [tok.encode(f"{i}+{3 * i}=") for i in range(16)]
+        params = SamplingParams(n=4, max_new_tokens=120)
+        engine.generate(prompts[:1], params)  # warm: the first forward is slow
+        streamed = threading.Event()
+        generate = engine.llm.generate
+
+        def counting(*args, **kwargs):
+            calls.append(kwargs.get("request_id"))
+
+            async def stream():
+                async for out in generate(*args, **kwargs):
+                    if any(c.token_ids for c in out.outputs):
+                        streamed.set()
+                    yield out
+            return stream()
+
+        engine.llm.generate = counting
+        futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
+        assert streamed.wait(120), "no token streamed back in 120 s"
+        engine.load_weights(new.state_dict(), 31)
+        results = [f.result(timeout=300) for f in futures]
+    finally:
+        engine.interrupting = engine.keeping = False
+        engine.llm.__dict__.pop("generate", None)
+    assert len(calls) == len(prompts), calls  # one request a group: none submitted again
+    midway, stale = 0, []
+    for prompt, (group, _, _) in zip(prompts, results):
+        for gen in group:
+            b = make_batch([prompt], [gen.response_ids], tok.pad_token_id)
+            with torch.no_grad():
+                lo = token_logprobs(old, b)[0][b.mask[0].bool()]
+                ln = token_logprobs(new, b)[0][b.mask[0].bool()]
+            got = torch.tensor(gen.logprobs)
+            assert [v for _, v, _ in gen.versions] in ([30], [31], [30, 31]), gen.versions
+            p = next((q for q, v, _ in gen.versions if v == 31), len(gen.response_ids))
+            if p:  # the old weights' tokens, exactly those
+                assert (got[:p] - lo[:p]).abs().max().item() < TOL, gen.versions
+            if 0 < p < len(gen.response_ids):
+                midway += 1
+                assert (got[p] - lo[p]).abs().item() > TOL, (p, gen.versions)
+                stale.append((got[p:] - ln[p:]).abs().max().item())
+    print(f"keeping update: {midway} of {4 * len(prompts)} samples went on midway on their "
+          f"cache; pause and load {engine.drain_seconds * 1e3:.0f} + "
+          f"{engine.reload_seconds * 1e3:.0f} ms; the new weights' tokens differ from a "
+          f"fresh prefix's log-probs by at most {max(stale, default=0):.2e} (the kept cache)")
+    assert midway > 0
+
+
 def test_an_interrupting_update_aborts_a_group_that_entered_generation_just_before_it(
         engine, tok):
     """The update's task runs right after a group entered generation and before the

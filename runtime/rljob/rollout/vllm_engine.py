@@ -197,11 +197,14 @@ class VLLMEngine(RolloutEngine):
     concurrent = True
     can_interrupt = True
     interrupting = False  # weightUpdate interrupt: an update aborts requests in flight
+    keeping = False  # interruptCache keep: an update pauses them with their cache instead
 
-    def interruptible(self) -> VLLMEngine:
-        """From now on an update aborts the requests in flight, and their samples go
-        on under the new weights (the engine's own loop does it: no gate)."""
-        self.interrupting = True
+    def interruptible(self, keep: bool = False) -> VLLMEngine:
+        """From now on an update interrupts the requests in flight and their samples go
+        on under the new weights (the engine's own loop does it: no gate): aborted and
+        submitted again on their tokens so far, or with `keep` paused with their KV
+        cache and resumed."""
+        self.interrupting, self.keeping = True, keep
         return self
 
     @classmethod
@@ -255,6 +258,8 @@ class VLLMEngine(RolloutEngine):
         log.info("starting vLLM: %s", args)
 
         self._requests: set[str] = set()  # in flight, for an interrupting update to abort
+        # interruptCache keep: each request's samples (request id -> (members, versions))
+        self._kept: dict[str, tuple[list[int], list[list]]] = {}
 
         async def start():
             self._open = asyncio.Event()
@@ -297,6 +302,13 @@ class VLLMEngine(RolloutEngine):
             async with self._idle:
                 self._idle.notify_all()
 
+    def _prompt(self, ids: list[int]) -> dict:
+        """A request's prompt, salted with the weights (version and epoch): its prefix
+        cache is shared only with requests of the same weights, so a request after an
+        update never reads blocks an older version computed, even where an update kept
+        the requests in flight with their cache (interruptCache keep)."""
+        return {"prompt_token_ids": ids, "cache_salt": f"v{self.version}.{self.epoch}"}
+
     def _sampling(self, params: SamplingParams, n: int, max_tokens: int, seed: int | None,
                   kind):
         return self._SP(n=n, temperature=params.temperature, top_p=params.top_p,
@@ -312,7 +324,7 @@ class VLLMEngine(RolloutEngine):
         async with self._generating() as (version, epoch):
             sp = self._sampling(params, params.n, params.max_new_tokens, seed, self._final)
             final = None
-            async for out in self.llm.generate({"prompt_token_ids": prompt}, sp,
+            async for out in self.llm.generate(self._prompt(prompt), sp,
                                                request_id=f"g{next(self._ids)}"):
                 final = out
         group = []
@@ -393,7 +405,7 @@ class VLLMEngine(RolloutEngine):
                              for k in live]
                 got = await asyncio.gather(*(
                     self._part(p, params, members, room - len(ids[members[0]]), s, stop,
-                               ids, lps, done) for p, members, s in parts))
+                               ids, lps, done, versions) for p, members, s in parts))
                 cached = got[0] if part == 0 else cached
             for k in live:
                 done[k] = done[k] or len(ids[k]) >= room
@@ -401,16 +413,18 @@ class VLLMEngine(RolloutEngine):
         return [Generation(ids[k], lps[k], cached, versions=versions[k]) for k in range(n)]
 
     async def _part(self, prompt, params, members: list[int], room: int, seed, stop,
-                    ids, lps, done) -> int | None:
+                    ids, lps, done, versions) -> int | None:
         """One request for the samples `members` (completion i is sample members[i]):
         their tokens and log-probs are added as they stream back; a sample is done when
         it ends (end token, its length, its stop text), not when an update aborts
-        it. Returns the prompt tokens the prefix cache held."""
+        it (an update that keeps it marks in `versions` where the new weights took
+        over). Returns the prompt tokens the prefix cache held."""
         rid = f"i{next(self._ids)}"
         window = 4 * len(stop) + 4 if stop else 0  # a token spells one character at least
         cached = None
         self._requests.add(rid)
-        stream = self.llm.generate({"prompt_token_ids": prompt},
+        self._kept[rid] = (members, versions)
+        stream = self.llm.generate(self._prompt(prompt),
                                    self._sampling(params, len(members), room, seed,
                                                   self._delta),
                                    request_id=rid)
@@ -430,6 +444,7 @@ class VLLMEngine(RolloutEngine):
                     break  # the request is aborted as the stream closes
         finally:
             self._requests.discard(rid)
+            self._kept.pop(rid, None)
             await stream.aclose()
         return cached
 
@@ -445,7 +460,7 @@ class VLLMEngine(RolloutEngine):
         ids: list[int] = []
         lps: list[float] = []
         cached = None
-        stream = self.llm.generate({"prompt_token_ids": prefix},
+        stream = self.llm.generate(self._prompt(prefix),
                                    self._sampling(params, 1, room, seed, kind),
                                    request_id=f"e{next(self._ids)}")
         try:
@@ -500,8 +515,13 @@ class VLLMEngine(RolloutEngine):
                     broadcast: tuple | None = None) -> None:
         self._open.clear()
         t0 = time.monotonic()
+        keep = self.interrupting and self.keeping and epoch == self.epoch
         try:
-            if self.interrupting:  # their samples go on after the load
+            if keep:  # paused with their cache, the new weights' first token marked
+                await self.llm.pause_generation(mode="keep", clear_cache=False)
+                self._mark_kept(await self.llm.collective_rpc("rljob_output_counts"),
+                                version, epoch)
+            elif self.interrupting:  # their samples go on after the load
                 await self._abort_until_idle()
             else:
                 async with self._idle:
@@ -512,11 +532,30 @@ class VLLMEngine(RolloutEngine):
             else:  # each worker: (seconds receiving, tensors loaded)
                 done = await self.llm.collective_rpc("rljob_receive", args=broadcast)
                 self.transfer_seconds = max(r[0] for r in done)
-            await self.llm.reset_prefix_cache()
+            if not keep:  # the kept requests' blocks stay; the salt keeps them apart
+                await self.llm.reset_prefix_cache()
             self.version, self.epoch = version, epoch
             self.drain_seconds, self.reload_seconds = t1 - t0, time.monotonic() - t1
         finally:
+            if keep:
+                await self.llm.resume_generation()
             self._open.set()
+
+    def _mark_kept(self, counts: list[dict[str, int]], version: int, epoch: int) -> None:
+        """Each kept sample's change to the new weights at the tokens it had sampled
+        when the scheduler paused (the worker's count, `rljob_output_counts`: exact,
+        whatever the client has received of them). vLLM names a request
+        `{ours}-{8 hex}` and the n completions of one `{index}_{that}`."""
+        for internal, count in counts[0].items():
+            head, _, _ = internal.rpartition("-")
+            index, _, rid = head.partition("_")
+            if not (index.isdigit() and rid in self._kept):
+                index, rid = "0", head
+            if rid not in self._kept:
+                continue
+            members, versions = self._kept[rid]
+            k = members[int(index)]
+            versions[k] = changed(versions[k], count, version, epoch)
 
     async def _abort_until_idle(self, every: float = 0.05) -> None:
         """Abort the requests in flight until no generation holds the weights. Once is

@@ -15,7 +15,11 @@ buckets from the trainer into its own device, feeding each bucket's tensors to
 the same reload before the next bucket comes.
 
 `rljob_logprobs_mode` gives the worker's sampler the engine's `logprobs_mode`
-where the platform's model runner built its own sampler without it."""
+where the platform's model runner built its own sampler without it.
+
+`rljob_output_counts` says how many tokens each request has sampled: an update that
+keeps the requests (workflow.interruptCache keep) reads it with the scheduler paused,
+and the tokens from that count on are the new weights'."""
 
 from __future__ import annotations
 
@@ -56,6 +60,13 @@ class WeightUpdateExtension:
         for _ in stream:  # a loader that stopped early: the group's broadcasts go on
             pass
         return seconds[0], len(slots)
+
+    def rljob_output_counts(self) -> dict[str, int]:
+        """Each request's sampled tokens so far, by vLLM's internal request id (the
+        model runner's own record; with the scheduler paused, every token the engine
+        has sampled, whether or not its output has reached the client yet)."""
+        return {rid: len(state.output_token_ids)
+                for rid, state in self.model_runner.requests.items()}
 
     def rljob_logprobs_mode(self, mode: str) -> str | None:
         """Make the worker's sampler report `mode` log-probs; return the mode it had

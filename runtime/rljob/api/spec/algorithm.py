@@ -260,6 +260,15 @@ class WorkflowSpec(ApiModel):
         "then record the version of each token (staleness is the oldest token's). "
         "Default: drain.",
     )
+    interrupt_cache: Literal["recompute", "keep"] = Field(
+        "recompute",
+        description="weightUpdate interrupt only: what becomes of the interrupted "
+        "samples' KV cache. recompute: their requests are aborted and go on as new "
+        "requests, the prefix computed again by the new weights; keep (rollout.engine "
+        "vllm): vLLM pauses the requests with their cache, loads the weights and resumes "
+        "them, so the tokens after the update attend to a context the old weights "
+        "computed (each token still records its version).",
+    )
     weight_transport: Literal["auto", "grpc", "collective"] = Field(
         "auto",
         description="How weights travel from trainer rank 0 to the rollouts. collective: "
@@ -305,5 +314,13 @@ class WorkflowSpec(ApiModel):
             "async (in sync and periodic no update arrives while a step generates)",
             check=lambda w: w.weight_update != "interrupt" or w.mode == "async",
             field_path=".weightUpdate",
+        ),
+        Rule(
+            cel="self.interruptCache == 'recompute' || (has(self.weightUpdate) && "
+            "self.weightUpdate == 'interrupt')",
+            message="workflow.interruptCache keep applies to weightUpdate interrupt only: "
+            "set weightUpdate: interrupt, or remove interruptCache",
+            check=lambda w: w.interrupt_cache == "recompute" or w.weight_update == "interrupt",
+            field_path=".interruptCache",
         ),
     )
