@@ -1,5 +1,6 @@
 """`rljob bench updates`: what a weight update does to generation in flight, drain
-against interrupt (`workflow.weightUpdate`), in one run on three jobs in async(1):
+against interrupt (`workflow.weightUpdate`; on vLLM also interrupt that keeps the
+requests' cache, `workflow.interruptCache: keep`), in one run on three jobs in async(1):
 
 - longtail: examples/longtail.yaml (outputs an order of magnitude apart), one
   replica;
@@ -8,7 +9,7 @@ against interrupt (`workflow.weightUpdate`), in one run on three jobs in async(1
   `path.py:Class`), so an update under drain waits for the slowest tool;
 - quickstart: examples/quickstart.yaml.
 
-Each job runs with drain, then interrupt, in rounds (drain, interrupt, drain, ...:
+Each job runs with drain, then interrupt (then keep), in rounds (drain, interrupt, ...:
 a shared machine drifts over a minute), and the longtail job once in sync for the
 overlap bound (`planner.cost.overlap_bound` from sync's Tgen and Ttrain). Figures
 per run, over the steady state (after the first `warmup` steps): generated
@@ -34,7 +35,12 @@ from rljob.preflight import resolve_paths
 
 from .examples import example
 
-POLICIES = ("drain", "interrupt")
+POLICIES = ("drain", "interrupt")  # and "keep" on vLLM: interrupt, interruptCache keep
+
+
+def policies_for(engine: str) -> tuple[str, ...]:
+    """The update policies compared on `engine` (keep needs vLLM's pause)."""
+    return (*POLICIES, "keep") if engine == "vllm" else POLICIES
 JOBS = ("longtail", "agentic-slow-tool", "quickstart")
 
 SLOW_TOOL = '''"""The calculator, taking {seconds} s a call (a slow tool, for rljob bench updates)."""
@@ -66,7 +72,10 @@ def job_for(name: str, policy: str, steps: int, root: Path, tool_seconds: float,
     spec = doc["spec"]
     spec["workflow"] = {"mode": mode, "weightSync": "async"}
     if mode == "async":
-        spec["workflow"] |= {"maxStaleness": 1, "weightUpdate": policy}
+        spec["workflow"] |= {"maxStaleness": 1,
+                             "weightUpdate": "interrupt" if policy == "keep" else policy}
+        if policy == "keep":
+            spec["workflow"]["interruptCache"] = "keep"
     spec["algorithm"]["maxSteps"] = steps
     spec["trainer"] = {**spec.get("trainer", {}), "checkpointEvery": 10_000}
     spec["rollout"]["engine"] = engine
@@ -152,9 +161,10 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                 bound = {"sync_tokens_per_s": sync["tokens_per_s"],
                          "bound": overlap_bound("async", sync["gen_seconds"],
                                                 sync["train_seconds"])}
+            policies = policies_for(engine)
             for r in range(rounds):
                 res = {}
-                for policy in POLICIES:
+                for policy in policies:
                     d = root / name / f"{policy}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
                     res[policy] = _run(job_for(name, policy, steps, d, tool_seconds,
@@ -165,13 +175,14 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                                  f"tokens/s, update latency "
                                  f"{_s(f['update_latency_median'])} s median")
                 per_round.append(res)
-            runs = {p: _median([res[p] for res in per_round]) for p in POLICIES}
+            runs = {p: _median([res[p] for res in per_round]) for p in policies}
+            ratios = {p: [res[p]["tokens_per_s"] / res["drain"]["tokens_per_s"]
+                          for res in per_round] for p in policies if p != "drain"}
             out = {"runs": runs,
-                   "interrupt_vs_drain": statistics.median(
-                       res["interrupt"]["tokens_per_s"] / res["drain"]["tokens_per_s"]
-                       for res in per_round),
-                   "per_round": [res["interrupt"]["tokens_per_s"] / res["drain"]["tokens_per_s"]
-                                 for res in per_round]}
+                   "interrupt_vs_drain": statistics.median(ratios["interrupt"]),
+                   "per_round": ratios["interrupt"],
+                   "vs_drain": {p: statistics.median(r) for p, r in ratios.items()},
+                   "vs_drain_per_round": ratios}
             if bound is not None:
                 out |= bound
                 for f in runs.values():
@@ -204,7 +215,7 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 150))
-    t = Table(title=f"weight updates: drain vs interrupt, async(1), {results['engine']} engine; "
+    t = Table(title=f"weight updates: drain vs interrupt{' vs keep' if results['engine'] == 'vllm' else ''}, async(1), {results['engine']} engine; "
               f"steady state "
               f"after {results['warmup']} of {results['steps']} steps; medians of "
               f"{results['rounds']} rounds; the slow tool takes {results['tool_seconds']} s")
@@ -216,7 +227,7 @@ def render(results: dict) -> None:
         for policy, f in job["runs"].items():
             dist = f["staleness_tokens"]
             t.add_row(name, policy, f"{f['tokens_per_s']:.0f}",
-                      f"{job['interrupt_vs_drain']:.2f}x" if policy == "interrupt" else "",
+                      f"{job['vs_drain'][policy]:.2f}x" if policy != "drain" else "",
                       f"{f['of_bound']:.0%}" if "of_bound" in f else "",
                       f"{f['step_seconds']:.2f}",
                       f"{_s(f['update_latency_median'])} / {_s(f['update_latency_max'])}",
@@ -229,5 +240,6 @@ def render(results: dict) -> None:
         if "bound" in job:
             console.print(f"{name}: sync {job['sync_tokens_per_s']:.0f} tokens/s; the most "
                           f"async overlap can give over it {job['bound']:.2f}x")
-        console.print(f"{name}: interrupt over drain per round "
-                      + ", ".join(f"{x:.2f}x" for x in job["per_round"]))
+        for policy, ratios in job["vs_drain_per_round"].items():
+            console.print(f"{name}: {policy} over drain per round "
+                          + ", ".join(f"{x:.2f}x" for x in ratios))
