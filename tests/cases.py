@@ -95,6 +95,10 @@ INVALID = [
             {"spec": {"workflow": {"mode": "periodic", "weightUpdate": "interrupt"}}},
             'spec.workflow.weightUpdate: Invalid value: "object": workflow.weightUpdate '
             "interrupt is only allowed when workflow.mode is async"),
+    Invalid("keep-cache-without-interrupt",
+            {"spec": {"workflow": {"mode": "async", "interruptCache": "keep"}}},
+            'spec.workflow.interruptCache: Invalid value: "object": workflow.interruptCache '
+            "keep applies to weightUpdate interrupt only"),
     Invalid("replicas-below-min", {"spec": {"rollout": {"replicas": 2, "minReplicas": 3}}},
             'spec.rollout.replicas: Invalid value: "object": rollout.replicas must be at least '
             "rollout.minReplicas"),

@@ -97,6 +97,50 @@ def test_an_update_interrupts_generation_and_the_rows_go_on_under_the_new_weight
         assert float((lo[at:] - ln[at:]).abs().max()) > 1e-3  # the weights did change
 
 
+def test_a_keeping_update_goes_on_from_the_cache_the_old_weights_left():
+    """interruptCache keep on the hf engine: after the update the rows go on from the
+    KV cache of the stretch before (the stretch computes one position a row, not the
+    prompt and tokens so far again). Before the change point the tokens are what an
+    uninterrupted call draws, bit for bit, with the old weights' log-probs; from it on
+    the new weights sample on the old cache: their log-probs are not a fresh prefix's."""
+    tok, model = tiny()
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    new = _perturbed(model)
+    prompt = tok.encode("12+30=")
+    params = SamplingParams(n=4, max_new_tokens=40, seed=3, temperature=1.0, top_p=1.0)
+    dist = TokenDistribution(1.0, 1.0, vocab=len(tok))
+    plain = HFEngine(model, tok)
+    plain.load_weights(old, 0, epoch=5)
+    [whole] = plain.generate([prompt], params)
+
+    engine = HFEngine(model, tok).interruptible(keep=True)
+    engine.load_weights(old, 0, epoch=5)
+    engine.take_timings()
+    group = _updated_midway(engine, model, prompt, params,
+                            lambda: engine.load_weights(new, 1, epoch=5))
+    first, after = engine.take_timings()[:2]
+    assert first.prompt_tokens >= first.rows * len(prompt)
+    assert after.prompt_tokens == after.rows  # the last token alone: the rest was cached
+    interrupted = [g for g in group if len(g.versions) == 2]
+    assert interrupted, [g.versions for g in group]
+    for g, w in zip(group, whole):
+        at = g.versions[1][0] if len(g.versions) == 2 else len(g.response_ids)
+        assert g.response_ids[:at] == w.response_ids[:at]
+        assert g.logprobs[:at] == w.logprobs[:at]
+    model.load_state_dict(old)
+    before = _logprobs(model, prompt, [g.response_ids for g in interrupted], dist)
+    model.load_state_dict(new)
+    fresh = _logprobs(model, prompt, [g.response_ids for g in interrupted], dist)
+    for g, lo, ln in zip(interrupted, before, fresh):
+        at = g.versions[1][0]
+        got_lp = torch.tensor(g.logprobs)
+        assert float((got_lp[:at] - lo[:at]).abs().max()) < 1e-4
+        # the new weights on the old weights' cache: neither the old log-probs at the
+        # change point nor a fresh prefix's after it
+        assert float((got_lp[at] - lo[at]).abs()) > 1e-4
+        assert float((got_lp[at:] - ln[at:]).abs().max()) > 1e-4
+
+
 def test_without_an_update_an_interruptible_engine_draws_what_a_draining_one_does():
     tok, model = tiny()
     params = SamplingParams(n=4, max_new_tokens=24, seeds=(11, 22), top_p=0.9)

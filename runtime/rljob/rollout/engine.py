@@ -94,12 +94,16 @@ class RolloutEngine(ABC):
     # boundary for an update (`gate`, set by `interruptible`) and go on after it
     can_interrupt: bool = False
     gate: UpdateGate | None = None
+    keep_cache: bool = False  # interruptCache keep: the rows go on from their KV cache
 
-    def interruptible(self) -> RolloutEngine:
-        """From now on an update interrupts generation instead of draining it."""
+    def interruptible(self, keep: bool = False) -> RolloutEngine:
+        """From now on an update interrupts generation instead of draining it; with
+        `keep` the rows go on on the KV cache the old weights computed
+        (workflow.interruptCache keep) rather than computing their prefix again."""
         if not self.can_interrupt:
             raise ValueError(f"{type(self).__name__} cannot interrupt generation for an update")
         self.gate = UpdateGate()
+        self.keep_cache = keep
         return self
 
     @abstractmethod
@@ -276,7 +280,10 @@ class HFEngine(RolloutEngine):
     With weightUpdate interrupt (`interruptible`), an update stops a `generate` at
     a decode-step boundary and the rows go on under the new weights (`_generate`):
     their tokens so far are computed again as prompt, so the KV of the old weights
-    is not reused."""
+    is not reused; with interruptCache keep (`interruptible(keep=True)`) the rows go
+    on from the KV cache the stretch before left (transformers' DynamicCache, the
+    rows still going selected from it), and only their last token is computed
+    anew."""
 
     can_interrupt = True
 
@@ -360,6 +367,7 @@ class HFEngine(RolloutEngine):
         logps: list[list[float]] = [[] for _ in range(rows)]
         versions: list[list] = [[] for _ in range(rows)]
         live = list(range(rows))
+        cache, cached_rows = None, []  # interruptCache keep: the last stretch's KV, its rows
         while live:
             with self.gate.generating() if self.gate else contextlib.nullcontext():
                 if versions[0] and versions[0][0][2] != self.epoch:
@@ -368,6 +376,7 @@ class HFEngine(RolloutEngine):
                     # whole batch starts again under the new weights
                     tokens, logps = [[] for _ in range(rows)], [[] for _ in range(rows)]
                     versions, live = [[] for _ in range(rows)], list(range(rows))
+                    cache = None
                 done = len(tokens[live[0]])  # every row still going has as many tokens
                 for r in live:
                     versions[r] = changed(versions[r], done, self.version, self.epoch)
@@ -377,8 +386,14 @@ class HFEngine(RolloutEngine):
                     seg_ids = torch.cat([seg_ids, torch.tensor([tokens[r] for r in live])], 1)
                     seg_attn = torch.cat([seg_attn, torch.ones(len(live), done,
                                                                dtype=seg_attn.dtype)], 1)
-                new, new_logps, ended = self._stretch(seg_ids, seg_attn, uniforms[at], width,
-                                                      params, dist, done)
+                past = None
+                if cache is not None:  # the rows still going, from the stretch before
+                    cache.batch_select_indices(torch.tensor([cached_rows.index(r)
+                                                             for r in live]))
+                    past = cache
+                new, new_logps, ended, cache = self._stretch(
+                    seg_ids, seg_attn, uniforms[at], width, params, dist, done, past)
+                cached_rows = list(live)
             for k, r in enumerate(live):
                 tokens[r] += new[k]
                 logps[r] += new_logps[k]
@@ -389,12 +404,13 @@ class HFEngine(RolloutEngine):
                 for i in range(len(prompts))]
 
     def _stretch(self, ids, attn, uniforms, width: int, params: SamplingParams,
-                 dist: TokenDistribution, done: int):
+                 dist: TokenDistribution, done: int, past=None):
         """One transformers `generate` of rows left-padded to `width` that have
         `done` tokens after it already; it stops at the end of every row or, with a
         gate, at the first token boundary after an update is asked for. Returns each
-        row's new tokens, their log-probs and whether the row ended (its end token,
-        the stop text)."""
+        row's new tokens, their log-probs, whether the row ended (its end token,
+        the stop text) and, with interruptCache keep, the KV cache it leaves (`past`:
+        the one the stretch before left, of these rows: generation goes on from it)."""
         torch = self.torch
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -408,6 +424,9 @@ class HFEngine(RolloutEngine):
             ids, attn = torch.cat([ids, ids[-1:].expand(extra, -1)]), \
                 torch.cat([attn, attn[-1:].expand(extra, -1)])
             uniforms = torch.cat([uniforms, uniforms[-1:].expand(extra, -1)])
+            if past is not None:  # the copies' cache too
+                past.batch_select_indices(torch.tensor([*range(real), *[real - 1] * extra]))
+        cached = past.get_seq_length() if past is not None else 0
         sampler = _SeededSampler(uniforms, width, dist)
         # a row that spells the stop text ends there (the others go on; its bits and
         # theirs are those of a run without the criterion up to its end)
@@ -421,7 +440,8 @@ class HFEngine(RolloutEngine):
                 logits_processor=LogitsProcessorList([sampler]),
                 stopping_criteria=StoppingCriteriaList(criteria),
                 max_new_tokens=params.max_new_tokens - done,
-                pad_token_id=pad, eos_token_id=list(ends), return_dict_in_generate=True)
+                pad_token_id=pad, eos_token_id=list(ends), return_dict_in_generate=True,
+                **({_cache_field(): past} if past is not None else {}))
         new = out.sequences[:real, width + done:].cpu().tolist()
         ended = [False] * real
         for k in range(real):
@@ -434,9 +454,23 @@ class HFEngine(RolloutEngine):
         times = sampler.times
         self._timings = getattr(self, "_timings", [])
         self._timings.append(GenTiming(
-            len(ids), len(ids) * (width + done), sum(map(len, new)), len(times),
+            len(ids), len(ids) * (width + done - cached), sum(map(len, new)), len(times),
             times[0] - began if times else 0.0, times[-1] - times[0] if times else 0.0))
-        return new, [logps[k][:len(new[k])] for k in range(real)], ended
+        kept = getattr(out, _cache_field()) if self.keep_cache else None
+        return new, [logps[k][:len(new[k])] for k in range(real)], ended, kept
+
+
+@functools.cache
+def _cache_field() -> str:
+    """What transformers calls generate's KV cache, as argument and output field:
+    `cache` from 5.25 on (where `past_key_values` is deprecated), `past_key_values`
+    before."""
+    import dataclasses
+
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    names = {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    return "cache" if "cache" in names else "past_key_values"
 
 
 class _Interrupt:

@@ -133,10 +133,7 @@ class RolloutWorker:
         self.engine = make_engine(spec.rollout.engine, spec.model, spec.rollout, self.tok,
                                   model, accelerator, spec.algorithm.seed)
         if self.interrupting:  # an update stops generation at a token boundary
-            if spec.workflow.interrupt_cache == "keep":  # vLLM (a rule of the spec)
-                self.engine.interruptible(keep=True)
-            else:
-                self.engine.interruptible()
+            self.engine.interruptible(keep=spec.workflow.interrupt_cache == "keep")
         if spec.rollout.episodic:  # episodes: the environment's class, one per episode
             self.make_env = environment_factory(spec.rollout.environment,
                                                 job_tools(spec.rollout),

@@ -263,11 +263,13 @@ class WorkflowSpec(ApiModel):
     interrupt_cache: Literal["recompute", "keep"] = Field(
         "recompute",
         description="weightUpdate interrupt only: what becomes of the interrupted "
-        "samples' KV cache. recompute: their requests are aborted and go on as new "
-        "requests, the prefix computed again by the new weights; keep (rollout.engine "
-        "vllm): vLLM pauses the requests with their cache, loads the weights and resumes "
-        "them, so the tokens after the update attend to a context the old weights "
-        "computed (each token still records its version).",
+        "samples' KV cache. recompute: they go on with their prefix (prompt and tokens "
+        "so far) computed again by the new weights (vLLM: their requests aborted and "
+        "submitted again); keep: they go on from the cache the old weights computed "
+        "(vLLM pauses the requests with their cache, loads the weights and resumes them; "
+        "the hf engine goes on from its KV cache), so no prefix is computed twice and the "
+        "tokens after the update attend to a context the old weights computed (each "
+        "token still records its version).",
     )
     weight_transport: Literal["auto", "grpc", "collective"] = Field(
         "auto",

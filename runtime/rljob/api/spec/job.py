@@ -230,11 +230,4 @@ class RLJobSpec(ApiModel):
             or s.accelerator_for("trainer").type == s.accelerator_for("rollout").type,
             field_path=".workflow.weightTransport",
         ),
-        Rule(
-            cel="self.workflow.interruptCache != 'keep' || self.rollout.engine == 'vllm'",
-            message="workflow.interruptCache keep needs rollout.engine vllm (the hf engine "
-            "recomputes an interrupted sample's prefix): set interruptCache: recompute",
-            check=lambda s: s.workflow.interrupt_cache != "keep" or s.rollout.engine == "vllm",
-            field_path=".workflow.interruptCache",
-        ),
     )
