@@ -1,6 +1,7 @@
 """`rljob bench updates`: what a weight update does to generation in flight, drain
-against interrupt (`workflow.weightUpdate`; on vLLM also interrupt that keeps the
-requests' cache, `workflow.interruptCache: keep`), in one run on three jobs in async(1):
+against interrupt (`workflow.weightUpdate`) that recomputes an interrupted sample's
+prefix and interrupt that keeps its cache (`workflow.interruptCache: keep`), in one run
+on three jobs in async(1):
 
 - longtail: examples/longtail.yaml (outputs an order of magnitude apart), one
   replica;
@@ -35,12 +36,7 @@ from rljob.preflight import resolve_paths
 
 from .examples import example
 
-POLICIES = ("drain", "interrupt")  # and "keep" on vLLM: interrupt, interruptCache keep
-
-
-def policies_for(engine: str) -> tuple[str, ...]:
-    """The update policies compared on `engine` (keep needs vLLM's pause)."""
-    return (*POLICIES, "keep") if engine == "vllm" else POLICIES
+POLICIES = ("drain", "interrupt", "keep")  # keep: interrupt with interruptCache keep
 JOBS = ("longtail", "agentic-slow-tool", "quickstart")
 
 SLOW_TOOL = '''"""The calculator, taking {seconds} s a call (a slow tool, for rljob bench updates)."""
@@ -161,7 +157,7 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                 bound = {"sync_tokens_per_s": sync["tokens_per_s"],
                          "bound": overlap_bound("async", sync["gen_seconds"],
                                                 sync["train_seconds"])}
-            policies = policies_for(engine)
+            policies = POLICIES
             for r in range(rounds):
                 res = {}
                 for policy in policies:
@@ -215,7 +211,7 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 150))
-    t = Table(title=f"weight updates: drain vs interrupt{' vs keep' if results['engine'] == 'vllm' else ''}, async(1), {results['engine']} engine; "
+    t = Table(title=f"weight updates: drain vs interrupt (recompute) vs interrupt (keep), async(1), {results['engine']} engine; "
               f"steady state "
               f"after {results['warmup']} of {results['steps']} steps; medians of "
               f"{results['rounds']} rounds; the slow tool takes {results['tool_seconds']} s")

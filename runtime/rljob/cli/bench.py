@@ -127,8 +127,8 @@ def bench_updates(
     keep: Path = _keep(),
     json_out: bool = JSON_OUT,
 ) -> None:
-    """Drain against interrupt (workflow.weightUpdate; on vLLM also interrupt keeping the
-    requests' cache, workflow.interruptCache keep) on the long-tail, slow-tool agentic
+    """Drain against interrupt (workflow.weightUpdate) recomputing and keeping the
+    interrupted samples' cache (workflow.interruptCache) on the long-tail, slow-tool agentic
     and quickstart jobs in async(1): tokens/s, update latency, rollout idle share,
     per-token staleness, reward."""
     from rljob_bench import updates as bench
