@@ -56,3 +56,15 @@ def test_prompts_put_before_their_release_queue_from_the_release():
     assert step_metrics(0, samples, *common)["gen_queue_seconds"] == 40.0
     assert step_metrics(0, samples, *common, released=120.0)["gen_queue_seconds"] == 10.0
     assert step_metrics(0, samples, *common, released=80.0)["gen_queue_seconds"] == 40.0
+
+
+def test_the_tokens_on_a_kept_cache_are_counted_under_interrupt_cache_keep():
+    """An interrupted sample's tokens from its first change on attended to a cache
+    the older version computed, where updates keep it; none where they recompute."""
+    kept = sample(0, 90, 130, 140, length=10)
+    kept.versions = [(0, 0, 0), (6, 1, 0)]
+    plain = sample(1, 90, 130, 140, length=10)
+    common = ([(150, 151)], 60.0, {"loss": 0.0, "kl": 0.0, "clip": 0.0})
+    m = step_metrics(0, [kept, plain], *common, kept_cache=True)
+    assert m["kept_cache_tokens"] == 4 and m["interrupted"] == 1
+    assert step_metrics(0, [kept, plain], *common)["kept_cache_tokens"] == 0

@@ -84,10 +84,19 @@ def token_staleness(t, samples) -> dict[int, int]:
     return dict(sorted(out.items()))
 
 
-def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0) -> dict:
+def kept_cache_tokens(samples) -> int:
+    """The generated tokens that attended to a cache an older version computed: under
+    interruptCache keep, an interrupted sample's tokens from its first change on (pure)."""
+    return sum(len(s.response_ids) - s.changes[1][0] for s in samples
+               if len(s.changes) > 1)
+
+
+def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0,
+                 kept_cache: bool = False) -> dict:
     """A metrics.jsonl line of step t (Tgen and Ttrain: workflow/timing.py). `released`:
     when the weights that release step t were published; its prompts, put before
-    (`released_at`), wait in the queue from then on."""
+    (`released_at`), wait in the queue from then on. `kept_cache`: updates kept the
+    interrupted samples' cache (workflow.interruptCache keep)."""
     versions = [t - s.version for s in samples]
     generating = [(s.started_at, s.finished_at) for s in samples]
     gen_seconds = generation_seconds(generating)
@@ -107,6 +116,8 @@ def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0) -> 
         "staleness_token_mean": (sum(k * n for k, n in by_token.items())
                                  / max(1, sum(by_token.values()))),
         "interrupted": sum(1 for s in samples if len(s.changes) > 1),
+        # interruptCache keep: tokens whose context holds an older version's KV cache
+        "kept_cache_tokens": kept_cache_tokens(samples) if kept_cache else 0,
         "gen_seconds": gen_seconds,
         "gen_queue_seconds": generation_queue_seconds(
             [max(s.released_at, released) for s in samples], generating),

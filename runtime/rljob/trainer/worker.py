@@ -367,7 +367,8 @@ class TrainerWorker:
         released = self.published_at.get(t - self.rule.max_staleness, 0.0)
 
         def figures() -> tuple[dict, int]:
-            m = step_metrics(t, samples, train_spans, wall, sums, released)
+            m = step_metrics(t, samples, train_spans, wall, sums, released,
+                             self.spec.workflow.interrupt_cache == "keep")
             m |= off_policy_figures(off_policy)
             m |= lanes
             m["grad_norm"] = grad_norm
