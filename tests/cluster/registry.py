@@ -4,13 +4,13 @@ images are pushed to with ``python -m images.push`` (crane) and the node's conta
 pulls from, trusting that CA through its hosts.toml, as a platform's nodes pull from
 the platform's registry.
 
-Its storage is kept between runs under ``~/.cache/rljob/registry`` (a push of what it
-holds uploads nothing); it starts empty again once it outgrows `STORAGE_LIMIT`.
+Its storage is the run's own (under `workdir`) and goes with it: the images' layers
+are several GB, which a machine of the test kind cannot keep twice beside the node's
+image store.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -19,12 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from images import oci
-
 REPO = Path(__file__).resolve().parents[2]
-STORAGE = Path(os.environ.get("RLJOB_REGISTRY_CACHE",
-                              Path.home() / ".cache" / "rljob" / "registry"))
-STORAGE_LIMIT = 12 * 2**30
 
 CONFIG = """\
 version: 0.1
@@ -90,13 +85,12 @@ class Registry:
 
     def start(self) -> "Registry":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if STORAGE.is_dir() and oci.tree_size(STORAGE) > STORAGE_LIMIT:
-            shutil.rmtree(STORAGE, ignore_errors=True)
-        STORAGE.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "storage").mkdir(exist_ok=True)
         self.ca, cert, key = _certificate(self.workdir)
         self.port = _free_port()
         config = self.workdir / "config.yml"
-        config.write_text(CONFIG.format(storage=STORAGE, port=self.port, cert=cert, key=key))
+        config.write_text(CONFIG.format(storage=self.workdir / "storage", port=self.port,
+                                        cert=cert, key=key))
         log = open(self.workdir / "registry.log", "ab")
         self.proc = subprocess.Popen([str(self.bin_dir / "registry"), "serve", str(config)],
                                      stdout=log, stderr=subprocess.STDOUT,
@@ -157,3 +151,4 @@ class Registry:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        shutil.rmtree(self.workdir / "storage", ignore_errors=True)  # the layers go

@@ -47,24 +47,24 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     assert out.returncode == 0, out.stderr[-4000:]
     built = time.monotonic() - t0
     archives = [line.split() for line in out.stdout.splitlines()]
+    # the node's copies of the operator image go: helm install pulls it
+    for ref in node_cluster.image_names():
+        if "/rljob/operator" in ref:
+            node_cluster.remove_image(ref)
+    runtime = [(ref, a) for ref, a in archives if "/rljob/runtime" in ref]
+    todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
+    _room_for(node_cluster, todo, archives)
+    refs = {ref: "held" for ref, _ in runtime}
+    for ref, archive in todo:
+        t2 = time.monotonic()
+        oci.import_archive(archive, node_cluster.socket)
+        refs[ref] = f"{time.monotonic() - t2:.0f}s"
     registry = Registry(bin_dir, tmp_path_factory.mktemp("registry")).start()
     try:
         t1 = time.monotonic()
         pinned = registry.push(out.stdout)
         pushed = time.monotonic() - t1
         registry.trust_on(node_cluster)
-        # the node's copies of the operator image go: helm install pulls it
-        for ref in node_cluster.image_names():
-            if "/rljob/operator" in ref:
-                node_cluster.remove_image(ref)
-        runtime = [(ref, a) for ref, a in archives if "/rljob/runtime" in ref]
-        todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
-        _room_for(node_cluster, todo)
-        refs = {ref: "held" for ref, _ in runtime}
-        for ref, archive in todo:
-            t2 = time.monotonic()
-            oci.import_archive(archive, node_cluster.socket)
-            refs[ref] = f"{time.monotonic() - t2:.0f}s"
         print(f"\nimages: build {built:.0f}s (cached by content), push {pushed:.0f}s "
               f"({', '.join(pinned.values())}), import "
               + ", ".join(f"{r} {s}" for r, s in refs.items()))
@@ -73,15 +73,18 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
         registry.stop()
 
 
-def _room_for(node_cluster, todo) -> None:
+def _room_for(node_cluster, todo, pushed) -> None:
     """An import into a nearly full disk ends in the kubelet's disk-pressure eviction,
-    which deletes images (the pod sandbox's too) and every pod fails: say so first."""
+    which deletes images (the pod sandbox's too) and every pod fails: say so first
+    (room for the imports, and for the registry's copy of the images pushed)."""
     disk = shutil.disk_usage(node_cluster.workdir)
-    need = sum(2.2 * Path(a).stat().st_size for _, a in todo) + 0.01 * disk.total + 2**31
+    need = (sum(2.2 * Path(a).stat().st_size for _, a in todo)
+            + sum(Path(a).stat().st_size for _, a in pushed) + 0.01 * disk.total + 2**31)
     if disk.free < need:
         pytest.fail(f"{disk.free / 2**30:.1f} GiB free on the disk of {node_cluster.workdir}; "
-                    f"importing the images needs about {need / 2**30:.1f} GiB (content, "
-                    "unpacked layers, and the kubelet evicts below 1 % free): free some "
+                    f"importing and pushing the images needs about {need / 2**30:.1f} GiB "
+                    "(content, unpacked layers, the registry's copy, and the kubelet evicts "
+                    "below 1 % free): free some "
                     "space (old ~/.cache/rljob entries, /tmp) and run again")
 
 
