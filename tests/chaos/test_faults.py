@@ -245,17 +245,20 @@ def test_a_killed_fork_server_takes_its_workers_and_the_job_finishes(tmp_path):
         assert f"{name} exited with -9" in events, events
 
 
-def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_path):
+@pytest.mark.parametrize("cache", ["recompute", "keep"])
+def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_path, cache):
     """workflow.weightUpdate interrupt on a generation-bound job (no warm-up: the
     random policy writes the 64 tokens it may; 2 prompts a step, so training is
     short: a replica generates each step right as the weights that may generate it
     come, and a job whose training outlasts its generation leaves nothing to
     interrupt), so updates arrive mid-generation: samples go on under newer weights
-    midway, and with rollout-0 SIGKILLed at step 3 every step still trains its own
-    samples once, and every token's weights are within the staleness bound."""
-    run = Run(make_job(tmp_path, "interrupt-kill", model={"warmupSteps": 0},
+    midway (their prefix computed again, or on the cache they had: interruptCache),
+    and with rollout-0 SIGKILLed at step 3 every step still trains its own samples
+    once, and every token's weights are within the staleness bound."""
+    run = Run(make_job(tmp_path, f"interrupt-{cache}-kill", model={"warmupSteps": 0},
                        algorithm={"promptsPerStep": 2, "samplesPerMicroBatch": 16},
-                       rollout={"maxNewTokens": 56}, workflow={"weightUpdate": "interrupt"}),
+                       rollout={"maxNewTokens": 56},
+                       workflow={"weightUpdate": "interrupt", "interruptCache": cache}),
               tmp_path / "run")
     run.wait_step(3)
     os.kill(run.worker("rollout-0"), signal.SIGKILL)
@@ -270,6 +273,9 @@ def test_interrupting_updates_keep_every_promise_through_a_killed_replica(tmp_pa
     assert sum(interrupted) > 0
     assert tokens <= {0, 1}
     assert all(sum(m["staleness_tokens"].values()) == m["tokens"] for m in ms)
+    kept = sum(m["kept_cache_tokens"] for m in ms)
+    print(f"tokens on a kept cache: {kept}")
+    assert (kept > 0) == (cache == "keep")
 
 
 def test_a_killed_transferqueue_controller_on_memory_restarts_the_job(tmp_path):
