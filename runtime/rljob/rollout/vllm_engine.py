@@ -258,8 +258,9 @@ class VLLMEngine(RolloutEngine):
         log.info("starting vLLM: %s", args)
 
         self._requests: set[str] = set()  # in flight, for an interrupting update to abort
-        # interruptCache keep: each request's samples (request id -> (members, versions))
-        self._kept: dict[str, tuple[list[int], list[list]]] = {}
+        # interruptCache keep: each request's samples (request id -> members, their
+        # versions and tokens so far)
+        self._kept: dict[str, tuple[list[int], list[list], list[list[int]]]] = {}
 
         async def start():
             self._open = asyncio.Event()
@@ -423,7 +424,7 @@ class VLLMEngine(RolloutEngine):
         window = 4 * len(stop) + 4 if stop else 0  # a token spells one character at least
         cached = None
         self._requests.add(rid)
-        self._kept[rid] = (members, versions)
+        self._kept[rid] = (members, versions, ids)
         stream = self.llm.generate(self._prompt(prompt),
                                    self._sampling(params, len(members), room, seed,
                                                   self._delta),
@@ -545,7 +546,13 @@ class VLLMEngine(RolloutEngine):
         """Each kept sample's change to the new weights at the tokens it had sampled
         when the scheduler paused (the worker's count, `rljob_output_counts`: exact,
         whatever the client has received of them). vLLM names a request
-        `{ours}-{8 hex}` and the n completions of one `{index}_{that}`."""
+        `{ours}-{8 hex}` and the n completions of one `{index}_{that}`. A request the
+        worker does not hold and that has sent no token yet was queued, not started
+        (a group entering generation as the update came): all its tokens are the new
+        weights'. One it does not hold that has sent tokens has finished (its last
+        tokens may still be on their way) or was preempted: left as it is, its tokens
+        count as the old weights' (staleness over- not under-stated)."""
+        seen: set[str] = set()
         for internal, count in counts[0].items():
             head, _, _ = internal.rpartition("-")
             index, _, rid = head.partition("_")
@@ -553,9 +560,14 @@ class VLLMEngine(RolloutEngine):
                 index, rid = "0", head
             if rid not in self._kept:
                 continue
-            members, versions = self._kept[rid]
+            seen.add(rid)
+            members, versions, _ = self._kept[rid]
             k = members[int(index)]
             versions[k] = changed(versions[k], count, version, epoch)
+        for rid, (members, versions, ids) in self._kept.items():
+            if rid not in seen and not any(ids[k] for k in members):
+                for k in members:
+                    versions[k] = changed(versions[k], 0, version, epoch)
 
     async def _abort_until_idle(self, every: float = 0.05) -> None:
         """Abort the requests in flight until no generation holds the weights. Once is
