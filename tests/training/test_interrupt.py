@@ -52,22 +52,27 @@ def _updated_midway(engine, model, prompt, params, load):
     return group
 
 
-def test_an_update_interrupts_generation_and_the_rows_go_on_under_the_new_weights():
-    """Version 0 generates; after a few decode steps version 1 is loaded through the
-    gate. Every row that was still going carries a change point; its tokens before
-    it are the ones an uninterrupted call draws, with version 0's log-probs, and its
-    tokens after it have version 1's log-probs (the trainer's definition, 1e-4)."""
+def _two_versions():
+    """A tiny model's weights and a perturbed copy, a group's settings, and what an
+    uninterrupted call under the first draws (the reference of the tests below)."""
     tok, model = tiny()
     old = {k: v.clone() for k, v in model.state_dict().items()}
     new = _perturbed(model)
     prompt = tok.encode("12+30=")
     params = SamplingParams(n=4, max_new_tokens=40, seed=3, temperature=1.0, top_p=1.0)
     dist = TokenDistribution(1.0, 1.0, vocab=len(tok))
-
     plain = HFEngine(model, tok)
     plain.load_weights(old, 0, epoch=5)
     [whole] = plain.generate([prompt], params)
+    return tok, model, old, new, prompt, params, dist, whole
 
+
+def test_an_update_interrupts_generation_and_the_rows_go_on_under_the_new_weights():
+    """Version 0 generates; after a few decode steps version 1 is loaded through the
+    gate. Every row that was still going carries a change point; its tokens before
+    it are the ones an uninterrupted call draws, with version 0's log-probs, and its
+    tokens after it have version 1's log-probs (the trainer's definition, 1e-4)."""
+    tok, model, old, new, prompt, params, dist, whole = _two_versions()
     engine = HFEngine(model, tok).interruptible()
     engine.load_weights(old, 0, epoch=5)
     group = _updated_midway(engine, model, prompt, params,
@@ -103,16 +108,7 @@ def test_a_keeping_update_goes_on_from_the_cache_the_old_weights_left():
     prompt and tokens so far again). Before the change point the tokens are what an
     uninterrupted call draws, bit for bit, with the old weights' log-probs; from it on
     the new weights sample on the old cache: their log-probs are not a fresh prefix's."""
-    tok, model = tiny()
-    old = {k: v.clone() for k, v in model.state_dict().items()}
-    new = _perturbed(model)
-    prompt = tok.encode("12+30=")
-    params = SamplingParams(n=4, max_new_tokens=40, seed=3, temperature=1.0, top_p=1.0)
-    dist = TokenDistribution(1.0, 1.0, vocab=len(tok))
-    plain = HFEngine(model, tok)
-    plain.load_weights(old, 0, epoch=5)
-    [whole] = plain.generate([prompt], params)
-
+    tok, model, old, new, prompt, params, dist, whole = _two_versions()
     engine = HFEngine(model, tok).interruptible(keep=True)
     engine.load_weights(old, 0, epoch=5)
     engine.take_timings()

@@ -325,6 +325,36 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
     assert figures["prefix_cache_hit"] > 0
 
 
+def _updated_while_streaming(engine, prompts, params, load, calls=None):
+    """Every prompt's group submitted, `load` run once tokens stream back (how many
+    does not matter to the checks; a fixed sleep came before the first token on a
+    loaded machine); each group's (generations, version, epoch). `calls` gets the
+    request id of each request the engine submits to vLLM."""
+    engine.generate(prompts[:1], params)  # warm: the first forward is slow
+    streamed = threading.Event()
+    generate = engine.llm.generate
+
+    def counting(*args, **kwargs):
+        if calls is not None:
+            calls.append(kwargs.get("request_id"))
+
+        async def stream():
+            async for out in generate(*args, **kwargs):
+                if any(c.token_ids for c in out.outputs):
+                    streamed.set()
+                yield out
+        return stream()
+
+    engine.llm.generate = counting
+    try:
+        futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
+        assert streamed.wait(120), "no token streamed back in 120 s"
+        load()
+        return [f.result(timeout=300) for f in futures]
+    finally:
+        engine.llm.__dict__.pop("generate", None)
+
+
 def test_a_keeping_update_pauses_the_requests_with_their_cache_and_marks_each_token(
         engine, tok):
     """workflow.interruptCache keep: an update pauses vLLM's requests with their KV
@@ -336,31 +366,13 @@ def test_a_keeping_update_pauses_the_requests_with_their_cache_and_marks_each_to
     engine.load_weights(old.state_dict(), 30)
     engine.interruptible(keep=True)
     calls = []
+    prompts = [tok.encode(f"{i}+{3 * i}=") for i in range(16)]
     try:
-        prompts = [tok.encode(f"{i}+{3 * i}=") for i in range(16)]
-        params = SamplingParams(n=4, max_new_tokens=120)
-        engine.generate(prompts[:1], params)  # warm: the first forward is slow
-        streamed = threading.Event()
-        generate = engine.llm.generate
-
-        def counting(*args, **kwargs):
-            calls.append(kwargs.get("request_id"))
-
-            async def stream():
-                async for out in generate(*args, **kwargs):
-                    if any(c.token_ids for c in out.outputs):
-                        streamed.set()
-                    yield out
-            return stream()
-
-        engine.llm.generate = counting
-        futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
-        assert streamed.wait(120), "no token streamed back in 120 s"
-        engine.load_weights(new.state_dict(), 31)
-        results = [f.result(timeout=300) for f in futures]
+        results = _updated_while_streaming(
+            engine, prompts, SamplingParams(n=4, max_new_tokens=120),
+            lambda: engine.load_weights(new.state_dict(), 31), calls)
     finally:
         engine.interrupting = engine.keeping = False
-        engine.llm.__dict__.pop("generate", None)
     assert len(calls) == len(prompts), calls  # one request a group: none submitted again
     midway, stale = 0, []
     for prompt, (group, _, _) in zip(prompts, results):
@@ -436,31 +448,13 @@ def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engin
     old, new = _policy(tok, seed=0), _policy(tok, seed=0, noise=0.05)
     engine.load_weights(old.state_dict(), 10)
     engine.interrupting = True
+    prompts = [tok.encode(f"{i}+{2 * i}=") for i in range(16)]
     try:
-        prompts = [tok.encode(f"{i}+{2 * i}=") for i in range(16)]
-        params = SamplingParams(n=4, max_new_tokens=120)
-        engine.generate(prompts[:1], params)  # warm: the first forward is slow
-        # the update comes once tokens stream back (how many does not matter to the
-        # checks; a fixed sleep came before the first token on a loaded machine)
-        streamed = threading.Event()
-        generate = engine.llm.generate
-
-        def counting(*args, **kwargs):
-            async def stream():
-                async for out in generate(*args, **kwargs):
-                    if any(c.token_ids for c in out.outputs):
-                        streamed.set()
-                    yield out
-            return stream()
-
-        engine.llm.generate = counting
-        futures = [engine.submit(p, params, i) for i, p in enumerate(prompts)]
-        assert streamed.wait(120), "no token streamed back in 120 s"
-        engine.load_weights(new.state_dict(), 11)
-        results = [f.result(timeout=300) for f in futures]
+        results = _updated_while_streaming(
+            engine, prompts, SamplingParams(n=4, max_new_tokens=120),
+            lambda: engine.load_weights(new.state_dict(), 11))
     finally:
         engine.interrupting = False
-        engine.llm.__dict__.pop("generate", None)
     midway = 0
     for prompt, (group, version, epoch) in zip(prompts, results):
         assert len(group) == 4 and (version, epoch) == group[0].versions[0][1:]
