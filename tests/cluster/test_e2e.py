@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,9 +48,11 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     assert out.returncode == 0, out.stderr[-4000:]
     built = time.monotonic() - t0
     archives = [line.split() for line in out.stdout.splitlines()]
-    # the node's copies of the operator image go: helm install pulls it
+    # the node's copies of the operator image go (helm install pulls it), and the
+    # names earlier runs' registries gave (each its own port): they would keep old
+    # versions' layers in the node's image store
     for ref in node_cluster.image_names():
-        if "/rljob/operator" in ref:
+        if "/rljob/operator" in ref or re.match(r"127\.0\.0\.1:\d+/rljob/", ref):
             node_cluster.remove_image(ref)
     runtime = [(ref, a) for ref, a in archives if "/rljob/runtime" in ref]
     todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
