@@ -546,13 +546,14 @@ class VLLMEngine(RolloutEngine):
         """Each kept sample's change to the new weights at the tokens it had sampled
         when the scheduler paused (the worker's count, `rljob_output_counts`: exact,
         whatever the client has received of them). vLLM names a request
-        `{ours}-{8 hex}` and the n completions of one `{index}_{that}`. A request the
-        worker does not hold and that has sent no token yet was queued, not started
-        (a group entering generation as the update came): all its tokens are the new
-        weights'. One it does not hold that has sent tokens has finished (its last
-        tokens may still be on their way) or was preempted: left as it is, its tokens
-        count as the old weights' (staleness over- not under-stated)."""
-        seen: set[str] = set()
+        `{ours}-{8 hex}` and the n completions of one `{index}_{that}`. A sample the
+        worker does not hold and that has sent no token yet was waiting, not started
+        (a completion the scheduler had not taken yet, or a group entering generation
+        as the update came): all its tokens are the new weights'. One it does not
+        hold that has sent tokens has finished (its last tokens may still be on their
+        way) or was preempted: left as it is, its tokens count as the old weights'
+        (staleness over- not under-stated)."""
+        seen: set[tuple[str, int]] = set()
         for internal, count in counts[0].items():
             head, _, _ = internal.rpartition("-")
             index, _, rid = head.partition("_")
@@ -560,13 +561,13 @@ class VLLMEngine(RolloutEngine):
                 index, rid = "0", head
             if rid not in self._kept:
                 continue
-            seen.add(rid)
+            seen.add((rid, int(index)))
             members, versions, _ = self._kept[rid]
             k = members[int(index)]
             versions[k] = changed(versions[k], count, version, epoch)
         for rid, (members, versions, ids) in self._kept.items():
-            if rid not in seen and not any(ids[k] for k in members):
-                for k in members:
+            for i, k in enumerate(members):
+                if (rid, i) not in seen and not ids[k]:
                     versions[k] = changed(versions[k], 0, version, epoch)
 
     async def _abort_until_idle(self, every: float = 0.05) -> None:
