@@ -55,19 +55,16 @@ def _free_port() -> int:
 
 
 def _certificate(into: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 it signs (openssl)."""
-    ca_key, ca, key, csr, cert = (into / n for n in ("ca.key", "ca.crt", "tls.key",
-                                                     "tls.csr", "tls.crt"))
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)  # noqa: E731
-    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2",
-        "-subj", "/CN=rljob test registry CA")
-    run("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
-    ext = into / "san.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))
-    return ca, cert, key
+    """A CA of the registry's own and a server certificate for 127.0.0.1 it signs
+    (infra/tls.make, as a job's), as files: (CA, certificate, key)."""
+    from rljob.infra import tls
+
+    pems = tls.make(days=2, names=("localhost",), ips=("127.0.0.1",))
+    files = into / "ca.crt", into / "tls.crt", into / "tls.key"
+    for path, text in zip(files, (pems.ca, pems.cert, pems.key)):
+        path.write_text(text)
+    files[2].chmod(0o600)
+    return files
 
 
 @dataclass

@@ -325,6 +325,13 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
     assert figures["prefix_cache_hit"] > 0
 
 
+def _logprobs_under(models, prompt, gen, tok) -> list:
+    """Transformers' log-probs of `gen`'s tokens after `prompt` under each of `models`."""
+    b = make_batch([prompt], [gen.response_ids], tok.pad_token_id)
+    with torch.no_grad():
+        return [token_logprobs(m, b)[0][b.mask[0].bool()] for m in models]
+
+
 def _updated_while_streaming(engine, prompts, params, load, calls=None):
     """Every prompt's group submitted, `load` run once tokens stream back (how many
     does not matter to the checks; a fixed sleep came before the first token on a
@@ -377,10 +384,7 @@ def test_a_keeping_update_pauses_the_requests_with_their_cache_and_marks_each_to
     midway, stale = 0, []
     for prompt, (group, _, _) in zip(prompts, results):
         for gen in group:
-            b = make_batch([prompt], [gen.response_ids], tok.pad_token_id)
-            with torch.no_grad():
-                lo = token_logprobs(old, b)[0][b.mask[0].bool()]
-                ln = token_logprobs(new, b)[0][b.mask[0].bool()]
+            lo, ln = _logprobs_under((old, new), prompt, gen, tok)
             got = torch.tensor(gen.logprobs)
             assert [v for _, v, _ in gen.versions] in ([30], [31], [30, 31]), gen.versions
             p = next((q for q, v, _ in gen.versions if v == 31), len(gen.response_ids))
@@ -459,10 +463,7 @@ def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engin
     for prompt, (group, version, epoch) in zip(prompts, results):
         assert len(group) == 4 and (version, epoch) == group[0].versions[0][1:]
         for gen in group:
-            b = make_batch([prompt], [gen.response_ids], tok.pad_token_id)
-            with torch.no_grad():
-                lo = token_logprobs(old, b)[0][b.mask[0].bool()]
-                ln = token_logprobs(new, b)[0][b.mask[0].bool()]
+            lo, ln = _logprobs_under((old, new), prompt, gen, tok)
             got = torch.tensor(gen.logprobs)
             assert len(got) == len(gen.response_ids) <= 120
             bounds = [p for p, _, _ in gen.versions] + [len(gen.response_ids)]

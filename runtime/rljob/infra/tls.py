@@ -37,10 +37,14 @@ class Pems:
         return {TLS_CA_ENV: self.ca, TLS_CERT_ENV: self.cert, TLS_KEY_ENV: self.key}
 
 
-def make(days: float = DAYS, now: datetime.datetime | None = None) -> Pems:
-    """A new CA and a server certificate for `SERVER_NAME` it signs, valid from `now`
-    (default: a minute ago, for clocks a little apart) for `days` days. ECDSA P-256:
-    a handshake costs a fraction of RSA's."""
+def make(days: float = DAYS, now: datetime.datetime | None = None,
+         names: tuple[str, ...] = (SERVER_NAME,), ips: tuple[str, ...] = ()) -> Pems:
+    """A new CA and a server certificate for `names` (DNS names, the first its common
+    name; default `SERVER_NAME`) and `ips` it signs, valid from `now` (default: a
+    minute ago, for clocks a little apart) for `days` days. ECDSA P-256: a handshake
+    costs a fraction of RSA's."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -65,10 +69,11 @@ def make(days: float = DAYS, now: datetime.datetime | None = None) -> Pems:
                        key_encipherment=False, data_encipherment=False, key_agreement=False,
                        key_cert_sign=True, crl_sign=True, encipher_only=False,
                        decipher_only=False), True)])
-    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVER_NAME)]),
+    alt = [*map(x509.DNSName, names), *(x509.IPAddress(ipaddress.ip_address(a)) for a in ips)]
+    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]),
                   key.public_key(), [
         (x509.BasicConstraints(ca=False, path_length=None), True),
-        (x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), False),
+        (x509.SubjectAlternativeName(alt), False),
         (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)])
     pem = serialization.Encoding.PEM
     return Pems(

@@ -290,9 +290,12 @@ class HFEngine(RolloutEngine):
     def __init__(self, model, tokenizer):
         import torch
 
+        from ..inputs.models import turn_end_ids
+
         self.torch = torch
         self.model = model.eval()
         self.tok = tokenizer
+        self.ends = turn_end_ids(tokenizer)  # the EOS, and Llama 3.1's <|eom_id|>
         # on CPU a row's bits follow from the row alone (the docstring says how); an
         # accelerator's kernels are chosen by shape anyway
         self.row_exact = self.weight_device().type == "cpu"
@@ -414,9 +417,7 @@ class HFEngine(RolloutEngine):
         torch = self.torch
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        from ..inputs.models import turn_end_ids
-
-        pad, ends = self.tok.pad_token_id, turn_end_ids(self.tok)
+        pad, ends = self.tok.pad_token_id, self.ends
         device = self.weight_device()
         real = len(ids)
         if real < self.min_rows:  # copies of the last row, dropped below

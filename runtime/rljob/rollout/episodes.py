@@ -224,8 +224,8 @@ def _reply(e: Episode, asked: bool = True) -> Reply:
     return reply
 
 
-def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = None,
-          ends: Collection[int] = ()) -> None:
+def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None,
+          ends: Collection[int]) -> None:
     """The environment's reply into the episode: its observation (as the chat
     template writes a tool message, where there is one, after the model's end token
     in place of the template's: `ends`), its end (a turn that left no room to go on
@@ -243,8 +243,7 @@ def _take(e: Episode, reply: Reply, budget: int, tok, chat: ChatTurns | None = N
         e.done = True
         return
     obs = observation_ids(tok, chat, list(reply.messages) or reply.observation,
-                          bool(e.response_ids) and e.response_ids[-1] in (
-                              ends or (tok.eos_token_id,)))
+                          bool(e.response_ids) and e.response_ids[-1] in ends)
     room = budget - len(e.response_ids)
     if len(obs) >= room:  # no room left for the model to answer
         e.done = True
