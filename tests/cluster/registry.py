@@ -109,11 +109,15 @@ class Registry:
         hosts.mkdir(parents=True, exist_ok=True)
         (hosts / "hosts.toml").write_text(HOSTS_TOML.format(host=self.host, ca=self.ca))
 
-    def push(self, build_output: str, path: str = "rljob") -> dict[str, str]:
-        """``python -m images.push`` of images.build's output lines, as the docs run it;
-        returns {source name: name by digest}."""
+    def push(self, build_output: str, path: str = "rljob",
+             command: list[str] | None = None) -> dict[str, str]:
+        """``python -m images.push`` of images.build's output lines, as the docs run it
+        (`command`: the docs' own words, the registry's path already in place), with
+        this registry's CA and crane; returns {source name: name by digest}."""
+        argv = command or ["python", "-m", "images.push", f"{self.host}/{path}"]
+        assert argv[:3] == ["python", "-m", "images.push"], argv
         done = subprocess.run(
-            [sys.executable, "-m", "images.push", f"{self.host}/{path}", "--ca", str(self.ca),
+            [sys.executable, *argv[1:], "--ca", str(self.ca),
              "--crane", str(self.bin_dir / "crane")],
             input=build_output, capture_output=True, text=True, cwd=REPO, timeout=900)
         if done.returncode != 0:

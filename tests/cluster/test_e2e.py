@@ -1,11 +1,13 @@
-"""The README's cluster journey on a real node, nothing faked: the images built by
-`python -m images.build` and imported into the node's containerd, `helm install` of
-the chart (the operator runs as a pod from its image, with its ServiceAccount), then
-`kubectl apply` of examples/k8s/quickstart-cluster-pvc.yaml and
-examples/quickstart-cluster.yaml (its 60 steps cut to 16). The Redis, TransferQueue,
-rollout and trainer pods become Ready, `kubectl get rljobs` shows STEP advancing with
-real STALENESS and TOKENS/S, the job succeeds, its final weights are on the
-checkpoint volume, and `ttlSecondsAfterFinished` removes its children."""
+"""The cluster guide's journey on a real node, nothing faked, walked command by
+command from docs/guides/cluster.md (tests/cluster/guide.py): the images built by
+`python -m images.build` and pushed with `python -m images.push` to a real registry,
+`helm install` of the chart with the values it printed (the operator runs as a pod
+from the registry's image, with its ServiceAccount), then `kubectl apply` of
+examples/k8s/quickstart-cluster-pvc.yaml and examples/quickstart-cluster.yaml (its
+image lines set to the registry's copy, its 60 steps cut to 16). The Redis,
+TransferQueue, rollout and trainer pods become Ready, `kubectl get rljobs` shows STEP
+advancing with real STALENESS and TOKENS/S, the job succeeds, its final weights are on
+the checkpoint volume, and `ttlSecondsAfterFinished` removes its children."""
 
 from __future__ import annotations
 
@@ -23,12 +25,16 @@ import pytest
 import yaml
 
 from images import oci
+from tests.cluster import guide
 from tests.cluster.controlplane import REPO
 from tests.cluster.operator_harness import CHART, OPERATOR_NS, RELEASE, helm, wait_for
 
 pytestmark = pytest.mark.node
 
 JOB = "quickstart-cluster"
+# the cluster guide's sections this module walks (tests/cluster/guide.py)
+IMAGES = "Get the images into your registry"
+INSTALL = "Install the operator and run the quickstart"
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +48,13 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     registry's name fetches only the manifest)."""
     from tests.cluster.registry import Registry
 
+    # the guide's command line: `sudo python -m images.build ... | python -m images.push
+    # REGISTRY` (root here already)
+    build, push = guide.command(IMAGES, "sudo python -m images.build").split(" | ")
+    build_argv = guide.argv(build, {})
+    assert build_argv[:2] == ["sudo", "python"], build_argv
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "images.build", "runtime", "operator"],
+    out = subprocess.run([sys.executable, *build_argv[2:]],
                          cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-4000:]
     built = time.monotonic() - t0
@@ -65,7 +76,8 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     registry = Registry(bin_dir, tmp_path_factory.mktemp("registry")).start()
     try:
         t1 = time.monotonic()
-        pinned = registry.push(out.stdout)
+        pinned = registry.push(out.stdout, command=guide.argv(
+            push, {guide.REGISTRY: f"{registry.host}/rljob"}))
         pushed = time.monotonic() - t1
         registry.trust_on(node_cluster)
         print(f"\nimages: build {built:.0f}s (cached by content), push {pushed:.0f}s "
@@ -144,10 +156,15 @@ def operator_release(node_cluster, images_on_node):
     plane = node_cluster.plane
     registry = images_on_node["registry"]
     repository, digest = _pinned(images_on_node, "operator").split("@")
+    # the guide's `helm install`, the values images.push printed in its placeholders'
+    # places; the tests' own settings after it
+    line = guide.argv(guide.command(INSTALL, "helm install"), {
+        f"{guide.REGISTRY}/operator": repository, "sha256:d690...": digest,
+        "charts/rljob-operator": str(CHART)})
+    assert line[:3] == ["helm", "install", RELEASE] and line[3] == str(CHART), line
+    assert line[line.index("-n") + 1] == OPERATOR_NS, line
     t0 = time.monotonic()
-    helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",
-         "--set", f"image.repository={repository}", "--set", f"image.digest={digest}",
-         "--set", "reconcileInterval=2", "--set", "logFormat=plain")
+    helm(plane, *line[1:], "--set", "reconcileInterval=2", "--set", "logFormat=plain")
     try:
         out = plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
                             "--timeout=180s", timeout=200, check=False)
@@ -269,13 +286,19 @@ def test_readme_journey_runs_the_job_on_a_real_node(operator_release, namespace,
     runtime = _pinned(images_on_node, "runtime")
     ns, volume = namespace
     host_dir = volume("quickstart-checkpoints")
-    plane.kubectl("apply", "-n", ns, "-f", str(REPO / "examples/k8s/quickstart-cluster-pvc.yaml"))
+    # the guide's next commands: the claim, then the job with its two image lines set
+    # to the registry's copy; `kubectl get rljobs -w` is the Watch
+    claim, job, get = (guide.argv(c, {"examples/": f"{REPO}/examples/"})
+                       for c in guide.commands(INSTALL)[1:])
+    assert claim[:3] == job[:3] == ["kubectl", "apply", "-f"] and get[:3] == [
+        "kubectl", "get", "rljobs"], (claim, job, get)
+    plane.kubectl(*claim[1:], "-n", ns)
     watch = Watch(plane, ns, JOB)
     # the example as the README applies it, but for its length: 60 steps and a
     # 200-step warm-up show the learning; the checks below need a few steps shown, real
     # staleness and tokens/s, the final weights and the clean-up (at 60 steps the test
     # took 9 of the cluster tier's 50 minutes); 20 warm-up steps as in the chaos tier
-    doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc = yaml.safe_load(Path(job[3]).read_text())
     assert doc["spec"]["algorithm"]["maxSteps"] == 60
     steps = doc["spec"]["algorithm"]["maxSteps"] = 16
     doc["spec"]["model"]["warmupSteps"] = 20

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.training.test_runtime import check_plan_against_run
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,3 +41,10 @@ def test_a_skew_aware_job_trains_every_sample_and_its_ranker_sees_them(tmp_path)
     learned = int(re.search(r"length ranker: learned from (\d+) samples", driver).group(1))
     assert learned >= 64 * (steps - 1), learned  # every finished sample, but the last step's
     assert "claiming group_longest_first" in (run_dir / "logs" / "rollout-0.log").read_text()
+    # the planner, fed the run's own profile (its steps after the first), predicts
+    # the run's Tgen: one replica's four pieces a step, each as long as its longest row
+    prof = subprocess.run([sys.executable, "-m", "rljob", "profile", str(job), "--from-run",
+                           str(run_dir), "--skip-steps", "1", "-o", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert prof.returncode == 0, prof.stderr
+    check_plan_against_run(job, tmp_path / "p.json", ms[1:])

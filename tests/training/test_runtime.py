@@ -265,6 +265,7 @@ def _check_live_profile(path: Path, tmp_path: Path, ms: list[dict]) -> None:
     assert sorted(prof.output_lengths) == sorted(
         n for m in ms[3:] for n in m["response_lengths"])
     assert len(prof.output_lengths) == 5 * 128
+    check_plan_against_run(path, tmp_path / "p.json", ms[3:])
     sim = subprocess.run([sys.executable, "-m", "rljob", "simulate", str(path), "--profile",
                           str(tmp_path / "p.json"), "-o", str(tmp_path / "s.png"), "--json"],
                          capture_output=True, text=True, timeout=120)
@@ -280,6 +281,21 @@ def _check_live_profile(path: Path, tmp_path: Path, ms: list[dict]) -> None:
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "profile measured on another setup: engine 'hf' (the job's: 'vllm')" in \
         refused.stderr
+
+
+def check_plan_against_run(path: Path, profile: Path, steps: list[dict]) -> None:
+    """`rljob plan --profile` (a profile of the run's own steps) predicts the job as
+    specified within 30 % of what those steps measured: Tgen (its replicas' batches
+    by the runtime's batch rule) and Ttrain."""
+    import statistics
+
+    out = subprocess.run([sys.executable, "-m", "rljob", "plan", str(path), "--profile",
+                          str(profile), "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)["current"]
+    for key in ("gen_seconds", "train_seconds"):
+        ran = statistics.fmean(m[key] for m in steps)
+        assert 0.7 <= planned[key] / ran <= 1.3, (key, planned[key], ran)
 
 
 def test_two_trainer_ranks_over_gloo_and_resume_from_a_checkpoint(tmp_path):

@@ -143,3 +143,36 @@ def test_every_bound_in_the_reference_is_the_models():
     assert len(checked) > 100, len(checked)  # the page's rows are the model's fields
     wrong = {p: (page[p], model[p]) for p in checked if page[p] != model[p]}
     assert wrong == {}
+
+
+def test_the_cluster_guide_gives_the_commands_its_journey_test_walks(tmp_path):
+    """The node tier runs the cluster guide's own commands (tests/cluster/guide.py):
+    they parse into the build piped into the push, `helm install` with the values the
+    push prints (which the chart has), the claim, the job and the watch; a section
+    without its shell block is one clear error."""
+    import yaml
+
+    from tests.cluster import guide
+    from tests.cluster.test_e2e import IMAGES, INSTALL
+
+    build, push = guide.command(IMAGES, "sudo python -m images.build").split(" | ")
+    assert guide.argv(push, {guide.REGISTRY: "127.0.0.1:5000/rljob"}) == [
+        "python", "-m", "images.push", "127.0.0.1:5000/rljob"]
+    assert guide.argv(build, {})[-2:] == ["runtime", "operator"]
+    helm, claim, job, watch = guide.commands(INSTALL)
+    sets = dict(w.split("=", 1) for w in guide.argv(helm, {})[1:] if "=" in w)
+    assert sets == {"image.repository": f"{guide.REGISTRY}/operator",
+                    "image.digest": "sha256:d690..."}
+    values = yaml.safe_load((REPO / "charts/rljob-operator/values.yaml").read_text())
+    assert {"repository", "digest"} <= set(values["image"])
+    for line in (claim, job):
+        assert (REPO / guide.argv(line, {})[-1]).is_file(), line
+    assert watch == "kubectl get rljobs -w"
+    page = tmp_path / "page.md"
+    page.write_text("# t\n\n## Install\n\nno block\n\n## Next\n\n```sh\nls\n```\n")
+    try:
+        guide.commands("Install", page)
+    except ValueError as exc:
+        assert str(exc) == "page.md: no ```sh block under '## Install'"
+    else:
+        raise AssertionError("a section without a shell block parsed")

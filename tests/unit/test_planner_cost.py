@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljob.planner.allocation import allocate_brute_force, allocate_cross, allocate_single
+from rljob.planner.allocation import (
+    allocate_brute_force,
+    allocate_cross,
+    allocate_single,
+    fewest_of,
+)
 from rljob.planner.cost import Workload, generation_time, instance_time, wave_time
 from rljob.infra.hardware import HARDWARE, Hardware
 from rljob.planner.profile import (
@@ -28,6 +34,42 @@ def test_continuous_batching_reduces_to_streamrl_eq2_for_equal_lengths():
         assert instance_time(GEN, samples * 300, 300) == pytest.approx(
             wave_time(GEN, 300, samples))  # PTL(64) · 300 · ⌈M/64⌉
     assert wave_time(GEN, 100, 65) == pytest.approx(GEN.ptl(64) * 100 * 2)
+
+
+def test_a_static_batch_decodes_as_long_as_its_longest_row():
+    """The hf engine's `generate` decodes a batch until its last row ends: a replica's
+    Tgen is its batches (periodic: its share in four pieces of whole groups), each as
+    many decode steps as the expected longest of its rows, a call a prompt width."""
+    flat = GenProfile([1, 64], [0.01, 0.01], 64)
+    lengths = [2] * 63 + [50]  # one long tail among 64
+    work = Workload.from_lengths(lengths, 64, 8.0, group_size=4)
+    assert work.longest_of(1) == pytest.approx(sum(lengths) / 64)  # one row: the mean
+    assert work.longest_of(16) == pytest.approx(2 + 48 * (1 - (63 / 64) ** 16))
+    assert work.longest_of(1e6) == pytest.approx(50)
+    periodic = replace(work, mode="periodic", static=True)
+    # 64 rows, one replica: 4 pieces of 16 rows
+    assert generation_time(flat, periodic, 1) == pytest.approx(4 * 0.01 * work.longest_of(16))
+    # two prompt widths, half the prompts each: 4 prompts a piece span 1.875 calls
+    widths = replace(periodic, widths=(0.5, 0.5))
+    assert widths.calls_per_batch(16) == pytest.approx(2 - 2 * 0.5 ** 4)
+    calls = widths.calls_per_batch(16)
+    assert generation_time(flat, widths, 1) == pytest.approx(
+        4 * calls * 0.01 * work.longest_of(16 / calls))
+    # continuous batching (vLLM) refills a finished row's slot: one batch of the share
+    assert generation_time(flat, work, 1) == pytest.approx(
+        instance_time(flat, 64 * work.mean_output, work.longest_of(64)))
+    # without measured lengths: spread up to the cap, never below the mean
+    assumed = Workload.assumed(64, 40)
+    assert assumed.longest_of(1) == 20 and assumed.longest_of(39) == pytest.approx(39)
+
+
+def test_a_plan_leaves_out_replicas_that_would_generate_slower():
+    """Tgen can rise with replicas (more, smaller batches each): the allocation takes
+    the best of fewer replicas instead of assuming it falls."""
+    tgen = {1: 4.0, 2: 2.0, 3: 2.5, 4: 2.6, 5: 2.7}.__getitem__
+    best = allocate_single(6, 1, [1], tgen, lambda n: 1.0)
+    assert (best.rollout_replicas, best.gen_seconds) == (2, 2.0)
+    assert fewest_of(tgen)(5) == 2.0 and fewest_of(tgen)(1) == 4.0
 
 
 def test_profiles_interpolate_and_round_trip(tmp_path):

@@ -46,6 +46,21 @@ class Allocation:
 TimeOf = Callable[[int], float]
 
 
+def fewest_of(tgen: TimeOf) -> TimeOf:
+    """Tgen of the best of 1..k replicas: non-increasing, as the searches need it. A
+    replica count can generate slower than a smaller one (a runtime that splits each
+    share into batches of whole groups may give each replica more, smaller batches);
+    a plan then leaves the extra replicas out. Each count is computed once."""
+    best: list[float] = []
+
+    def at(k: int) -> float:
+        while len(best) < k:
+            t = tgen(len(best) + 1)
+            best.append(min(t, best[-1]) if best else t)
+        return best[k - 1] if k >= 1 else tgen(k)
+    return at
+
+
 def _make(replicas: int, npr: int, trainer: int, tgen: TimeOf, ttrain: TimeOf) -> Allocation:
     return Allocation(replicas, replicas * npr, trainer, tgen(replicas), ttrain(trainer))
 
@@ -61,7 +76,9 @@ def _better(a: Allocation, b: Allocation | None) -> bool:
 def allocate_single(npus: int, npus_per_replica: int, trainer_sizes: list[int],
                     tgen: TimeOf, ttrain: TimeOf) -> Allocation:
     """Best split of one pool. `trainer_sizes`: the trainer sizes allowed (e.g.
-    multiples of tp × pp); `tgen(replicas)` and `ttrain(npus)` non-increasing."""
+    multiples of tp × pp); `ttrain(npus)` non-increasing (`tgen` is made so:
+    `fewest_of`)."""
+    tgen = fewest_of(tgen)
     sizes = sorted(s for s in set(trainer_sizes) if 0 < s <= npus - npus_per_replica)
     if not sizes:
         raise ValueError(f"{npus} NPUs cannot hold one rollout replica ({npus_per_replica} NPUs) "
@@ -119,6 +136,7 @@ def allocate_cross(rollout_pool: int, trainer_pool: int, npus_per_replica: int,
                    trainer_sizes: list[int], tgen: TimeOf, ttrain: TimeOf) -> Allocation:
     """Two pools (e.g. two datacenters): use both fully, then shrink the faster side
     to the least resources that keep it no slower than the other."""
+    tgen = fewest_of(tgen)
     sizes = sorted(s for s in set(trainer_sizes) if 0 < s <= trainer_pool)
     max_r = rollout_pool // npus_per_replica
     if not sizes or max_r < 1:

@@ -7,6 +7,14 @@ once), so for lengths that vary the planner uses the continuous form
 (`instance_time`): the instance runs max(tokens / BS, L_max) decode steps at
 the average batch those steps carry. For equal lengths and M a multiple of BS
 both are the same number.
+
+A replica generates its share in batches, by the runtime's own rule
+(`workflow.tasks.rollout_batch_rows`: periodic mode in pieces). An engine that
+batches statically (the hf engine: transformers `generate` decodes a batch until
+its longest row ends) spends each batch's decode steps on the batch's longest row,
+the expected longest of that many draws from the workload's lengths
+(`Workload.longest_of`); on CPU it runs a batch as one `generate` a prompt width
+(`Workload.calls_per_batch`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..workflow.tasks import rollout_batch_rows
 from .profile import GenProfile, TrainProfile
 
 
@@ -45,6 +54,36 @@ class Workload:
     max_output: float  # the longest output (the tail that bounds an instance)
     prompt_tokens: float = 256.0
     group_size: int = 1  # replicas take work in whole groups
+    # how a replica batches its share (`rollout_batch_rows`): at most max_num_seqs
+    # rows a batch (0: no cap), periodic mode in pieces
+    max_num_seqs: int = 0
+    mode: str = "async"
+    # a batch decodes until its longest row ends (the hf engine), not continuously
+    static: bool = False
+    # the prompts' shares by padded width, where a batch is one call a width (the
+    # hf engine on CPU); empty: one call a batch
+    widths: tuple[float, ...] = ()
+    # the measured response lengths, sorted; empty: spread evenly up to max_output
+    lengths: tuple[int, ...] = ()
+
+    def longest_of(self, rows: float) -> float:
+        """The expected longest response of `rows` drawn from the workload (pure):
+        E[max] = Σ L(k)·((k/N)^rows − ((k−1)/N)^rows) over the sorted lengths; without
+        them, of lengths even up to max_output (never below the mean)."""
+        n = max(rows, 1.0)
+        if not self.lengths:
+            return max(self.mean_output, self.max_output * n / (n + 1))
+        size = len(self.lengths)
+        return sum(length * ((k / size) ** n - ((k - 1) / size) ** n)
+                   for k, length in enumerate(self.lengths, 1))
+
+    def calls_per_batch(self, rows: float) -> float:
+        """The engine calls a batch of `rows` takes: the expected number of prompt
+        widths among its rows / group_size prompts (pure)."""
+        if not self.widths:
+            return 1.0
+        prompts = max(rows / max(self.group_size, 1), 1.0)
+        return max(1.0, sum(1 - (1 - p) ** prompts for p in self.widths))
 
     @property
     def output_tokens(self) -> float:
@@ -61,27 +100,47 @@ class Workload:
             raise ValueError("no output lengths given")
         n = samples if samples is not None else len(lengths)
         return cls(n, sum(lengths) / len(lengths), float(max(lengths)), prompt_tokens,
-                   group_size)
+                   group_size, lengths=tuple(sorted(lengths)))
 
     @classmethod
     def assumed(cls, samples: int, max_new_tokens: int, prompt_tokens: float = 256.0,
-                group_size: int = 1) -> Workload:
+                group_size: int = 1, **batching) -> Workload:
         """Without measurements: outputs average half the cap and some reach it."""
         return cls(samples, max_new_tokens / 2, float(max_new_tokens), prompt_tokens,
-                   group_size)
+                   group_size, **batching)
 
 
 def generation_time(gen: GenProfile, workload: Workload, replicas: int) -> float:
     """Tgen: the step's groups over `replicas` instances, whole groups each (a
     rollout claims whole groups), so the busiest holds ⌈groups / replicas⌉ of them;
-    it sets the pace, its longest sample included. A profile that measured the
-    prefill adds it for that instance's prompt tokens."""
+    it sets the pace. It generates them in batches (`batch_rows`), one after the
+    other: a static batch in as many decode steps as its longest row, a call a
+    prompt width; a continuous one (one batch, pieces in periodic mode) as
+    `instance_time` says. A profile that measured the prefill adds it for that
+    instance's prompt tokens."""
     if replicas < 1:
         return math.inf
     g = max(1, workload.group_size)
     share = min(workload.samples, math.ceil(math.ceil(workload.samples / g) / replicas) * g)
     prefill = gen.prefill_per_token * share * workload.prompt_tokens
-    return prefill + instance_time(gen, share * workload.mean_output, workload.max_output)
+    rows = batch_rows(workload, share)
+    batches = share / rows
+    if workload.static:
+        calls = workload.calls_per_batch(rows)
+        per_call = rows / calls
+        return prefill + batches * calls * gen.ptl(per_call) * workload.longest_of(per_call)
+    if workload.mode != "periodic":  # one continuous batch of the share
+        rows, batches = share, 1.0
+    return prefill + batches * instance_time(gen, rows * workload.mean_output,
+                                             workload.longest_of(rows))
+
+
+def batch_rows(workload: Workload, share: int) -> int:
+    """The rows a replica generates together out of its `share` of a step: the
+    runtime's rule (`rollout_batch_rows`) (pure)."""
+    g = max(1, workload.group_size)
+    return max(g, rollout_batch_rows(share, g, 1, workload.max_num_seqs or share,
+                                     workload.mode))
 
 
 def training_time(train: TrainProfile, workload: Workload, npus: int) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..api.spec import RLJobSpec
 from ..workflow.tasks import rollout_batch_rows
@@ -60,11 +60,11 @@ class JobModel:
         return training_time(self.train, self.workload, npus)
 
 
-def dataset_prompt_tokens(spec: RLJobSpec) -> float | None:
-    """The mean tokens of the dataset's first prompts as the model sees them (without
-    the tool schemas an episodic job's prompts announce: a plan starts no tool
-    server), where the dataset and the tokenizer are on this machine (a hub tokenizer
-    is not fetched for a plan); None elsewhere."""
+def dataset_prompt_lengths(spec: RLJobSpec) -> list[int] | None:
+    """The tokens of the dataset's first prompts as the model sees them (without the
+    tool schemas an episodic job's prompts announce: a plan starts no tool server),
+    where the dataset and the tokenizer are on this machine (a hub tokenizer is not
+    fetched for a plan); None elsewhere."""
     from pathlib import Path
 
     from ..inputs.data import load_examples, prompt_ids
@@ -76,10 +76,36 @@ def dataset_prompt_tokens(spec: RLJobSpec) -> float | None:
     try:
         tok = load_tokenizer(spec.model)
         examples = load_examples(spec.dataset)[:PROMPTS_READ]
-        lengths = [len(prompt_ids(tok, e.prompt)) for e in examples]
+        return [len(prompt_ids(tok, e.prompt)) for e in examples] or None
     except (OSError, ValueError, ImportError):
         return None
+
+
+def dataset_prompt_tokens(spec: RLJobSpec) -> float | None:
+    """The mean tokens of the dataset's first prompts (`dataset_prompt_lengths`)."""
+    lengths = dataset_prompt_lengths(spec)
     return sum(lengths) / len(lengths) if lengths else None
+
+
+def width_shares(lengths: list[int]) -> tuple[float, ...]:
+    """The prompts' shares by the width the hf engine pads them to on CPU (one
+    `generate` a width: `rollout.engine.prompt_width`) (pure)."""
+    from ..rollout.engine import prompt_width
+
+    counts: dict[int, int] = {}
+    for n in lengths:
+        counts[prompt_width(n)] = counts.get(prompt_width(n), 0) + 1
+    return tuple(c / len(lengths) for _, c in sorted(counts.items()))
+
+
+def batching(spec: RLJobSpec, prompts: list[int] | None) -> dict:
+    """How the job's replicas batch (the `Workload` fields): the runtime's batch rule,
+    static batches on the hf engine, a call a prompt width where it runs on CPU."""
+    static = spec.rollout.engine == "hf"
+    on_cpu = spec.accelerator_for("rollout").type == "cpu"
+    return {"max_num_seqs": spec.rollout.max_num_seqs, "mode": spec.workflow.mode,
+            "static": static,
+            "widths": width_shares(prompts) if static and on_cpu and prompts else ()}
 
 
 def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
@@ -87,21 +113,22 @@ def job_model(spec: RLJobSpec, profile: Profile | None = None) -> JobModel:
     hw = HARDWARE[spec.accelerator_for("trainer").type]
     gen_hw = HARDWARE[spec.accelerator_for("rollout").type]
     samples, g = spec.algorithm.samples_per_step, spec.algorithm.group_size
+    prompts = dataset_prompt_lengths(spec)
+    how = batching(spec, prompts)
     if profile is not None:
         if profile.output_lengths:
-            workload = Workload.from_lengths(profile.output_lengths, samples,
-                                             profile.prompt_tokens, g)
+            workload = replace(Workload.from_lengths(profile.output_lengths, samples,
+                                                     profile.prompt_tokens, g), **how)
         else:
             workload = Workload.assumed(samples, spec.rollout.max_new_tokens,
-                                        profile.prompt_tokens, g)
+                                        profile.prompt_tokens, g, **how)
         return JobModel(spec, hw, profile.gen, profile.train, workload, "measured profile")
     shape = model_shape(spec)
     context = int(PROMPT_TOKENS + spec.rollout.max_new_tokens)
     gen = GenProfile.analytic(gen_hw, shape, spec.rollout.tensor_parallel, context)
     train = TrainProfile.analytic(hw, shape)
-    prompt = dataset_prompt_tokens(spec)
-    workload = Workload.assumed(samples, spec.rollout.max_new_tokens,
-                                PROMPT_TOKENS if prompt is None else prompt, g)
+    mean_prompt = sum(prompts) / len(prompts) if prompts else PROMPT_TOKENS
+    workload = Workload.assumed(samples, spec.rollout.max_new_tokens, mean_prompt, g, **how)
     return JobModel(spec, hw, gen, train, workload, f"analytic, {hw.name}")
 
 
