@@ -57,7 +57,8 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 # bump when a stage's steps change in a way its inputs do not show
-STAGE_FORMAT = {"base": 1, "deps": 1, "image": 1}
+# an image of two layers (its deps' layer, reused, and what NAME adds): image 2
+STAGE_FORMAT = {"base": 1, "deps": 1, "image": 2}
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 TORCH_CHECK = """\
@@ -194,6 +195,20 @@ def hash_tree(*paths: Path) -> str:
             h.update(f"{p.relative_to(REPO)}\0{p.stat().st_mode & 0o777}\0".encode())
             h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()[:16]
+
+
+def newest_mtime(root: Path) -> int:
+    """The newest modification time (ns) of anything under root, the root too."""
+    newest = root.lstat().st_mtime_ns
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime_ns)
+    return newest
+
+
+def lower_written(deps: "Stage") -> int:
+    """The newest modification time of the deps tree when its layer was written."""
+    return json.loads((deps.dir / "layer.json").read_text())["mtime_ns"]
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -548,7 +563,16 @@ class Builder:
         rootfs_bytes = du(root)
         t = time.monotonic()
         archive = stage.dir / f"{image.name}.oci.tar"
-        packed = oci.pack_rootfs(root, list(image.tags), archive, image.oci_config())
+        lower = self.deps_layer(deps)
+        times["deps_layer"] = time.monotonic() - t
+        t = time.monotonic()
+        # two layers: the deps' (the same blob while they do not change: a node or a
+        # registry that holds it takes only the second), and what the app added
+        packed = oci.pack_layers([lower, oci.Layer(root, deps.rootfs)], list(image.tags),
+                                 archive, image.oci_config())
+        if newest_mtime(deps.rootfs) > lower_written(deps):
+            raise RuntimeError(f"{deps.rootfs} changed after its layer was written (a file "
+                               "of it written in place through a hard link)")
         times["pack"] = time.monotonic() - t
         t = time.monotonic()
         oci.verify_archive(archive)
@@ -563,6 +587,19 @@ class Builder:
                 "rootfs_bytes": rootfs_bytes, "archive": archive.name,
                 "archive_bytes": archive.stat().st_size, "names": packed["names"],
                 "manifest": packed["manifest"], "checks": checks}
+
+    def deps_layer(self, deps: Stage) -> oci.Layer:
+        """The deps stage's tree as a layer blob, written the first time an image asks
+        for it and kept in the stage (a stage's tree never changes after it is built)."""
+        blob, meta = deps.dir / "layer.tar", deps.dir / "layer.json"
+        if blob.exists() and meta.exists():
+            info = json.loads(meta.read_text())
+            return oci.Layer(blob=blob, digest=info["digest"], size=info["size"])
+        log(f"writing the layer of {deps.dir.name}")
+        layer = oci.write_layer(deps.rootfs, blob)
+        meta.write_text(json.dumps({"digest": layer.digest, "size": layer.size,
+                                    "mtime_ns": newest_mtime(deps.rootfs)}))
+        return layer
 
     def check(self, image: Image, root: Path) -> list[dict]:
         """Runs the image's checks in a chroot as the image's user, from its workdir."""

@@ -1,4 +1,4 @@
-"""One-layer OCI image archives from a root filesystem directory (no registry, no daemon).
+"""OCI image archives from root filesystem directories (no registry, no daemon).
 
 An archive is a tar of an OCI image layout (``oci-layout``, ``index.json``,
 ``blobs/sha256/...``): ``ctr -n k8s.io images import ARCHIVE`` names the image after
@@ -6,10 +6,15 @@ the ``io.containerd.image.name`` annotation of each ``index.json`` entry, verbat
 so the names written here are normalized the way the kubelet asks for them
 (``rljob/runtime:0.1.0-cpu`` -> ``docker.io/rljob/runtime:0.1.0-cpu``).
 
-The layer keeps owners, modes and times of the tree (a Debian root filesystem has
+A layer keeps owners, modes and times of the tree (a Debian root filesystem has
 files that belong to other users than root); it is written in two passes, the first
 only to learn its digest and size, so a multi-gigabyte layer is never staged on disk.
-Pure Python: tarfile, hashlib, json.
+An image has one layer (`pack_rootfs`) or several (`pack_layers`): a layer may be a
+tree whole, what a tree adds to and removes from the tree below it (its files that are
+not the lower tree's by inode: a tree made with `cp -al` of the lower one and then
+added to; the removed as whiteouts), or a layer blob written before (`write_layer`),
+so an image whose lower tree did not change reuses its layer, and a node or registry
+that holds it already takes only the new one. Pure Python: tarfile, hashlib, json.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import os
 import stat
 import tarfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
@@ -113,9 +119,80 @@ def _walk(rootfs: Path, empty_dirs: Iterable[str]) -> Iterable[tuple[Path, str]]
             yield path, (name if rel == "." else f"{rel}/{name}")
 
 
-def _write_layer(rootfs: Path, out, empty_dirs: Iterable[str]) -> None:
+@dataclass(frozen=True)
+class Layer:
+    """One layer of an image: the tree `rootfs` whole (`base` None), or what it adds to,
+    changes in and removes from `base` (`diff_entries`); or `blob`, a layer written
+    before (uncompressed, `write_layer`) with its digest and size."""
+
+    rootfs: Path | None = None
+    base: Path | None = None
+    blob: Path | None = None
+    digest: str = ""
+    size: int = 0
+
+
+WHITEOUT = ".wh."  # an entry named .wh.NAME removes NAME of the layers below
+
+
+def _same(path: Path, st: os.stat_result, base: Path) -> bool:
+    """Whether `path` (stat `st`) is what `base` holds at its place: the same inode
+    (a hard link of `cp -al`), a directory with the same owner and mode, or a
+    symbolic link to the same target."""
+    try:
+        bs = base.lstat()
+    except FileNotFoundError:
+        return False
+    if stat.S_IFMT(st.st_mode) != stat.S_IFMT(bs.st_mode):
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_mode, st.st_uid, st.st_gid) == (bs.st_mode, bs.st_uid, bs.st_gid)
+    if (st.st_dev, st.st_ino) == (bs.st_dev, bs.st_ino):
+        return True
+    return stat.S_ISLNK(st.st_mode) and os.readlink(path) == os.readlink(base)
+
+
+def diff_entries(rootfs: Path, base: Path, empty_dirs: Iterable[str] = EMPTY_DIRS
+                 ) -> list[tuple[Path | None, str]]:
+    """(path, archive name) of what `rootfs` adds to or changes in `base`, with the
+    directories above each (their metadata as in `rootfs`), and (None, name) for what
+    it removes (a whole removed directory once), sorted, parents first."""
+    empty_dirs = tuple(empty_dirs)
+    out: dict[str, Path | None] = {}
+    for path, arcname in _walk(rootfs, empty_dirs):
+        if not _same(path, path.lstat(), base / arcname):
+            out[arcname] = path
+            parts = arcname.split("/")
+            for i in range(1, len(parts)):
+                parent = "/".join(parts[:i])
+                out.setdefault(parent, rootfs / parent)
+    gone: set[str] = set()
+    for path, arcname in _walk(base, empty_dirs):
+        parts = arcname.split("/")
+        if any("/".join(parts[:i]) in gone for i in range(1, len(parts))):
+            continue  # under a removed directory
+        if not os.path.lexists(rootfs / arcname):
+            gone.add(arcname)
+            head, _, name = arcname.rpartition("/")
+            out[f"{head}/{WHITEOUT}{name}" if head else f"{WHITEOUT}{name}"] = None
+    return [(path, arcname) for arcname, path in
+            sorted(out.items(), key=lambda kv: kv[0].split("/"))]
+
+
+def _entries(layer: Layer, empty_dirs: Iterable[str]) -> Iterable[tuple[Path | None, str]]:
+    if layer.base is None:
+        return _walk(layer.rootfs, empty_dirs)
+    return diff_entries(layer.rootfs, layer.base, empty_dirs)
+
+
+def _write_layer(layer: Layer, out, empty_dirs: Iterable[str]) -> None:
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path, arcname in _walk(rootfs, empty_dirs):
+        for path, arcname in _entries(layer, empty_dirs):
+            if path is None:  # a whiteout
+                info = tarfile.TarInfo(arcname)
+                info.mode, info.mtime = 0o644, 0
+                tar.addfile(info)
+                continue
             info = tar.gettarinfo(str(path), arcname)
             if info is None:  # a socket
                 continue
@@ -128,19 +205,38 @@ def _write_layer(rootfs: Path, out, empty_dirs: Iterable[str]) -> None:
                 tar.addfile(info)
 
 
-def _layer_pass(rootfs: Path, f, compress: bool, empty_dirs) -> tuple[_Sink, _Sink]:
+def _layer_pass(layer: Layer, f, compress: bool, empty_dirs) -> tuple[_Sink, _Sink]:
     """Writes the layer blob to f (None: nowhere); returns (blob sink, tar sink)."""
     blob = _Sink(f)
+    if layer.blob is not None:  # written before, uncompressed: copied
+        with open(layer.blob, "rb") as src:
+            while chunk := src.read(_BUF):
+                blob.write(chunk)
+        return blob, blob
     if not compress:
-        _write_layer(rootfs, blob, empty_dirs)
+        _write_layer(layer, blob, empty_dirs)
         return blob, blob
     with gzip.GzipFile(fileobj=blob, mode="wb", compresslevel=6, mtime=0) as gz:
         raw = _Sink(gz)
-        _write_layer(rootfs, raw, empty_dirs)
+        _write_layer(layer, raw, empty_dirs)
     return blob, raw
 
 
-def image_config(config: dict, diff_id: str) -> dict:
+def write_layer(rootfs, out, empty_dirs: Iterable[str] = EMPTY_DIRS) -> Layer:
+    """Writes the tree `rootfs` as an uncompressed layer blob to the file `out` (it
+    appears only complete); returns it as a `Layer` to pack."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with open(tmp, "wb") as f:
+            sink, _ = _layer_pass(Layer(Path(rootfs)), f, False, tuple(empty_dirs))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Layer(blob=out, digest=sink.digest, size=sink.size)
+
+
+def image_config(config: dict, diff_id: str | Sequence[str]) -> dict:
     unknown = set(config) - set(_CONFIG_KEYS) - {"architecture", "os", "history"}
     if unknown:
         raise ValueError(f"unknown image config keys: {sorted(unknown)}")
@@ -160,8 +256,10 @@ def image_config(config: dict, diff_id: str) -> dict:
         "architecture": config.get("architecture", "amd64"),
         "os": config.get("os", "linux"),
         "config": inner,
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": config.get("history", "images/oci.py pack_rootfs")}],
+        "rootfs": {"type": "layers",
+                   "diff_ids": [diff_id] if isinstance(diff_id, str) else list(diff_id)},
+        "history": [{"created_by": config.get("history", "images/oci.py pack_rootfs")}
+                    for _ in ([diff_id] if isinstance(diff_id, str) else diff_id)],
     }
 
 
@@ -179,42 +277,96 @@ def _pad(f, size: int) -> None:
 
 def pack_rootfs(rootfs, name: str | Sequence[str], out_archive, config: dict | None = None,
                 *, compress: bool = False, empty_dirs: Iterable[str] = EMPTY_DIRS) -> dict:
-    """Packs the directory ``rootfs`` as a one-layer OCI image archive ``out_archive``.
+    """Packs the directory ``rootfs`` as a one-layer OCI image archive ``out_archive``
+    (`pack_layers` with one layer, the tree whole)."""
+    rootfs = Path(rootfs)
+    if not rootfs.is_dir():
+        raise NotADirectoryError(rootfs)
+    return pack_layers([Layer(rootfs)], name, out_archive, config, compress=compress,
+                       empty_dirs=empty_dirs)
+
+
+def pack_layers(layers: Sequence[Layer], name: str | Sequence[str], out_archive,
+                config: dict | None = None, *, compress: bool = False,
+                empty_dirs: Iterable[str] = EMPTY_DIRS) -> dict:
+    """Packs ``layers`` (lowest first) as an OCI image archive ``out_archive``.
 
     ``name``: the image reference, or several (one ``index.json`` entry each, the same
     manifest), normalized (``rljob/operator:0.1.0`` -> ``docker.io/rljob/operator:0.1.0``).
     ``config``: ``entrypoint``, ``cmd`` (lists), ``env`` (``K=V`` list or dict),
     ``user``, ``workdir``, ``labels``, ``exposed_ports``, ``stop_signal``,
-    ``architecture``/``os`` (default amd64/linux). ``compress``: gzip the layer (smaller,
-    slower to write and to import). The contents of ``empty_dirs`` are left out.
-    The archive appears only complete (written next to it, then renamed).
-    Returns what it wrote: names, digests, sizes.
+    ``architecture``/``os`` (default amd64/linux). ``compress``: gzip the layers that
+    are trees (smaller, slower to write and to import). The contents of ``empty_dirs``
+    are left out. The archive appears only complete (written next to it, then renamed).
+    Returns what it wrote: names, digests, sizes (``layer``: the top layer's).
     """
-    rootfs, out = Path(rootfs), Path(out_archive)
-    if not rootfs.is_dir():
-        raise NotADirectoryError(rootfs)
+    out = Path(out_archive)
     names = [name] if isinstance(name, str) else list(name)
-    if not names:
-        raise ValueError("no image name")
+    if not names or not layers:
+        raise ValueError("no image name" if not names else "no layer")
     refs = [normalize_name(n) for n in names]
     config = dict(config or {})
     empty_dirs = tuple(empty_dirs)
 
-    # pass 1: digests and sizes only
-    blob, raw = _layer_pass(rootfs, None, compress, empty_dirs)
-    layer_digest, layer_size, diff_id = blob.digest, blob.size, raw.digest
+    # pass 1: digests and sizes only (a blob's are known)
+    descs, diff_ids = [], []
+    for layer in layers:
+        if layer.blob is not None:
+            descs.append({"mediaType": LAYER_MEDIA_TYPE, "digest": layer.digest,
+                          "size": layer.size})
+            diff_ids.append(layer.digest)
+            continue
+        blob, raw = _layer_pass(layer, None, compress, empty_dirs)
+        descs.append({"mediaType": LAYER_GZIP_MEDIA_TYPE if compress else LAYER_MEDIA_TYPE,
+                      "digest": blob.digest, "size": blob.size})
+        diff_ids.append(raw.digest)
+    manifest_digest, small = _layout(refs, config, descs, diff_ids)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with open(tmp, "wb") as f:
+            for d in ("blobs/", "blobs/sha256/"):
+                _member(f, d, 0, 0o755, tarfile.DIRTYPE)
+            for arcname, data in small:
+                _member(f, arcname, len(data))
+                f.write(data)
+                _pad(f, len(data))
+            # pass 2: each layer, streamed after a header with its known size (once)
+            written = set()
+            for layer, desc in zip(layers, descs):
+                if desc["digest"] in written:
+                    continue
+                written.add(desc["digest"])
+                _member(f, f"blobs/sha256/{desc['digest'].split(':', 1)[1]}", desc["size"])
+                again, _ = _layer_pass(layer, f, compress, empty_dirs)
+                if (again.digest, again.size) != (desc["digest"], desc["size"]):
+                    raise RuntimeError(f"{layer.rootfs or layer.blob} changed while it was "
+                                       "being packed")
+                _pad(f, desc["size"])
+            f.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"names": refs, "manifest": manifest_digest, "layer": descs[-1]["digest"],
+            "layer_size": descs[-1]["size"], "diff_id": diff_ids[-1],
+            "layers": [d["digest"] for d in descs], "archive": str(out),
+            "archive_size": out.stat().st_size}
 
+
+def _layout(refs: list[str], config: dict, descs: list[dict], diff_ids: list[str]
+            ) -> tuple[str, list[tuple[str, bytes]]]:
+    """The manifest's digest, and the small files of the layout: oci-layout,
+    index.json, the config and the manifest."""
     def js(obj) -> bytes:
         return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
-    cfg = js(image_config(config, diff_id))
+    cfg = js(image_config(config, diff_ids[0] if len(diff_ids) == 1 else diff_ids))
     manifest = js({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
         "config": {"mediaType": CONFIG_MEDIA_TYPE,
                    "digest": f"sha256:{hashlib.sha256(cfg).hexdigest()}", "size": len(cfg)},
-        "layers": [{"mediaType": LAYER_GZIP_MEDIA_TYPE if compress else LAYER_MEDIA_TYPE,
-                    "digest": layer_digest, "size": layer_size}],
+        "layers": descs,
     })
     manifest_digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
     platform = {"architecture": config.get("architecture", "amd64"),
@@ -227,33 +379,10 @@ def pack_rootfs(rootfs, name: str | Sequence[str], out_archive, config: dict | N
                        "annotations": {NAME_ANNOTATION: ref, REF_ANNOTATION: _tag(ref)}}
                       for ref in refs],
     })
-    small = [("oci-layout", js({"imageLayoutVersion": "1.0.0"})), ("index.json", index),
-             (f"blobs/sha256/{hashlib.sha256(cfg).hexdigest()}", cfg),
-             (f"blobs/sha256/{manifest_digest.split(':', 1)[1]}", manifest)]
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    try:
-        with open(tmp, "wb") as f:
-            for d in ("blobs/", "blobs/sha256/"):
-                _member(f, d, 0, 0o755, tarfile.DIRTYPE)
-            for arcname, data in small:
-                _member(f, arcname, len(data))
-                f.write(data)
-                _pad(f, len(data))
-            # pass 2: the layer itself, streamed after a header with its known size
-            _member(f, f"blobs/sha256/{layer_digest.split(':', 1)[1]}", layer_size)
-            again, _ = _layer_pass(rootfs, f, compress, empty_dirs)
-            if (again.digest, again.size) != (layer_digest, layer_size):
-                raise RuntimeError(f"{rootfs} changed while it was being packed")
-            _pad(f, layer_size)
-            f.write(b"\0" * (2 * tarfile.BLOCKSIZE))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return {"names": refs, "manifest": manifest_digest, "layer": layer_digest,
-            "layer_size": layer_size, "diff_id": diff_id, "archive": str(out),
-            "archive_size": out.stat().st_size}
+    return manifest_digest, [
+        ("oci-layout", js({"imageLayoutVersion": "1.0.0"})), ("index.json", index),
+        (f"blobs/sha256/{hashlib.sha256(cfg).hexdigest()}", cfg),
+        (f"blobs/sha256/{manifest_digest.split(':', 1)[1]}", manifest)]
 
 
 def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, gunzip: bool) -> tuple:

@@ -321,10 +321,12 @@ class Node:
         """containerd's registry host configuration (certs.d/HOST:PORT/hosts.toml)."""
         return self.workdir / "certs.d"
 
-    def image_names(self) -> list[str]:
-        """The names of the images containerd holds for the kubelet."""
-        return [line.split()[0] for line in self._ctr("images", "ls", "-q").stdout.splitlines()
-                if line.strip()]
+    def image_targets(self) -> dict[str, str]:
+        """Each image name containerd holds for the kubelet, with its target's digest.
+        A pulled image has two names: the one pulled and its id (`sha256:...`, the
+        kubelet's), both of one target."""
+        rows = [line.split() for line in self._ctr("images", "ls").stdout.splitlines()[1:]]
+        return {row[0]: row[2] for row in rows if len(row) > 2}
 
     def remove_image(self, ref: str) -> None:
         """Removes an image's name from containerd and its content and snapshots with

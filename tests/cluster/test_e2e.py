@@ -61,10 +61,10 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     archives = [line.split() for line in out.stdout.splitlines()]
     # the node's copies of the operator image go (helm install pulls it), and the
     # names earlier runs' registries gave (each its own port): they would keep old
-    # versions' layers in the node's image store
-    for ref in node_cluster.image_names():
-        if "/rljob/operator" in ref or re.match(r"127\.0\.0\.1:\d+/rljob/", ref):
-            node_cluster.remove_image(ref)
+    # versions' layers in the node's image store; with them the ids (`sha256:...`)
+    # the kubelet named their pulls by, which hold the same content
+    for ref in _stale_images(node_cluster.image_targets()):
+        node_cluster.remove_image(ref)
     runtime = [(ref, a) for ref, a in archives if "/rljob/runtime" in ref]
     todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
     _room_for(node_cluster, todo, archives)
@@ -86,6 +86,17 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
         yield {"registry": registry, "pinned": pinned}
     finally:
         registry.stop()
+
+
+def _stale_images(targets: dict[str, str]) -> list[str]:
+    """Of the node's image names (name → target digest), those of the operator image
+    and of earlier runs' registries, and the ids of their targets that no other name
+    holds (pure)."""
+    stale = {ref for ref in targets
+             if "/rljob/operator" in ref or re.match(r"127\.0\.0\.1:\d+/rljob/", ref)}
+    kept = {d for ref, d in targets.items() if ref not in stale and not ref.startswith("sha256:")}
+    return sorted(stale | {ref for ref, d in targets.items() if ref.startswith("sha256:")
+                           and d not in kept and d in {targets[r] for r in stale}})
 
 
 def _room_for(node_cluster, todo, pushed) -> None:

@@ -47,7 +47,7 @@ def test_versions_agree():
     assert RLJobSpec.model_fields["image"].default.endswith(f":{version}")
 
 
-# ---- images/oci.py: one-layer OCI archives (what images/build.py writes) ----------
+# ---- images/oci.py: OCI archives (what images/build.py writes) -------------------
 
 def tiny_rootfs(root: Path) -> Path:
     (root / "bin").mkdir(parents=True)
@@ -70,6 +70,71 @@ def tiny_rootfs(root: Path) -> Path:
 
 CONFIG = {"entrypoint": ["/bin/hello"], "cmd": ["--x"], "env": {"A": "1"},
           "user": "1000:1000", "workdir": "/home/app", "exposed_ports": [8080]}
+
+
+def _apply_layers(archive: Path, into: Path) -> None:
+    """Unpacks an archive's layers in order, as a container runtime does: a
+    `.wh.NAME` entry removes NAME of the layers below."""
+    with tarfile.open(archive) as tar:
+        index = json.loads(tar.extractfile("index.json").read())
+        manifest = json.loads(tar.extractfile(
+            f"blobs/sha256/{index['manifests'][0]['digest'][7:]}").read())
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=tar.extractfile(
+                    f"blobs/sha256/{layer['digest'][7:]}"), mode="r|") as inner:
+                for m in inner:
+                    head, _, name = m.name.rpartition("/")
+                    if name.startswith(oci.WHITEOUT):
+                        gone = into / head / name[len(oci.WHITEOUT):]
+                        shutil.rmtree(gone) if gone.is_dir() and not gone.is_symlink() \
+                            else gone.unlink()
+                        continue
+                    inner.extract(m, into, filter="tar")
+
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    return {p.relative_to(root).as_posix(): (os.readlink(p) if p.is_symlink() else
+                                             p.read_bytes() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*")) if p.relative_to(root).parts[0] not in
+            oci.EMPTY_DIRS}
+
+
+def test_an_image_of_two_layers_carries_only_what_the_top_tree_changed(tmp_path):
+    """The runtime image is its dependencies' layer, written once and reused, and a
+    layer of what the application adds (a tree made with `cp -al` of the lower one):
+    the top layer holds the new and replaced files and the directories above them,
+    and whiteouts for what was removed; unpacked in order, the layers give the top
+    tree exactly."""
+    base = tiny_rootfs(tmp_path / "base")
+    (base / "usr/lib/old").mkdir(parents=True)
+    (base / "usr/lib/old/a.py").write_text("old")
+    top = tmp_path / "top"
+    subprocess.run(["cp", "-al", str(base), str(top)], check=True)
+    (top / "usr/lib/app").mkdir()
+    (top / "usr/lib/app/new.py").write_text("new")
+    (top / "etc/passwd").unlink()
+    (top / "etc/passwd").write_text("root:x:0:0::/root:/bin/bash\n")  # replaced
+    (top / "bin/hello2").unlink()
+    shutil.rmtree(top / "usr/lib/old")
+    lower = oci.write_layer(base, tmp_path / "deps.tar")
+    again = oci.write_layer(base, tmp_path / "deps-again.tar")
+    assert (again.digest, again.size) == (lower.digest, lower.size)  # reproducible
+    archive = tmp_path / "img.tar"
+    packed = oci.pack_layers([lower, oci.Layer(top, base)], "rljob/two:1", archive, CONFIG)
+    checked = oci.verify_archive(archive)
+    assert [d["digest"] for d in checked["images"][0]["layers"]] == packed["layers"]
+    assert packed["layers"][0] == lower.digest
+    assert len(checked["images"][0]["config"]["rootfs"]["diff_ids"]) == 2
+    with tarfile.open(archive) as tar:
+        blob = tar.extractfile(f"blobs/sha256/{packed['layer'][7:]}")
+        names = [m.name for m in tarfile.open(fileobj=blob, mode="r|")]
+    # bin/ itself unchanged (a file of it removed): only its whiteout
+    assert names == ["bin/.wh.hello2", "etc", "etc/passwd", "usr", "usr/lib",
+                     "usr/lib/.wh.old", "usr/lib/app", "usr/lib/app/new.py"], names
+    out = tmp_path / "unpacked"
+    out.mkdir()
+    _apply_layers(archive, out)
+    assert _tree(out) == _tree(top)
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["tar", "gzip"])
@@ -264,3 +329,22 @@ def test_an_archive_unpacks_to_the_layout_crane_pushes(tmp_path):
         pass
     with pytest.raises(ValueError, match="not an OCI image archive"):
         push.unpack(tmp_path / "empty.tar", tmp_path / "empty")
+
+
+def test_the_node_tier_takes_off_the_operator_image_and_the_id_that_holds_it():
+    """Before the journey, the node loses every name that would keep the operator's
+    layers (so helm install pulls them from the registry): the operator's names, an
+    earlier run's registry names, and the kubelet's `sha256:` id of a pull, unless a
+    name that stays shares its target."""
+    from tests.cluster.test_e2e import _stale_images
+
+    targets = {"docker.io/rljob/operator:0.1.0": "sha256:op",
+               "127.0.0.1:4100/rljob/operator@sha256:op": "sha256:op",
+               "sha256:op-config": "sha256:op",
+               "docker.io/rljob/runtime:0.1.0-cpu": "sha256:rt",
+               "127.0.0.1:4100/rljob/runtime@sha256:rt": "sha256:rt",
+               "sha256:rt-config": "sha256:rt",
+               "registry.k8s.io/pause:3.10": "sha256:pause", "sha256:pause-id": "sha256:pause"}
+    assert _stale_images(targets) == ["127.0.0.1:4100/rljob/operator@sha256:op",
+                                      "127.0.0.1:4100/rljob/runtime@sha256:rt",
+                                      "docker.io/rljob/operator:0.1.0", "sha256:op-config"]
