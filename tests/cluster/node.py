@@ -328,6 +328,16 @@ class Node:
         rows = [line.split() for line in self._ctr("images", "ls").stdout.splitlines()[1:]]
         return {row[0]: row[2] for row in rows if len(row) > 2}
 
+    def pull_image(self, ref: str, names: list[str]) -> None:
+        """Pulls `ref` from its registry (as the kubelet would, with the registries'
+        hosts.toml: `registry_hosts`) and names it `names` too: only the layers the
+        node lacks are fetched, where `ctr images import` reads a whole archive."""
+        for args in (("images", "pull", "--hosts-dir", str(self.registry_hosts), ref),
+                     *(("images", "tag", "--force", ref, n) for n in names)):
+            done = self._ctr(*args, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"ctr {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+
     def remove_image(self, ref: str) -> None:
         """Removes an image's name from containerd and its content and snapshots with
         it (unless another name holds them): its next use pulls it again."""

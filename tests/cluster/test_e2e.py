@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from images import oci
 from tests.cluster import guide
 from tests.cluster.controlplane import REPO
 from tests.cluster.operator_harness import CHART, OPERATOR_NS, RELEASE, helm, wait_for
@@ -43,9 +42,9 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     real registry with `python -m images.push`, as the cluster guide does; the node
     trusts the registry's CA and pulls from it. The operator's image is taken off the
     node first, so `helm install` makes the node pull it whole from the registry; the
-    runtime image is also imported under its plain name for the tests that apply the
-    examples as they are (its layers are the pushed image's, so a pull of it by the
-    registry's name fetches only the manifest)."""
+    runtime image is pulled from the registry and named also by its plain name, for the
+    tests that apply the examples as they are (a pull fetches only the layers the node
+    lacks: after a change to rljob's code, its own layer)."""
     from tests.cluster.registry import Registry
 
     # the guide's command line: `sudo python -m images.build ... | python -m images.push
@@ -69,10 +68,6 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
     todo = [(ref, a) for ref, a in runtime if not node_cluster.has_image(Path(a))]
     _room_for(node_cluster, todo, archives)
     refs = {ref: "held" for ref, _ in runtime}
-    for ref, archive in todo:
-        t2 = time.monotonic()
-        oci.import_archive(archive, node_cluster.socket)
-        refs[ref] = f"{time.monotonic() - t2:.0f}s"
     registry = Registry(bin_dir, tmp_path_factory.mktemp("registry")).start()
     try:
         t1 = time.monotonic()
@@ -80,8 +75,13 @@ def images_on_node(node_cluster, bin_dir, tmp_path_factory):
             push, {guide.REGISTRY: f"{registry.host}/rljob"}))
         pushed = time.monotonic() - t1
         registry.trust_on(node_cluster)
+        for ref, archive in todo:
+            t2 = time.monotonic()
+            node_cluster.pull_image(pinned[ref], [ref])
+            assert node_cluster.has_image(Path(archive)), ref  # the archive's manifest
+            refs[ref] = f"{time.monotonic() - t2:.0f}s"
         print(f"\nimages: build {built:.0f}s (cached by content), push {pushed:.0f}s "
-              f"({', '.join(pinned.values())}), import "
+              f"({', '.join(pinned.values())}), pulled to the node "
               + ", ".join(f"{r} {s}" for r, s in refs.items()))
         yield {"registry": registry, "pinned": pinned}
     finally:
@@ -100,15 +100,15 @@ def _stale_images(targets: dict[str, str]) -> list[str]:
 
 
 def _room_for(node_cluster, todo, pushed) -> None:
-    """An import into a nearly full disk ends in the kubelet's disk-pressure eviction,
+    """A pull into a nearly full disk ends in the kubelet's disk-pressure eviction,
     which deletes images (the pod sandbox's too) and every pod fails: say so first
-    (room for the imports, and for the registry's copy of the images pushed)."""
+    (room for the pulls, and for the registry's copy of the images pushed)."""
     disk = shutil.disk_usage(node_cluster.workdir)
     need = (sum(2.2 * Path(a).stat().st_size for _, a in todo)
             + sum(Path(a).stat().st_size for _, a in pushed) + 0.01 * disk.total + 2**31)
     if disk.free < need:
         pytest.fail(f"{disk.free / 2**30:.1f} GiB free on the disk of {node_cluster.workdir}; "
-                    f"importing and pushing the images needs about {need / 2**30:.1f} GiB "
+                    f"pushing and pulling the images needs about {need / 2**30:.1f} GiB "
                     "(content, unpacked layers, the registry's copy, and the kubelet evicts "
                     "below 1 % free): free some "
                     "space (old ~/.cache/rljob entries, /tmp) and run again")
