@@ -176,8 +176,10 @@ def _print_plan(job, model, out: dict, cross: str | None, file: Path) -> None:
     if model.source.startswith("analytic") and _small_model(model):
         say(f"analytic: a roofline of the model's FLOPs and bytes on a typical "
                    f"{model.hardware.name}, which a model this small misses (its steps cost "
-                   f"per-step overheads it does not count): `rljob profile {file}` "
-                   "measures this machine, then `rljob plan --profile profile.json`",
+                   f"per-step overheads it does not count): `rljob profile {file} "
+                   "--from-run RUN_DIR` reads a short run of the job (`rljob profile "
+                   f"{file}` measures each side alone), then `rljob plan --profile "
+                   "profile.json`",
             markup=False, highlight=False)
 
 
