@@ -11,6 +11,7 @@ image store.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -127,6 +128,19 @@ class Registry:
         assert len(pinned) == len(sources), (done.stdout, build_output)
         self.pushed.update(zip(sources, pinned))
         return dict(zip(sources, pinned))
+
+    def relabel(self, image: str, tag: str, labels: dict[str, str]) -> str:
+        """A new image of `image`'s layers with `labels` added to its config (another
+        digest, nothing uploaded but the config and manifest), as `tag`; returns it
+        by digest (`crane mutate`)."""
+        done = subprocess.run(
+            [str(self.bin_dir / "crane"), "mutate", image, "-t", tag,
+             *(f"--label={k}={v}" for k, v in labels.items())],
+            capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, SSL_CERT_FILE=str(self.ca)))
+        if done.returncode != 0:
+            raise RuntimeError(f"crane mutate failed: {done.stderr[-2000:]}")
+        return done.stdout.strip().splitlines()[-1]
 
     def served(self, kind: str, repository: str = "") -> int:
         """How many GETs of `kind` (manifests, blobs) the registry answered with 200, of

@@ -985,7 +985,7 @@ def _outsiders(plane, who: list[tuple[str, str]], image: str, targets: list[dict
 
 @pytest.mark.timeout(1800)
 def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_policy(
-        operator_release, namespace, node_cluster):
+        operator_release, namespace, node_cluster, images_on_node):
     """The cluster quickstart runs; pods that are not the job's (one in another
     namespace, one in the job's own without its labels) try every endpoint of it.
     Without an enforcer (as with the policy deleted) each server refuses plain text
@@ -993,8 +993,12 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     the policy alone). Then SIG Network's kube-network-policies enforces the job's
     NetworkPolicy on the node: every connection of theirs goes unanswered, while the
     job's own pods keep training and the operator (admitted by the policy) keeps
-    reading its progress, a new operator pod too, and the job's pods open new
-    connections to each other; the job trains each step's rows exactly once."""
+    reading its progress, and the job's pods open new connections to each other. Then
+    `helm upgrade` of the operator to a new image (the same layers, a label more:
+    another digest): its pod is replaced by one of the new image, which reads the
+    job's progress through the policy too, and no pod of the job is deleted or
+    created from the upgrade to the job's last step. The job trains each step's rows
+    exactly once. The release goes back to its image after."""
     from tests.cluster.netpol import Enforcer
 
     plane = operator_release
@@ -1037,10 +1041,11 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
                 "exec", "-n", ns, f"{JOB}-trainer-0", "-c", "trainer", "--", "python", "-c",
                 INSIDER, hosts["transferqueue"], hosts["redis"], check=False, timeout=60)
             assert insider.stdout.split() == ["served", "True"], insider
-            # and the operator's pod replaced: the new one (another namespace) connects
-            # to the controller through the policy to read the job's progress
-            plane.kubectl("delete", "pod", "-n", OPERATOR_NS, "-l",
-                          "app.kubernetes.io/name=rljob-operator", "--wait=false")
+            # and the operator upgraded to a new image under the running job: its new
+            # pod (another namespace) connects to the controller through the policy to
+            # read the job's progress; the job's pods stay as they are
+            pods = _pod_uids(plane, ns, JOB)
+            upgraded = _upgrade_operator(plane, images_on_node)
             closed = _outsiders(plane, [(n, f"{w}-2") for n, w in who], image, targets, watch.poll)
             print(f"policy enforced from step {step_before}: {json.dumps(closed, indent=1)}")
             for seen in closed.values():
@@ -1050,15 +1055,30 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
                                 "--timeout=120s", timeout=150, check=False)
             assert out.returncode == 0, out.stderr
             t_replaced = time.monotonic() - watch.t0  # only the new operator from here on
-            succeeded = watch.until_succeeded(900)
+            running = [p["spec"]["containers"][0]["image"] for p in _pods(
+                plane, OPERATOR_NS, "app.kubernetes.io/name=rljob-operator")
+                if not p["metadata"].get("deletionTimestamp")]
+            assert running == [upgraded], running
+            changed: list = []
+
+            def unchanged(job: dict) -> None:
+                """A pod of the job created, or one gone before its last step."""
+                now = _pod_uids(plane, ns, JOB)
+                if set(now.values()) - set(pods.values()) or (
+                        set(pods.values()) - set(now.values()) and watch.step() < steps):
+                    changed.append((watch.step(), now))
+
+            succeeded = watch.until_succeeded(900, unchanged)
             stats = _tq_stats(plane, ns, JOB)
         finally:
             enforcer.stop()
     finally:
         plane.kubectl("delete", "namespace", other, "--wait=false", check=False)
+        _upgrade_operator(plane, images_on_node, back=True)
+    assert not changed, (pods, changed[:3])
     shown = [s for _, s, _ in watch.steps]
     after = [s for t, s, _ in watch.steps if t > t_replaced]
-    print(f"steps shown {shown}, {after} after the operator's pod was replaced; "
+    print(f"steps shown {shown}, {after} after the operator was upgraded to {upgraded}; "
           f"succeeded {succeeded:.0f}s after apply")
     # the new operator (another namespace, admitted on the controller's port) read the
     # steps the job trained while the policy held
@@ -1073,6 +1093,24 @@ def test_a_stranger_is_refused_by_the_credentials_and_then_by_the_enforced_polic
     assert all(m["samples"] == n and m["rows_claimed"] == n for m in ms)
 
 
+def _upgrade_operator(plane, images_on_node, back: bool = False) -> str:
+    """`helm upgrade` of the release to a new operator image, the pushed one with a
+    label more (another digest, its layers the registry's already); `back`: to the
+    pushed one again, waiting for its pod. Returns the image the release names."""
+    repository, digest = _pinned(images_on_node, "operator").split("@")
+    image = f"{repository}@{digest}"
+    if not back:
+        image = images_on_node["registry"].relabel(image, f"{repository}:upgrade",
+                                                   {"rljob.dev/build": "upgrade"})
+        assert image.split("@")[1] != digest, image
+    helm(plane, "upgrade", RELEASE, str(CHART), "-n", OPERATOR_NS, "--reuse-values",
+         "--set", f"image.digest={image.split('@')[1]}", check=not back)
+    if back:
+        plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
+                      "--timeout=120s", timeout=150, check=False)
+    return image
+
+
 def _until_suspended(plane, ns: str, name: str, reason: str,
                      timeout: float) -> tuple[dict, dict[str, dict]]:
     """The job and its conditions by type, once its Suspended condition shows
@@ -1085,6 +1123,13 @@ def _until_suspended(plane, ns: str, name: str, reason: str,
             return job, conds
         assert time.monotonic() < deadline, (job.get("status"), _debug(plane, ns))
         time.sleep(1)
+
+
+def _pod_uids(plane, ns: str, job: str) -> dict[str, str]:
+    """The uids of a job's pods not being deleted, by name."""
+    return {p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in _pods(plane, ns, f"rljob.dev/name={job}")
+            if not p["metadata"].get("deletionTimestamp")}
 
 
 def _uids(plane, ns: str, job: str) -> dict[str, str]:
