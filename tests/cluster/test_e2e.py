@@ -95,8 +95,9 @@ def _stale_images(targets: dict[str, str]) -> list[str]:
     stale = {ref for ref in targets
              if "/rljob/operator" in ref or re.match(r"127\.0\.0\.1:\d+/rljob/", ref)}
     kept = {d for ref, d in targets.items() if ref not in stale and not ref.startswith("sha256:")}
-    return sorted(stale | {ref for ref, d in targets.items() if ref.startswith("sha256:")
-                           and d not in kept and d in {targets[r] for r in stale}})
+    held = {targets[ref] for ref in stale} - kept
+    return sorted(stale | {ref for ref, d in targets.items()
+                           if ref.startswith("sha256:") and d in held})
 
 
 def _room_for(node_cluster, todo, pushed) -> None:

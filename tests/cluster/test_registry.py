@@ -6,6 +6,7 @@ its own layer only."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -48,8 +49,7 @@ def _with_other_code(archive: str, tmp_path):
         blob = tmp_path / "deps.tar"
         with tar.extractfile(f"blobs/sha256/{deps['digest'][7:]}") as src, \
                 open(blob, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
+            shutil.copyfileobj(src, dst)
     code = tmp_path / "code"
     (code / "opt/app").mkdir(parents=True)
     (code / "opt/app/changed.py").write_text("print('changed')\n")
