@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -28,8 +29,10 @@ from rljob.infra import auth, tls
 from . import capacity, metrics, queue
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
 from .kube import Kube, NotInstalled
-from .reconcile import iso, new_scale, now_utc, parse_time, plan, role_of, status_patch
+from .reconcile import (iso, new_scale, now_utc, parse_time, plan, pod_view, role_of,
+                        status_patch)
 from .stats import ADDRESS_ANNOTATION, StatsClient
+from .workers import MeasuredExecutor
 
 # Keys of RLJob.status this operator owns (anything else is dropped on compare).
 STATUS_KEYS = ("observedGeneration", "conditions", "startTime", "completionTime", "progress",
@@ -42,6 +45,29 @@ log = logging.getLogger("rljob_operator")
 
 PROFILE_KEY = "profile.json"  # the key of rollout.autoscaling.profileConfigMap's profile
 PROFILE_SECONDS = 60.0  # how often that ConfigMap is read again
+
+
+@dataclass(frozen=True)
+class Views:
+    """The operator's views of its jobs' pods and Workloads, fed by watches (kopf
+    indexes, `register`): a reconcile reads them instead of listing per job."""
+
+    pod_index: Mapping
+    workload_index: Mapping
+
+    def pods(self, namespace: str, job: str) -> list[dict]:
+        return list(self.pod_index.get((namespace, job), ()))
+
+    def workload(self, namespace: str, name: str) -> dict | None:
+        return next(iter(self.workload_index.get((namespace, name), ())), None)
+
+
+def admission_state(wl: dict) -> tuple:
+    """What of a Workload's status starts, stops or ends its job."""
+    status = wl.get("status") or {}
+    conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    return (tuple(conds.get(t) for t in ("QuotaReserved", "Admitted", "Evicted", "Finished")),
+            (status.get("admission") or {}).get("clusterQueue"))
 
 
 @dataclass
@@ -65,6 +91,12 @@ class JobState:
     # step below the first starts over (a trainer life restored from a checkpoint)
     steps: tuple[int, int] | None = None
     token: str = ""  # the job's token (its Secret's), once read
+    # the watch-fed views (`register`'s indexes) may not yet show what this operator
+    # just wrote: after it created or deleted a pod, or wrote the Workload, the next
+    # reconcile reads them from the API instead
+    wrote_pods: bool = True
+    wrote_workload: bool = True
+    workload_seen: tuple = ()  # the Workload's admission state at its last event
     ca: str = ""  # with transferQueue.tls, the job's CA certificate (its Secret's)
 
 
@@ -95,15 +127,20 @@ class Operator:
         metrics.forget(namespace, name)
 
     # ---- one reconcile ----------------------------------------------------
-    def reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool) -> None:
+    def reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool,
+                  views: Views | None = None) -> None:
+        """One reconcile of the job in `body`; `views` are the watch-fed pods and
+        Workloads (None: read from the API)."""
         metrics.RECONCILES.labels(trigger).inc()
         try:
-            self._reconcile(body, trigger, poll_stats)
+            with metrics.RECONCILE_SECONDS.labels(trigger).time():
+                self._reconcile(body, trigger, poll_stats, views)
         except Exception:
             metrics.ERRORS.labels(trigger).inc()
             raise
 
-    def _reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool) -> None:
+    def _reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool,
+                   views: Views | None) -> None:
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         job = to_job(body)
@@ -113,11 +150,11 @@ class Operator:
                           if k in STATUS_KEYS}
             generation = meta.get("generation")
             finished = bool(raw_status.get("completionTime"))
-            pods = self.kube.list_pods(ns, name)
+            pods = self._pods(ns, name, state, views)
             queued = queue.queue_name(meta)
             view, hold = None, False
             if queued:  # Kueue admits it (queue.py)
-                job, hold, view = self._queue(body, job, raw_status, pods, state)
+                job, hold, view = self._queue(body, job, raw_status, pods, state, views)
                 if hold:  # never admitted: no pod of it either
                     job.spec.suspend = True
             elif self.capacity_check and not pods and capacity.needs_check(
@@ -162,17 +199,7 @@ class Operator:
             p = plan(job, raw_status, pods, now_utc(), generation, busy,
                      None if trusted is None else (trusted[0] is not None, *trusted[1:3]),
                      view)
-            for obj in p.create:
-                if self.kube.create(obj):
-                    metrics.CHILDREN.labels(obj["kind"]).inc()
-            for pod_name in dict.fromkeys(p.delete):
-                self.kube.delete_pod(ns, pod_name)
-            if p.cleanup:
-                n = self.kube.delete_children(ns, name)
-                if n:
-                    kopf.event(body, type="Normal", reason="Cleaned",
-                               message=f"deleted {n} child object(s): "
-                                       "runPolicy.ttlSecondsAfterFinished passed")
+            self._apply_plan(body, p, state)
             status = p.status
             if progress:
                 status["progress"] = progress
@@ -183,8 +210,34 @@ class Operator:
                 kopf.event(body, type=e.type, reason=e.reason, message=e.message)
             self._gauges(ns, name, job, status)
 
+    def _pods(self, ns: str, name: str, state: JobState, views: Views | None) -> list[dict]:
+        """The job's pods as the watch has them, or listed (no watch, or this operator
+        just created or deleted one of them)."""
+        pods = (self.kube.list_pods(ns, name) if views is None or state.wrote_pods
+                else views.pods(ns, name))
+        state.wrote_pods = False
+        return pods
+
+    def _apply_plan(self, body, p, state: JobState) -> None:
+        """The plan's pods created and deleted, and the children of a finished job
+        cleaned up when its time came."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        state.wrote_pods = (bool(p.delete) or p.cleanup
+                            or any(o["kind"] == "Pod" for o in p.create))
+        for obj in p.create:
+            if self.kube.create(obj):
+                metrics.CHILDREN.labels(obj["kind"]).inc()
+        for pod_name in dict.fromkeys(p.delete):
+            self.kube.delete_pod(ns, pod_name)
+        if p.cleanup:
+            n = self.kube.delete_children(ns, name)
+            if n:
+                kopf.event(body, type="Normal", reason="Cleaned",
+                           message=f"deleted {n} child object(s): "
+                                   "runPolicy.ttlSecondsAfterFinished passed")
+
     def _queue(self, body, job: RLJob, raw_status: dict, pods: list[dict],
-               state: JobState) -> tuple[RLJob, bool, tuple | None]:
+               state: JobState, views: Views | None) -> tuple[RLJob, bool, tuple | None]:
         """A queued job's step (`queue.decide`), applied: its Workload created, the
         job started under its admission, stopped on an eviction, the quota given back,
         the Workload finished. Returns the job as it runs (under its admission),
@@ -196,7 +249,7 @@ class Operator:
         qname = queue.queue_name(meta)
         wl_name = queue.workload_name(name, uid)
         try:
-            wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
+            wl = self._workload(ns, wl_name, state, views)
         except NotInstalled:
             if "kueue" not in state.warned:
                 state.warned.add("kueue")
@@ -215,43 +268,13 @@ class Operator:
         step = queue.decide(wl, job.spec.suspend, active, ended)
         annotation = (meta.get("annotations") or {}).get(queue.ADMISSION_ANNOTATION)
         if step.action == "create":
-            if not job.spec.suspend:
-                self.kube.patch_job(ns, name, {"spec": {"suspend": True}})
-                job.spec.suspend = True
-            priority = None
-            pc = (meta.get("labels") or {}).get(queue.PRIORITY_LABEL)
-            if pc:
-                found = self.kube.get_custom(queue.GROUP, queue.VERSION,
-                                             "workloadpriorityclasses", pc)
-                if found is None:
-                    if f"priority:{pc}" not in state.warned:
-                        state.warned.add(f"priority:{pc}")
-                        kopf.event(body, type="Warning", reason="PriorityClassMissing",
-                                   message=f"{queue.PRIORITY_LABEL}={pc}: no such "
-                                           "WorkloadPriorityClass; create it or change "
-                                           "the label (the job waits)")
-                    return job, not raw_status.get("startTime"), (
-                        "PriorityClassMissing", f"no WorkloadPriorityClass {pc}",
-                        queue.mirrored_conditions(None))
-                priority = (pc, int(found.get("value", 0)))
-            wl = queue.build_workload(job, uid, qname, priority)
-            if self.kube.create_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl):
-                kopf.event(body, type="Normal", reason="Queued",
-                           message=f"waiting in LocalQueue {qname} (Workload {wl_name})")
+            missing = self._create_workload(body, job, state, qname)
+            if missing:  # its priority class: it waits
+                return job, not raw_status.get("startTime"), (
+                    "PriorityClassMissing", f"no WorkloadPriorityClass {missing}",
+                    queue.mirrored_conditions(None))
         elif step.action == "start":
-            flavors = {}
-            for f in sorted(queue.flavors_of(wl)):
-                flavors[f] = self.kube.get_custom(queue.GROUP, queue.VERSION,
-                                                  "resourceflavors", f) or {}
-            annotation = json.dumps(queue.admission(wl, flavors), sort_keys=True)
-            self.kube.patch_job(ns, name, {
-                "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
-                "spec": {"suspend": False}})
-            job.spec.suspend = False
-            cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
-            kopf.event(body, type="Normal", reason="Admitted",
-                       message=f"admitted by ClusterQueue {cq} (Workload {wl_name}): "
-                               f"started")
+            annotation = self._start(body, job, wl)
         elif step.action == "stop":
             # the TransferQueue and storage units stay where they were admitted
             annotation = queue.kept_through_eviction(annotation)
@@ -263,21 +286,21 @@ class Operator:
                        message=f"{step.message}: suspended (the trainer checkpoints, the "
                                "TransferQueue stays)")
         elif step.action == "release":
-            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns, wl_name, {
-                "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
-                "status": queue.release_status(wl, step.reason, step.message,
-                                               iso(now_utc()))}, status=True)
-            kopf.event(body, type="Normal", reason="QuotaReleased",
-                       message=f"the job's pods are gone: its quota is given back and it "
-                               f"waits in LocalQueue {qname} again")
-        elif step.action == "finish":
-            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns, wl_name, {
-                "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]},
-                "status": queue.finished_status(wl, step.reason, step.message,
-                                                iso(now_utc()))}, status=True)
-        if step.action in ("finish", "done") and wl is not None and (
+            state.wrote_workload = True
+            if self._patch_workload_status(ns, wl, queue.release_status(
+                    wl, step.reason, step.message, iso(now_utc()))):
+                kopf.event(body, type="Normal", reason="QuotaReleased",
+                           message=f"the job's pods are gone: its quota is given back and "
+                                   f"it waits in LocalQueue {qname} again")
+        written = True
+        if step.action == "finish":
+            state.wrote_workload = True
+            written = self._patch_workload_status(ns, wl, queue.finished_status(
+                wl, step.reason, step.message, iso(now_utc())))
+        if written and step.action in ("finish", "done") and wl is not None and (
                 step.action == "finish"
                 or queue.RESOURCE_IN_USE in (wl["metadata"].get("finalizers") or [])):
+            state.wrote_workload = True
             self._drop_finalizer(ns, wl_name)
         if job.spec.suspend and not raw_status.get("startTime"):
             why = ("Queued", f"waiting for admission in LocalQueue {qname}")
@@ -288,6 +311,83 @@ class Operator:
         return (queue.with_admission(job, annotation),
                 job.spec.suspend and not raw_status.get("startTime"),
                 (*why, queue.mirrored_conditions(wl)))
+
+    def _workload(self, ns: str, wl_name: str, state: JobState,
+                  views: Views | None) -> dict | None:
+        """The job's Workload as its watch has it, or read (not watched yet, or just
+        written here); None where there is none. Raises NotInstalled without Kueue."""
+        wl = None if views is None or state.wrote_workload else views.workload(ns, wl_name)
+        state.wrote_workload = False
+        if wl is None:
+            wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
+        return wl
+
+    def _start(self, body, job: RLJob, wl: dict) -> str:
+        """The job started under its Workload's admission (its flavors' node labels and
+        tolerations in the admission annotation); returns that annotation."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        flavors = {}
+        for f in sorted(queue.flavors_of(wl)):
+            flavors[f] = self.kube.get_custom(queue.GROUP, queue.VERSION,
+                                              "resourceflavors", f) or {}
+        annotation = json.dumps(queue.admission(wl, flavors), sort_keys=True)
+        self.kube.patch_job(ns, name, {
+            "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
+            "spec": {"suspend": False}})
+        job.spec.suspend = False
+        cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
+        kopf.event(body, type="Normal", reason="Admitted",
+                   message=f"admitted by ClusterQueue {cq} (Workload "
+                           f"{wl['metadata']['name']}): started")
+        return annotation
+
+    def _create_workload(self, body, job: RLJob, state: JobState, qname: str) -> str | None:
+        """The job suspended (Kueue starts it) and its Workload created at its priority
+        class's value; the name of a priority class that does not exist, if it names one
+        (nothing is created then)."""
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        if not job.spec.suspend:
+            self.kube.patch_job(ns, name, {"spec": {"suspend": True}})
+            job.spec.suspend = True
+        priority = None
+        pc = (meta.get("labels") or {}).get(queue.PRIORITY_LABEL)
+        if pc:
+            found = self.kube.get_custom(queue.GROUP, queue.VERSION,
+                                         "workloadpriorityclasses", pc)
+            if found is None:
+                if f"priority:{pc}" not in state.warned:
+                    state.warned.add(f"priority:{pc}")
+                    kopf.event(body, type="Warning", reason="PriorityClassMissing",
+                               message=f"{queue.PRIORITY_LABEL}={pc}: no such "
+                                       "WorkloadPriorityClass; create it or change "
+                                       "the label (the job waits)")
+                return pc
+            priority = (pc, int(found.get("value", 0)))
+        wl = queue.build_workload(job, uid, qname, priority)
+        state.wrote_workload = True
+        if self.kube.create_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl):
+            kopf.event(body, type="Normal", reason="Queued",
+                       message=f"waiting in LocalQueue {qname} "
+                               f"(Workload {wl['metadata']['name']})")
+        return None
+
+    def _patch_workload_status(self, ns: str, wl: dict, status: dict) -> bool:
+        """The Workload's status written at the version the decision read; False when
+        Kueue changed it since (409): the next reconcile decides again on what it is."""
+        try:
+            self.kube.patch_custom(queue.GROUP, queue.VERSION, queue.PLURAL, ns,
+                                   wl["metadata"]["name"], {
+                                       "metadata": {"resourceVersion":
+                                                    wl["metadata"]["resourceVersion"]},
+                                       "status": status}, status=True)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            log.debug("%s/%s: the Workload changed under its status patch; again next "
+                      "reconcile", ns, wl["metadata"]["name"])
+            return False
+        return True
 
     def _capacity_short(self, body, job: RLJob, state: JobState) -> str | None:
         """Why the job's starting pods do not fit the nodes' free capacity together
@@ -320,6 +420,32 @@ class Operator:
                 "metadata": {"resourceVersion": wl["metadata"]["resourceVersion"],
                              "finalizers": [f for f in finalizers
                                             if f != queue.RESOURCE_IN_USE]}})
+
+    def _owner_state(self, wl) -> tuple[str, JobState | None]:
+        """The Workload's RLJob's name and its state (None: not reconciled yet; its
+        own handlers come first)."""
+        meta = wl["metadata"]
+        owner = next(o["name"] for o in meta["ownerReferences"] if o.get("kind") == "RLJob")
+        with self._jobs_lock:
+            return owner, self._jobs.get((meta["namespace"], owner))
+
+    def admission_moved(self, wl) -> bool:
+        """Whether a Workload's admission changed since its job last saw it."""
+        _, state = self._owner_state(wl)
+        return state is not None and admission_state(wl) != state.workload_seen
+
+    def workload_changed(self, wl: dict, views: Views) -> None:
+        """A Workload of a job changed: where its admission did (admitted, evicted,
+        finished), its job is reconciled now rather than at its next timer."""
+        owner, state = self._owner_state(wl)
+        seen = admission_state(wl)
+        if state is None or seen == state.workload_seen:
+            return
+        state.workload_seen = seen
+        body = self.kube.get_custom(GROUP, VERSION, PLURAL, owner, wl["metadata"]["namespace"])
+        if body is None or not operator_manages((body.get("spec") or {}).get("managedBy")):
+            return
+        self.reconcile(body, "workload", poll_stats=False, views=views)
 
     def forget_workloads(self, ns: str, uid: str) -> None:
         """A deleted job's Workloads lose their finalizer (the garbage collector then
@@ -532,6 +658,12 @@ def to_job(body: kopf.Body) -> RLJob:
     return builders.with_runtime_image(job, os.environ.get("RLJOB_RUNTIME_IMAGE"))
 
 
+def owned_by_a_job(meta, **_) -> bool:
+    """Whether a Workload is an RLJob's (Kueue makes others for the kinds it runs)."""
+    return any(o.get("kind") == "RLJob" and o.get("apiVersion", "").startswith(GROUP)
+               for o in meta.get("ownerReferences") or [])
+
+
 def managed_here(spec, **_) -> bool:
     """Whether this operator runs the job: its spec.managedBy is unset or the
     operator's own (another controller's jobs get no handler at all)."""
@@ -543,21 +675,49 @@ def register(registry: kopf.OperatorRegistry, operator: Operator, interval: floa
     res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry,
                when=managed_here)
 
+    # the jobs' pods and Workloads, kept by watches: a reconcile reads these
+    # instead of a list of pods and a read of the Workload per job and timer
+    # (async: kopf runs them on its event loop; a sync one would take a worker thread
+    # for every pod event)
+    @kopf.index("pods", labels={builders.LABEL_NAME: kopf.PRESENT}, registry=registry,
+                id="job_pods")
+    async def job_pods(namespace, labels, body, **_):
+        return {(namespace, labels[builders.LABEL_NAME]): pod_view(body)}
+
+    workloads = dict(group=queue.GROUP, version=queue.VERSION, plural=queue.PLURAL,
+                     labels={queue.JOB_UID_LABEL: kopf.PRESENT}, registry=registry,
+                     when=owned_by_a_job)
+
+    @kopf.index(**workloads, id="job_workloads")
+    async def job_workloads(namespace, name, body, **_):
+        return {(namespace, name): dict(body)}
+
+    def views(kw: dict) -> Views:
+        return Views(kw["job_pods"], kw["job_workloads"])
+
+    def moved(meta, body, **_) -> bool:  # on the event loop, before a thread is taken
+        return owned_by_a_job(meta) and operator.admission_moved(body)
+
+    @kopf.on.event(**{**workloads, "when": moved}, id="workload")
+    def on_workload(body, type, **kw):
+        if type in ("ADDED", "MODIFIED", None):
+            operator.workload_changed(dict(body), views(kw))
+
     @kopf.on.create(**res, id="create")
-    def on_create(body, **_):
-        operator.reconcile(body, "create", poll_stats=False)
+    def on_create(body, **kw):
+        operator.reconcile(body, "create", poll_stats=False, views=views(kw))
 
     @kopf.on.update(**res, id="update", field="spec")
-    def on_update(body, **_):
-        operator.reconcile(body, "update", poll_stats=False)
+    def on_update(body, **kw):
+        operator.reconcile(body, "update", poll_stats=False, views=views(kw))
 
     @kopf.on.resume(**res, id="resume")
-    def on_resume(body, **_):
-        operator.reconcile(body, "resume", poll_stats=False)
+    def on_resume(body, **kw):
+        operator.reconcile(body, "resume", poll_stats=False, views=views(kw))
 
     @kopf.timer(**res, id="reconcile", interval=interval, initial_delay=interval)
-    def on_timer(body, **_):
-        operator.reconcile(body, "timer", poll_stats=True)
+    def on_timer(body, **kw):
+        operator.reconcile(body, "timer", poll_stats=True, views=views(kw))
 
     @kopf.on.delete(**res, id="forget", optional=True)
     def on_delete(body, **_):
@@ -579,6 +739,6 @@ def configure(settings: kopf.OperatorSettings, workers: int) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     # only our own kopf.event() calls become Events, not every log line
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = workers
+    settings.execution.executor = MeasuredExecutor(max_workers=workers)
     settings.networking.request_timeout = 60
     settings.watching.server_timeout = 300

@@ -43,6 +43,18 @@ def pod_ready(pod: dict) -> bool:
     return False
 
 
+def pod_view(pod) -> dict:
+    """What a reconcile reads of a pod (its name, labels, annotations, deletion and
+    status): the operator keeps this much of each of its jobs' pods in memory."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels",
+                                               "annotations", "deletionTimestamp")
+                         if k in meta},
+            "status": {k: status[k] for k in ("phase", "reason", "message", "conditions",
+                                              "initContainerStatuses", "containerStatuses")
+                       if k in status}}
+
+
 def pod_phase(pod: dict) -> str:
     return (pod.get("status") or {}).get("phase") or "Pending"
 

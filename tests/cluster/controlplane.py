@@ -136,6 +136,9 @@ class ControlPlane:
     bin_dir: Path
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rljob-kube-")))
     with_controller_manager: bool = False
+    # a kube-scheduler as the admin, and the node lifecycle controller (it lifts the
+    # not-ready taint of simulated nodes); the node tier starts its own, as itself
+    with_scheduler: bool = False
     token: str = "rljob-test-admin-token"
     procs: list[subprocess.Popen] = field(default_factory=list)
     server: str = ""
@@ -147,6 +150,8 @@ class ControlPlane:
     service_ip: str = "10.96.0.1"  # the kubernetes Service (first of service_cidr)
     # identity -> (token, user, groups) for the node's components, with for_node
     identities: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # more of the apiserver's flags (the scale bench's audit log, webhook routing)
+    apiserver_args: tuple[str, ...] = ()
     _conn: http.client.HTTPSConnection | None = None
 
     @property
@@ -216,7 +221,8 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
         return proc
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        """A process of the cluster, its output in workdir/<name>.log, stopped with it."""
         log = open(self.workdir / f"{name}.log", "wb")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -230,7 +236,7 @@ class ControlPlane:
         started = time.monotonic()
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self._spawn("etcd", [
+        self.spawn("etcd", [
             str(self.bin_dir / "etcd"),
             "--name=rljob-test",
             f"--data-dir={self.workdir / 'etcd'}",
@@ -277,7 +283,7 @@ class ControlPlane:
             ]
         (self.workdir / "tokens.csv").write_text("\n".join(tokens) + "\n")
         self.server = f"https://{address}:{api_port}"
-        self._spawn("kube-apiserver", [
+        self.spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
             f"--bind-address={address}",
@@ -291,26 +297,37 @@ class ControlPlane:
             f"--service-cluster-ip-range={self.service_cidr}",
             "--allow-privileged=true",
             "--v=1",
+            *self.apiserver_args,
         ])
         self._write_kubeconfig()
         self._wait_ready(timeout - (time.monotonic() - started))
         if self.with_controller_manager or self.for_node:
-            if self.for_node:
+            if self.for_node or self.with_scheduler:
                 # the node lifecycle controller lifts the not-ready taint once the
                 # kubelet reports Ready; pods get the CA in kube-root-ca.crt
                 cm = ["--controllers=*,-nodeipam,-cloud-node-lifecycle",
-                      f"--root-ca-file={self.ca_file}",
-                      "--use-service-account-credentials=true"]
+                      f"--use-service-account-credentials={str(self.for_node).lower()}"]
+                if self.for_node:
+                    cm.append(f"--root-ca-file={self.ca_file}")
             else:
                 cm = ["--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
                       "--use-service-account-credentials=false"]
-            self._spawn("kube-controller-manager", [
+            self.spawn("kube-controller-manager", [
                 str(self.bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
                 *cm,
                 f"--service-account-private-key-file={sa_key}",
+                "--leader-elect=false",
+            ])
+        if self.with_scheduler:
+            self.spawn("kube-scheduler", [
+                str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--authentication-skip-lookup=true",
+                "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
                 "--leader-elect=false",
             ])
         self.start_seconds = time.monotonic() - started

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import yaml
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, free_port
 
 NAMESPACE = "kueue-system"
 DEPLOYMENT = "kueue-controller-manager"
+WEBHOOK_SERVICE = "kueue-webhook-service"
+WEBHOOK_SECRET = "kueue-webhook-server-cert"
 RLJOB_FRAMEWORK = "RLJob.v1alpha1.rljob.dev"
 
 
@@ -70,6 +73,13 @@ def install(plane: ControlPlane, image: str, timeout: float = 300) -> float:
                         f"--timeout={int(timeout)}s", timeout=timeout + 20, check=False)
     if out.returncode != 0:
         raise AssertionError(f"Kueue's manager is not Ready: {out.stderr}\n{debug(plane)}")
+    wait_for_webhooks(plane, timeout)
+    return time.monotonic() - t0
+
+
+def wait_for_webhooks(plane: ControlPlane, timeout: float) -> None:
+    """Until Kueue admits objects through its webhooks (its certificates made and
+    served)."""
     # the webhooks answer once the manager serves the certificates it made: a dry-run
     # of a ResourceFlavor goes through its defaulting and validating webhooks
     probe = json.dumps({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
@@ -81,10 +91,73 @@ def install(plane: ControlPlane, image: str, timeout: float = 300) -> float:
         if done.returncode == 0:
             break
         if time.monotonic() > deadline:
+            on_host = (plane.workdir / "kueue.log").exists()
             raise AssertionError(f"Kueue's webhooks do not answer: {done.stderr}\n"
-                                 f"{debug(plane)}")
+                                 + (plane.log_tail("kueue", 40) if on_host else debug(plane)))
         time.sleep(2)
+
+
+def run_on_host(plane: ControlPlane, host_ip: str, fair_sharing: bool = True,
+                timeout: float = 180) -> float:
+    """Kueue's manager as a process on this machine (the scale bench's nodes are
+    simulated: no pod runs), its release manifests applied but its Deployment, the
+    webhook Service's endpoints this machine's address (the apiserver reaches webhooks
+    through endpoints with --enable-aggregator-routing); with `fair_sharing`, fair
+    sharing between the ClusterQueues of a cohort. Returns the seconds it took."""
+    t0 = time.monotonic()
+    docs = [d for d in render(plane, "none") if d["kind"] != "Deployment"]
+    config = {}
+    for d in docs:
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kueue-manager-config":
+            config = yaml.safe_load(d["data"]["controller_manager_config.yaml"])
+        if d["kind"] == "Service" and d["metadata"]["name"] == WEBHOOK_SERVICE:
+            d["spec"].pop("selector", None)
+            port = d["spec"]["ports"][0]
+    docs.append({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{WEBHOOK_SERVICE}-host", "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": WEBHOOK_SERVICE,
+                                "endpointslice.kubernetes.io/managed-by": "rljob-tests"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host_ip], "conditions": {"ready": True}}],
+        "ports": [{"name": port.get("name", ""), "port": port["targetPort"],
+                   "protocol": "TCP"}]})
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                  input="\n---\n".join(json.dumps(d) for d in docs), timeout=180)
+    config["webhook"] = {"port": port["targetPort"], "host": host_ip,
+                         "certDir": str(plane.workdir / "kueue-certs")}
+    config["metrics"] = {"bindAddress": f"127.0.0.1:{free_port()}"}
+    config["health"] = {"healthProbeBindAddress": f"127.0.0.1:{free_port()}"}
+    if fair_sharing:
+        config["fairSharing"] = {"preemptionStrategies": ["LessThanOrEqualToFinalShare",
+                                                          "LessThanInitialShare"]}
+    path = plane.workdir / "kueue-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plane.spawn("kueue", [str(plane.bin_dir / "kueue"), f"--config={path}",
+                          f"--kubeconfig={plane.kubeconfig}", "--zap-log-level=1"])
+    _mount_certificates(plane, Path(config["webhook"]["certDir"]), timeout)
+    wait_for_webhooks(plane, timeout)
     return time.monotonic() - t0
+
+
+def _mount_certificates(plane: ControlPlane, cert_dir: Path, timeout: float) -> None:
+    """What the kubelet does for the manager's pod: its webhook certificates (the
+    Secret its certificate rotation writes) as files in its certificate folder."""
+    import base64
+
+    deadline = time.monotonic() + timeout
+    while True:
+        data = plane.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{WEBHOOK_SECRET}"
+                         ).get("data") or {}
+        if data.get("tls.crt") and data.get("tls.key"):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Kueue made no webhook certificate:\n"
+                                 f"{plane.log_tail('kueue', 40)}")
+        time.sleep(0.5)
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    for key, value in data.items():
+        (cert_dir / key).write_bytes(base64.b64decode(value))
 
 
 def uninstall(plane: ControlPlane, image: str) -> None:

@@ -47,14 +47,16 @@ def helm(cluster: ControlPlane, *args: str, check: bool = True) -> subprocess.Co
 
 def service_account_kubeconfig(cluster: ControlPlane, path: Path, namespace: str = OPERATOR_NS,
                                account: str = RELEASE) -> Path:
-    """A kubeconfig holding a token of the chart's ServiceAccount."""
+    """A kubeconfig holding a token of the chart's ServiceAccount, trusting the
+    apiserver's CA (the test CA, or the one its self-signed certificate's file holds)."""
     token = cluster.kubectl("-n", namespace, "create", "token", account,
                             "--duration=3h").stdout.strip()
+    ca = cluster.ca_file if cluster.for_node else cluster.workdir / "certs" / "apiserver.crt"
     path.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
 - name: test
-  cluster: {{server: {cluster.server}, insecure-skip-tls-verify: true}}
+  cluster: {{server: {cluster.server}, certificate-authority: {ca}}}
 users:
 - name: operator
   user: {{token: {token}}}

@@ -14,6 +14,8 @@
 #   registry:      the CNCF distribution registry and go-containerregistry's crane
 #                  (registry/): the images are pushed to it (python -m images.push)
 #                  and the node pulls them from it
+#   kwok:          kwok's controller (kwok/), the scale bench's simulated nodes, and,
+#                  as kwok-stages, the node and pod stages of the same tag it plays
 # Each group lives under
 #   ${RLJOB_GOTOOLS_CACHE:-~/.cache/rljob/gotools}/<key>/bin
 # where <key> names the pinned versions and hashes that group's go.mod/go.sum/
@@ -39,6 +41,7 @@ kueue_v="$(version_of sigs.k8s.io/kueue "$here/kueue/go.mod")"
 netpol_v="$(version_of sigs.k8s.io/kube-network-policies "$here/netpol/go.mod")"
 registry_v="$(version_of github.com/distribution/distribution/v3 "$here/registry/go.mod")"
 crane_v="$(version_of github.com/google/go-containerregistry "$here/registry/go.mod")"
+kwok_v="$(version_of sigs.k8s.io/kwok "$here/kwok/go.mod")"
 go_v="$(go env GOVERSION)"
 kube_files=("$here"/kube/go.mod "$here"/kube/go.sum "$here"/kube/tools.go)
 cp_digest="$(digest_of "${kube_files[@]}" "$here"/etcd/go.mod "$here"/etcd/go.sum \
@@ -51,34 +54,40 @@ netpol_digest="$(digest_of "$here"/netpol/go.mod "$here"/netpol/go.sum "$here"/n
   "$here"/netpol/nfqueue-compat.patch)"
 registry_digest="$(digest_of "$here"/registry/go.mod "$here"/registry/go.sum \
   "$here"/registry/tools.go)"
+kwok_digest="$(digest_of "$here"/kwok/go.mod "$here"/kwok/go.sum "$here"/kwok/tools.go)"
 cp_key="k8s-${kube_v}_etcd-${etcd_v}_helm-${helm_v}_${go_v}_${cp_digest}"
 kueue_key="kueue-${kueue_v}_${go_v}_${kueue_digest}"
 netpol_key="netpol-${netpol_v}_${go_v}_${netpol_digest}"
 registry_key="registry-${registry_v}_crane-${crane_v}_${go_v}_${registry_digest}"
 node_key="node-k8s-${kube_v}_coredns-${coredns_v}_${go_v}_${node_digest}"
+kwok_key="kwok-${kwok_v}_${go_v}_${kwok_digest}"
 root="${RLJOB_GOTOOLS_CACHE:-$HOME/.cache/rljob/gotools}"
 cp_bin="$root/$cp_key/bin"
 node_bin="$root/$node_key/bin"
 kueue_bin="$root/$kueue_key/bin"
 netpol_bin="$root/$netpol_key/bin"
 registry_bin="$root/$registry_key/bin"
-all_bin="$root/bin-$(printf '%s\n%s\n%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
-  "$netpol_key" "$registry_key" | sha256sum | cut -c1-12)"
+kwok_bin="$root/$kwok_key/bin"
+all_bin="$root/bin-$(printf '%s\n%s\n%s\n%s\n%s\n%s\n' "$cp_key" "$node_key" "$kueue_key" \
+  "$netpol_key" "$registry_key" "$kwok_key" | sha256sum | cut -c1-12)"
 cp_want=(kube-apiserver kube-controller-manager kubectl etcd helm)
 node_want=(kubelet kube-scheduler kube-proxy coredns pause probe)
 kueue_want=(kueue kueue-config)
 netpol_want=(kube-network-policies)
 registry_want=(registry crane)
+kwok_want=(kwok kwok-stages)
 
-have_all() { # dir, names... (the config folder counts as present when it holds the CRDs)
+have_all() { # dir, names... (a config folder counts as present when it holds its CRDs
+  # or stages)
   local dir="$1"; shift
   for b in "$@"; do
     [[ (-f "$dir/$b" && -x "$dir/$b")
-       || -f "$dir/$b/components/crd/bases/kueue.x-k8s.io_workloads.yaml" ]] || return 1
+       || -f "$dir/$b/components/crd/bases/kueue.x-k8s.io_workloads.yaml"
+       || -f "$dir/$b/pod/fast/pod-ready.yaml" ]] || return 1
   done
 }
 if have_all "$all_bin" "${cp_want[@]}" "${node_want[@]}" "${kueue_want[@]}" \
-    "${netpol_want[@]}" "${registry_want[@]}"; then
+    "${netpol_want[@]}" "${registry_want[@]}" "${kwok_want[@]}"; then
   echo "$all_bin"; exit 0
 fi
 
@@ -169,12 +178,26 @@ if ! have_all "$registry_bin" "${registry_want[@]}"; then
   echo "registry and crane built in $((SECONDS - t)) s: $registry_bin" >&2
 fi
 
+if ! have_all "$kwok_bin" "${kwok_want[@]}"; then
+  rm -rf "$kwok_bin.partial"; mkdir -p "$kwok_bin.partial"
+  t=$SECONDS
+  echo "building kwok $kwok_v" >&2
+  (cd "$here/kwok" && go build -trimpath -ldflags "-s -w" -o "$kwok_bin.partial/kwok" \
+    sigs.k8s.io/kwok/cmd/kwok)
+  src="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  cp -r "$src/kustomize/stage" "$kwok_bin.partial/kwok-stages"
+  chmod -R u+w "$kwok_bin.partial/kwok-stages"
+  rm -rf "$kwok_bin"; mv "$kwok_bin.partial" "$kwok_bin"
+  echo "kwok built in $((SECONDS - t)) s: $kwok_bin" >&2
+fi
+
 rm -rf "$all_bin.partial"; mkdir -p "$all_bin.partial"
 for b in "${cp_want[@]}"; do ln -s "$cp_bin/$b" "$all_bin.partial/$b"; done
 for b in "${node_want[@]}"; do ln -s "$node_bin/$b" "$all_bin.partial/$b"; done
 for b in "${kueue_want[@]}"; do ln -s "$kueue_bin/$b" "$all_bin.partial/$b"; done
 for b in "${netpol_want[@]}"; do ln -s "$netpol_bin/$b" "$all_bin.partial/$b"; done
 for b in "${registry_want[@]}"; do ln -s "$registry_bin/$b" "$all_bin.partial/$b"; done
+for b in "${kwok_want[@]}"; do ln -s "$kwok_bin/$b" "$all_bin.partial/$b"; done
 rm -rf "$all_bin"; mv "$all_bin.partial" "$all_bin"
 echo "binaries ready in $((SECONDS - start)) s: $all_bin" >&2
 echo "$all_bin"
