@@ -11,8 +11,8 @@ some jobs finish (their rank 0 marked Succeeded), so queued ones start.
 
     .venv/bin/python -m tests.cluster.bench_operator --nodes 1000 --jobs 100
 
-Prints: apply → every pod of the job present, for the jobs admitted at once, and
-admission → pods for those admitted later; the operator's reconcile time and its
+Prints: apply → every pod of the job present, for the jobs admitted as they came,
+and admission → every pod present, for the jobs never evicted; the operator's reconcile time and its
 wait for a worker (p50, p99) and its work queue's depth; the operator's API requests
 per running job-minute by verb and resource (from the apiserver's audit log, the
 operator's ServiceAccount alone) in a steady window; its CPU and peak memory;
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import os
+import random
 import re
 import shutil
 import statistics
@@ -33,11 +33,13 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
 
 from rljob.contract import LABEL_NAME, LABEL_ROLE
+from rljob_operator import queue
 from tests.cluster import kueue
 from tests.cluster.controlplane import REPO, ControlPlane, gotools_bin, host_ip
 from tests.cluster.kwok import NPU, Kwok
@@ -73,15 +75,11 @@ def job_doc(i: int, rng: random.Random, team: str, priority: str | None) -> dict
     spec["rollout"].update(replicas=replicas, minReplicas=replicas, maxReplicas=replicas,
                            npusPerReplica=npus, tensorParallel=npus)
     spec["rollout"]["autoscaling"]["enabled"] = False
-    labels = {kueue_label(): team}
+    labels = {queue.QUEUE_LABEL: team}
     if priority:
-        labels["kueue.x-k8s.io/priority-class"] = priority
+        labels[queue.PRIORITY_LABEL] = priority
     doc["metadata"] = {"name": f"job-{i}", "namespace": team, "labels": labels}
     return doc
-
-
-def kueue_label() -> str:
-    return "kueue.x-k8s.io/queue-name"
 
 
 def pods_of(doc: dict) -> int:
@@ -231,8 +229,6 @@ def audit_counts(path: Path, since: float, until: float) -> tuple[Counter, Count
 
 
 def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
