@@ -740,5 +740,9 @@ def configure(settings: kopf.OperatorSettings, workers: int) -> None:
     # only our own kopf.event() calls become Events, not every log line
     settings.posting.level = logging.WARNING
     settings.execution.executor = MeasuredExecutor(max_workers=workers)
+    # the pod and Workload watches carry the jobs' own objects only: the API server
+    # filters them by label, not the operator after receiving every pod
+    settings.watching.label_selectors["pods"] = builders.LABEL_NAME
+    settings.watching.label_selectors[f"{queue.PLURAL}.{queue.GROUP}"] = queue.JOB_UID_LABEL
     settings.networking.request_timeout = 60
     settings.watching.server_timeout = 300

@@ -165,7 +165,12 @@ class Watch:
                 if job not in self.admitted:
                     self.admitted[job] = _epoch(admitted["lastTransitionTime"])
                     self.admitted_in[job] = self.phase
-            if conds.get("Evicted", {}).get("status") == "True":
+            # Kueue counts every eviction (a poll may fall between an eviction and
+            # the admission after it)
+            evictions = ((wl.get("status") or {}).get("schedulingStats") or {}).get(
+                "evictions") or []
+            if (conds.get("Evicted", {}).get("status") == "True"
+                    or sum(e.get("count", 0) for e in evictions)):
                 self.evicted.add(job)
         for job, n in self.want.items():
             if pods[job] == n and job in self.admitted and job not in self.complete:

@@ -104,3 +104,20 @@ def test_the_operator_keeps_of_a_pod_what_a_reconcile_reads():
     assert "spec" not in view and "managedFields" not in view["metadata"]
     assert (pod_phase(view), pod_ready(view), role_of(view)) == (
         pod_phase(pod), pod_ready(pod), role_of(pod))
+
+
+def test_the_watches_ask_the_api_server_for_the_jobs_own_pods_and_workloads():
+    import kopf
+
+    from rljob_operator.handlers import configure
+
+    settings = kopf.OperatorSettings()
+    configure(settings, workers=4)
+    selectors = settings.watching.label_selectors
+    pods = kopf.Resource("", "v1", "pods", kind="Pod", namespaced=True)
+    workloads = kopf.Resource("kueue.x-k8s.io", "v1beta2", "workloads", kind="Workload",
+                              namespaced=True)
+    rljobs = kopf.Resource("rljob.dev", "v1alpha1", "rljobs", kind="RLJob", namespaced=True)
+    assert selectors.collect(pods) == ["rljob.dev/name"]
+    assert selectors.collect(workloads) == ["kueue.x-k8s.io/job-uid"]
+    assert selectors.collect(rljobs) == []
