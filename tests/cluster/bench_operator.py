@@ -141,6 +141,7 @@ class Watch:
     depth: list[float] = field(default_factory=list)  # the operator's work queue
     now_admitted: set[str] = field(default_factory=set)  # as of the last poll
     now_pods: Counter = field(default_factory=Counter)  # job -> its pods, last poll
+    ended: set[str] = field(default_factory=set)  # jobs the bench finished
 
     def running(self) -> list[str]:
         """The jobs admitted, with every pod, at the last poll."""
@@ -322,11 +323,13 @@ def settle(plane: ControlPlane, op: OperatorProcess, watch: Watch, seconds: floa
     deadline, quiet_since, last = time.monotonic() + seconds, time.monotonic(), None
     while time.monotonic() < deadline:
         watch.poll(plane, op)
-        state = (len(watch.admitted), len(watch.complete), len(watch.evicted))
+        state = (len(watch.admitted), len(watch.complete), len(watch.evicted),
+                 sum(watch.now_pods.values()), len(watch.now_admitted))
         if state != last:
             last, quiet_since = state, time.monotonic()
         elif (time.monotonic() - quiet_since > 3 * op.interval
-              and set(watch.complete) >= set(watch.admitted) - watch.evicted):
+              and all(watch.now_pods[j] == watch.want[j]
+                      for j in watch.now_admitted - watch.ended)):
             return
         time.sleep(1)
 
@@ -383,6 +386,7 @@ def run(nodes: int, jobs: int, steady: float = 120, interval: float = 5.0,
         done = running_now[: max(1, len(running_now) // 4)]
         before = set(watch.now_admitted)
         watch.phase = "finish"
+        watch.ended = set(done)
         finish(plane, done)
         settle(plane, op, watch, 600)
         cpu2, peak = proc_figures(op.proc.pid)
