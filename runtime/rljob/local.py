@@ -49,7 +49,8 @@ VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # how vLLM's CPU workers bind their
 
 # spec fields only the operator applies (pods, volumes, scheduling, cluster resources)
 CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSeconds",
-                "runPolicy.ttlSecondsAfterFinished", "model.pvc", "dataset.pvc",
+                "runPolicy.ttlSecondsAfterFinished",
+                "runPolicy.notReadyTolerationSeconds", "model.pvc", "dataset.pvc",
                 "rollout.resources", "rollout.autoscaling", "trainer.resources",
                 "trainer.checkpointPvc", "transferQueue.storageUnits", "transferQueue.redis",
                 "transferQueue.resources", "transferQueue.driverResources",

@@ -12,6 +12,8 @@ their work, the nodes none.
 from __future__ import annotations
 
 import json
+import subprocess
+
 from tests.cluster.controlplane import ControlPlane
 
 ANNOTATION = "kwok.x-k8s.io/node"
@@ -23,14 +25,15 @@ STAGES = ("node/fast/node-initialize.yaml",
           "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml")
 
 
-def node(name: str, npus: int = 8, cpu: str = "192", memory: str = "1536Gi") -> dict:
+def node(name: str, npus: int = 8, cpu: str = "192", memory: str = "1536Gi",
+         taints: list[dict] | None = None) -> dict:
     """A simulated Ascend node: a 910B server's NPUs, cores and memory."""
     size = {"cpu": cpu, "memory": memory, "pods": "110", NPU: str(npus)}
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "annotations": {ANNOTATION: "fake"},
                          "labels": {"kubernetes.io/hostname": name, "type": "kwok",
                                     **ACCELERATOR_LABEL}},
-            "spec": {"taints": []},
+            "spec": {"taints": list(taints or [])},
             "status": {"allocatable": size, "capacity": size}}
 
 
@@ -39,12 +42,14 @@ class Kwok:
 
     def __init__(self, plane: ControlPlane):
         self.plane = plane
+        self.proc = None
+        self.nodes: list[str] = []
 
     def start(self) -> Kwok:
         stages = self.plane.bin_dir / "kwok-stages"
         config = self.plane.workdir / "kwok.yaml"
         config.write_text("\n---\n".join((stages / s).read_text() for s in STAGES))
-        self.plane.spawn("kwok", [
+        self.proc = self.plane.spawn("kwok", [
             str(self.plane.bin_dir / "kwok"), f"--kubeconfig={self.plane.kubeconfig}",
             f"--config={config}", "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={ANNOTATION}=fake",
@@ -52,11 +57,28 @@ class Kwok:
         ])
         return self
 
-    def add_nodes(self, count: int, prefix: str = "kwok-node") -> list[str]:
+    def add_nodes(self, count: int, prefix: str = "kwok-node",
+                  taints: list[dict] | None = None) -> list[str]:
         names = [f"{prefix}-{i}" for i in range(count)]
-        text = "\n".join(json.dumps(node(n)) for n in names)
+        text = "\n".join(json.dumps(node(n, taints=taints)) for n in names)
         self.plane.kubectl("create", "-f", "-", input=text, timeout=300)
+        self.nodes += names
         return names
+
+    def stop(self) -> None:
+        """Its nodes deleted and its controller stopped, before the plane stops."""
+        if self.nodes:
+            self.plane.kubectl("delete", "nodes", *self.nodes, "--wait=false", check=False)
+            self.nodes = []
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.plane.procs.remove(self.proc)
+            self.proc = None
 
     def ready_nodes(self) -> int:
         nodes = self.plane.get("/api/v1/nodes").get("items", [])

@@ -297,6 +297,7 @@ class Node:
     dns_ip: str = "10.96.0.10"
     with_dns: bool = True
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)  # each process's command line
     images: dict[str, str] = field(default_factory=dict)  # short name -> image reference
     archives: dict[str, Path] = field(default_factory=dict)  # short name -> its archive
     _last_import: float = 0.0
@@ -351,6 +352,7 @@ class Node:
                                 start_new_session=True, env=dict(os.environ, PATH=_path()))
         log.close()
         self.procs[name] = proc
+        self.argv[name] = list(args)
         return proc
 
     def log_tail(self, name: str, lines: int = 30) -> str:
@@ -737,6 +739,64 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         dep = self.api_get("/apis/apps/v1/namespaces/kube-system/deployments/coredns")
         return dep.get("status", {}).get("availableReplicas", 0) >= 1
 
+    # -- a power cut ---------------------------------------------------------
+
+    def power_cut(self) -> list[int]:
+        """What a power cut does to the node's processes, at once: every container
+        process (those in the pods' cgroups), containerd's shims, containerd, the
+        kubelet and kube-proxy get SIGKILL in one pass (a few milliseconds); nothing
+        of theirs runs a handler or says goodbye to the API server. The
+        kube-scheduler, the control plane's here, stays. The machine's kernel does not
+        go down with them: files written (a Redis append-only file, a checkpoint) are
+        kept as the page cache had them, and the pods' mounts and network namespaces
+        stay for the kubelet and containerd to clean up as after a restart. Returns the
+        pids the containers had."""
+        cgroups = self._pod_cgroups()
+        pids = sorted(self._pids_in(cgroups))
+        node = [self.procs.pop(n) for n in ("kubelet", "kube-proxy", "containerd")
+                if n in self.procs]
+        for pid in [*pids, *self._shims(), *(-proc.pid for proc in node)]:
+            _kill(pid)  # -pid: a node process's group (start_new_session)
+        for proc in node:
+            proc.wait()
+        deadline = time.monotonic() + 10
+        while left := self._pids_in(cgroups) | set(self._shims()):
+            if time.monotonic() > deadline:  # a process forked during the pass
+                raise RuntimeError(f"processes outlived the power cut: {sorted(left)}")
+            for pid in left:
+                _kill(pid)
+            time.sleep(0.1)
+        return pids
+
+    def power_on(self, timeout: float = 180) -> float:
+        """containerd, the kubelet and kube-proxy started again as they ran before
+        `power_cut`; returns the seconds until the node reported Ready."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        self._spawn("containerd", self.argv["containerd"])
+        self._wait("containerd", self._containerd_up, deadline - time.monotonic(), 0.2)
+        self._spawn("kubelet", self.argv["kubelet"])
+        self._spawn("kube-proxy", self.argv["kube-proxy"])
+        self._wait("node Ready", self.node_ready, deadline - time.monotonic())
+        return time.monotonic() - t0
+
+    def _pod_cgroups(self) -> list[Path]:
+        """The kubepods cgroups the node made (one per cgroup hierarchy)."""
+        return [Path(d) / "kubepods" for d, had in self.before.cgroups.items() if not had]
+
+    @staticmethod
+    def _pids_in(cgroups: list[Path]) -> set[int]:
+        pids: set[int] = set()
+        for cg in cgroups:
+            for dirpath, _, files in os.walk(cg):
+                if "cgroup.procs" in files:
+                    try:
+                        pids |= {int(x) for x in
+                                 (Path(dirpath) / "cgroup.procs").read_text().split()}
+                    except OSError:
+                        pass
+        return pids
+
     # -- stop ----------------------------------------------------------------
 
     def stop(self) -> None:
@@ -792,25 +852,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                                   input=input, timeout=60)
 
         # processes: the pods' (kubepods cgroups) and containerd's shims
-        new_cgroups = [Path(d) / "kubepods" for d, had in before.cgroups.items() if not had]
+        new_cgroups = self._pod_cgroups()
         for _ in range(20):
-            pids = set()
-            for cg in new_cgroups:
-                for dirpath, _, files in os.walk(cg):
-                    if "cgroup.procs" in files:
-                        try:
-                            pids |= {int(x) for x in
-                                     (Path(dirpath) / "cgroup.procs").read_text().split()}
-                        except OSError:
-                            pass
-            pids |= set(self._shims())
+            pids = self._pids_in(new_cgroups) | set(self._shims())
             if not pids:
                 break
             for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(pid)
             time.sleep(0.2)
 
         # mounts under our directories and the network namespaces made for pods
@@ -939,6 +987,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                     subprocess.run([family, "-t", t, "-F", c], capture_output=True, env=env)
                 for c in sorted(cs):
                     subprocess.run([family, "-t", t, "-X", c], capture_output=True, env=env)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to a process (a process group: -pgid), gone or not."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _mount_points() -> list[str]:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -751,21 +752,28 @@ def _tq_stats(plane, ns: str, job: str):
         return pbg.TransferQueueControllerStub(channel).Stats(pb.StatsRequest(), timeout=10)
 
 
-@pytest.mark.timeout(2400)
-def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, namespace,
-                                                           tmp_path):
+@pytest.mark.timeout(2700)
+def test_the_job_survives_the_deletion_of_each_of_its_pods_and_a_power_cut(
+        operator_release, namespace, node_cluster, tmp_path):
     """The cluster quickstart with Redis on its own volume (persistence: true), a
     checkpoint every 2 steps, a trainer gang of two ranks (two pods, data parallel over
-    gloo) and a podTemplateOverride on the workers (a label, a volume and its mount, an
-    environment variable, a native sidecar). Mid-run, one after another: the operator's
-    own pod, a rollout pod, trainer rank 1's pod (the whole gang restarts from the
-    checkpoint), the TransferQueue pod and the Redis pod are deleted.
-    The job still succeeds; the TransferQueue counts every row acked by the trainer
-    exactly once; every step trained its own prompts; staleness never exceeded its
-    bound; after the operator's restart there is never a duplicate child. Prints each
-    recovery time (deletion to a Ready replacement pod, and to the first new step after
-    it)."""
+    gloo), a podTemplateOverride on the workers (a label, a volume and its mount, an
+    environment variable, a native sidecar) and runPolicy.notReadyTolerationSeconds.
+    Mid-run, one after another: the operator's own pod, a rollout pod, trainer rank 1's
+    pod (the whole gang restarts from the checkpoint), the TransferQueue pod and the
+    Redis pod are deleted; then the node's power is cut (`Node.power_cut`: every
+    container, containerd, the kubelet and kube-proxy killed at once, the operator's pod
+    with them). The node goes NotReady; the job's pods, which tolerate that for the
+    job's seconds, are evicted that long after the node's unreachable taint (the
+    operator's pod, at the cluster's default 300 s, is not); the kubelet comes back and
+    the job replaces every pod by itself, from its checkpoint and its Redis
+    append-only file. The job still succeeds; the TransferQueue counts every row acked
+    by the trainer exactly once; every step trained its own prompts; staleness never
+    exceeded its bound; after the operator's restart there is never a duplicate child.
+    Prints each recovery time (the fault to a Ready replacement of each pod it took,
+    and to the first new step after that)."""
     from tests.chaos.test_faults import expected_digests
+    from tests.cluster.kwok import Kwok
 
     plane = operator_release
     ns, volume = namespace
@@ -773,9 +781,10 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     doc = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
-    # the five faults, each armed 3 steps after the last recovery, are over by about
-    # step 31 (run alone: deletions at steps 5, 9, 17, 24, 29); 46 leaves steps to spare
-    steps, k = 46, spec["workflow"]["maxStaleness"]
+    # the six faults, each armed 3 steps after the last recovery, are over by about
+    # step 38 (run alone: deletions at steps 5, 9, 17, 24, 29, the power cut at 34);
+    # 52 leaves steps to spare
+    steps, k = 52, spec["workflow"]["maxStaleness"]
     spec["algorithm"]["maxSteps"] = steps
     # nothing here asks what the policy learns: the example's 200-step warm-up (on
     # both ranks of the gang) would only delay the first fault; 20 steps as in the
@@ -795,7 +804,8 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
                       "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}}]
     spec["transferQueue"]["leaseSeconds"] = 5
     spec["transferQueue"]["redis"].update(persistence=True, storageSize="1Gi")
-    spec["runPolicy"] = {"ttlSecondsAfterFinished": 600}
+    spec["runPolicy"] = {"ttlSecondsAfterFinished": 600,
+                         "notReadyTolerationSeconds": NOT_READY_TOLERATION}
     host_dir = volume("checkpoints")
     volume(f"data-{name}-redis-0")  # the StatefulSet's claim for storage unit 0
     plane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps({
@@ -805,23 +815,56 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     job_file = tmp_path / f"{name}.yaml"
     job_file.write_text(yaml.safe_dump(doc))
 
-    # (what, namespace, selector of its role, the pod deleted: None = the role's only pod).
-    # The operator first: every later fault is then handled by the operator that came
-    # back, and the duplicate-children check covers all of them.
+    # (what, namespace, selector of what it takes, the pod deleted: None = the role's only
+    # pod, POWER_CUT = the node's power). The operator first: every later fault is then
+    # handled by the operator that came back, and the duplicate-children check covers
+    # all of them.
     of = f"rljob.dev/name={name},rljob.dev/role="
-    faults = [("operator", OPERATOR_NS, "app.kubernetes.io/name=rljob-operator", None),
+    operator_pods = "app.kubernetes.io/name=rljob-operator"
+    faults = [("operator", OPERATOR_NS, operator_pods, None),
               ("rollout", ns, of + "rollout", f"{name}-rollout-0"),
               ("trainer", ns, of + "trainer", f"{name}-trainer-1"),
               ("transferqueue", ns, of + "transferqueue", None),
-              ("redis", ns, of + "storage", None)]
+              ("redis", ns, of + "storage", None),
+              ("power cut", ns, f"rljob.dev/name={name}", POWER_CUT)]
     watch = Watch(plane, ns, name)
     state: dict = {"next": 0, "arm_at": 5, "fault": None}
     recoveries: list[tuple[str, int, float, float]] = []
     staleness_seen: list[int] = []
     duplicates: list[dict] = []
+    outage: dict = {}  # the power cut's course
 
     def pods_of(namespace: str, selector: str) -> list[dict]:
         return _pods(plane, namespace, selector)
+
+    def replaced(fault: dict) -> bool:
+        """Each role the fault took has a Ready pod it did not take."""
+        pods = pods_of(fault["ns"], fault["selector"])
+        return all(any(_pod_ready(p) and p["metadata"]["uid"] not in fault["uids"]
+                       and _role(p) == role for p in pods) for role in fault["roles"])
+
+    def while_off(fault: dict) -> None:
+        """The node off: it goes NotReady, its unreachable taint comes, the job's pods
+        are evicted (deleted) for want of tolerating it longer; then power on."""
+        now = time.monotonic()
+        node = plane.get(f"/api/v1/nodes/{node_cluster.name}")
+        if "not_ready" not in outage and not any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node["status"].get("conditions", [])):
+            outage["not_ready"] = now - fault["t"]
+        taint = next((t for t in node["spec"].get("taints", [])
+                      if t["key"] == "node.kubernetes.io/unreachable"
+                      and t["effect"] == "NoExecute"), None)
+        if taint and "tainted" not in outage:
+            outage["tainted"] = datetime.fromisoformat(taint["timeAdded"]).timestamp()
+        left = [p for p in pods_of(fault["ns"], fault["selector"])
+                if p["metadata"]["uid"] in fault["uids"]
+                and not p["metadata"].get("deletionTimestamp")]
+        if "tainted" in outage and not left:
+            outage["evicted_after_taint"] = time.time() - outage["tainted"]
+            outage["evicted"] = now - fault["t"]
+            outage["ready_after_power_on"] = node_cluster.power_on()
+            fault["off"] = False
 
     def on_poll(job: dict) -> None:
         progress = job.get("status", {}).get("progress", {})
@@ -841,30 +884,41 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
             staleness_seen.append(progress.get("stalenessMax", 0))
         now = time.monotonic()
         fault = state["fault"]
-        if fault is not None:
-            # recovered: a new pod of the role is Ready, and after that the job's status
-            # shows a step it had not shown before (trained by the job as it is now)
+        if fault is not None and fault["off"]:
+            while_off(fault)
+        elif fault is not None:
+            # recovered: a new pod of each role it took is Ready, and after that the
+            # job's status shows a step it had not shown before (trained by the job as
+            # it is now)
             if fault["replaced"] is None:
-                if any(_pod_ready(p) and p["metadata"]["uid"] not in fault["uids"]
-                       for p in pods_of(fault["ns"], fault["selector"])):
+                if replaced(fault):
                     fault["replaced"], fault["step_then"] = now - fault["t"], watch.step()
             elif watch.step() > fault["step_then"]:
                 recoveries.append((fault["what"], fault["at_step"], fault["replaced"],
                                    now - fault["t"]))
                 state["fault"] = None
                 state["arm_at"] = watch.step() + 3
-            if state["fault"] is not None and now - fault["t"] > 300:
-                pytest.fail(f"no recovery within 300 s of deleting the {fault['what']} pod "
-                            f"({fault})\n{_debug(plane, ns)}")
         elif state["next"] < len(faults) and watch.step() >= state["arm_at"]:
             what, namespace, selector, victim = faults[state["next"]]
             before = pods_of(namespace, selector)
-            victim = victim or before[0]["metadata"]["name"]
-            plane.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
             state["fault"] = {"what": what, "ns": namespace, "selector": selector,
-                              "uids": {p["metadata"]["uid"] for p in before}, "t": now,
-                              "at_step": watch.step(), "replaced": None}
+                              "uids": {p["metadata"]["uid"] for p in before},
+                              "roles": {_role(p) for p in before},
+                              "at_step": watch.step(), "replaced": None,
+                              "off": victim is POWER_CUT}
+            if victim is POWER_CUT:
+                outage["operator"] = pods_of(OPERATOR_NS, operator_pods)[0]["metadata"]["uid"]
+                node_cluster.power_cut()
+            else:
+                plane.kubectl("delete", "pod", victim or before[0]["metadata"]["name"],
+                              "-n", namespace, "--wait=false")
+            state["fault"]["t"] = time.monotonic()
             state["next"] += 1
+        fault = state["fault"]
+        if fault is not None and now - fault["t"] > (420 if fault["what"] == "power cut"
+                                                     else 300):
+            pytest.fail(f"no recovery within {now - fault['t']:.0f} s of the {fault['what']} "
+                        f"fault ({fault}, {outage})\n{_debug(plane, ns)}")
         if state["next"] > 0:  # from the operator's restart on
             pods = _live_pods(plane, ns, name)
             want = {"rollout": spec["rollout"]["replicas"], "trainer": 2, "transferqueue": 1,
@@ -872,15 +926,39 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
             if any(len(pods.get(role, [])) > n for role, n in want.items()):
                 duplicates.append(pods)
 
-    _apply(plane, ns, job_file)
-    done = watch.until_succeeded(1800, on_poll)
-    stats = _tq_stats(plane, ns, name)
-    print(f"\nsucceeded {done:.0f}s after apply; per deleted pod (step shown at deletion, "
-          f"s to a Ready replacement, s to a new step after it): "
+    # a second node, simulated by kwok and kept Ready, that takes no pod (a NoSchedule
+    # taint): while every node of a cluster is NotReady, the node lifecycle controller
+    # takes that for its own disconnection and evicts nothing (its "master disruption
+    # mode"); a cluster with one node down of several evicts
+    standby = Kwok(plane).start()
+    try:
+        standby.add_nodes(1, "standby", taints=[{"key": "rljob.dev/standby",
+                                                 "effect": "NoSchedule"}])
+        _apply(plane, ns, job_file)
+        # the power cut's outage shows no step for its NotReady grace, toleration and
+        # restart
+        done = watch.until_succeeded(2100, on_poll, stall=420)
+        stats = _tq_stats(plane, ns, name)
+    finally:
+        standby.stop()
+    print(f"\nsucceeded {done:.0f}s after apply; per fault (step shown at the fault, "
+          f"s to a Ready replacement of each pod it took, s to a new step after it): "
           + ", ".join(f"{w} ({s}, {r:.1f}, {t:.1f})" for w, s, r, t in recoveries))
     assert [r[0] for r in recoveries] == [f[0] for f in faults], \
         f"not every fault was injected and recovered from: {recoveries}; steps seen (s, step): " \
         f"{[(round(t), s) for t, s, _ in watch.steps]}"
+    print(f"power cut: node NotReady after {outage['not_ready']:.0f} s, the job's pods "
+          f"evicted {outage['evicted_after_taint']:.0f} s after its unreachable taint "
+          f"(notReadyTolerationSeconds {NOT_READY_TOLERATION}), "
+          f"{outage['evicted']:.0f} s after the cut; "
+          f"the node Ready {outage['ready_after_power_on']:.0f} s after power came back")
+    # the job's pods went for its own toleration, not the cluster's 300 s ...
+    assert NOT_READY_TOLERATION - 2 <= outage["evicted_after_taint"] <= \
+        NOT_READY_TOLERATION + 30, outage
+    # ... while the operator's pod, with the default, was not evicted: the kubelet that
+    # came back restarted it in place
+    operator_now = pods_of(OPERATOR_NS, operator_pods)
+    assert [p["metadata"]["uid"] for p in operator_now] == [outage["operator"]], operator_now
     assert not duplicates, duplicates[:3]
     label, started, env = state["override"]
     assert (label, started.get("keepalive"), env) == ("rl", True, ["/scratch", "w"]), \
@@ -909,6 +987,17 @@ def test_the_job_survives_the_deletion_of_each_of_its_pods(operator_release, nam
     # the operator that came back converged on the same children
     pods = _live_pods(plane, ns, name)
     assert len(pods.get("transferqueue", [])) == 1 and len(pods.get("storage", [])) == 1, pods
+
+
+def _role(pod: dict) -> str:
+    return pod["metadata"]["labels"].get("rljob.dev/role", "")
+
+
+# the node's power, as a fault (`Node.power_cut`)
+POWER_CUT = object()
+# seconds the job's pods stay on a NotReady node (runPolicy.notReadyTolerationSeconds);
+# the node lifecycle controller taints it 50 s after its kubelet's last report
+NOT_READY_TOLERATION = 15
 
 
 # what a stranger tries on a running job: (name, role of the pod, port, kind); kind is
@@ -1155,9 +1244,24 @@ def _queued_job(name: str, steps: int, queue_name: str, priority: str, ttl: int 
     return doc
 
 
+def _crd_before(added: tuple[str, ...]) -> dict:
+    """The chart's CRD as the release before this one had it: without the field it
+    added (`added`: its path under spec) (pure but for reading the file)."""
+    crd = yaml.safe_load((CHART / "crds" / "rljob.yaml").read_text())
+    node = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for key in added[:-1]:
+        node = node["properties"][key]
+    del node["properties"][added[-1]]
+    return crd
+
+
+# the field this release's CRD adds (runPolicy.notReadyTolerationSeconds)
+ADDED_FIELD = ("runPolicy", "notReadyTolerationSeconds")
+
+
 @pytest.mark.timeout(1800)
 def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespace,
-                                                       node_cluster, tmp_path):
+                                                       node_cluster, images_on_node, tmp_path):
     """A real Kueue (tests/cluster/kueue.py) with a ClusterQueue whose CPU fits one job
     (each asks 500m: its TransferQueue, Redis and the trainer's preflight) and a
     flavor that names the node. `first` runs; `second` waits (Suspended: Queued,
@@ -1166,7 +1270,14 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
     WorkloadPriorityClass) preempts it: `second` is suspended (its trainer
     checkpoints), its quota given back, `urgent` runs and finishes, and `second` is
     admitted again and resumes from its checkpoint: every step trained once, every
-    row acked once."""
+    row acked once.
+    The jobs start under the release before's CRD (one field fewer); while `urgent`
+    runs and `second` waits, the upgrade the operator guide gives: the new CRD applied,
+    then `helm upgrade` to a new operator image. The new operator adopts both jobs:
+    no pod of either is deleted or created by it (urgent's until its last step,
+    second's TransferQueue and Redis throughout), both Workloads are the ones the old
+    operator made, urgent's status goes on showing steps, and second is admitted again
+    and resumed by it."""
     from tests.chaos.test_faults import expected_digests
     from tests.cluster import kueue
 
@@ -1175,6 +1286,8 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
     image = node_cluster.import_binary_image("kueue")
     took = kueue.install(plane, image)
     print(f"\nKueue installed and answering in {took:.0f}s")
+    plane.kubectl("apply", "-f", "-", input=json.dumps(_crd_before(ADDED_FIELD)))
+    upgrade: dict = {}
     try:
         kueue.priority_class(plane, "rljob-low", 10)
         kueue.priority_class(plane, "rljob-high", 1000)
@@ -1191,7 +1304,9 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
         first = _queued_job("first", 3, "team", "rljob-low")
         second = _queued_job("second", steps, "team", "rljob-low", ttl=600,
                              checkpointPvc="checkpoints", checkpointEvery=2)
-        urgent = _queued_job("urgent", 3, "team", "rljob-high")
+        # long enough to run on after the upgrade's new operator is Ready
+        urgent_steps = 24
+        urgent = _queued_job("urgent", urgent_steps, "team", "rljob-high")
         second_file = tmp_path / "second.yaml"
         second_file.write_text(yaml.safe_dump(second))
         _apply(plane, ns, first)
@@ -1213,7 +1328,9 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
 
         wait_first.until_succeeded(600)
         watch = Watch(plane, ns, "second")
+        urgent_watch = Watch(plane, ns, "urgent")
         state = {"urgent": None, "evicted": None, "pods": None, "tables": None}
+        changed: list = []
 
         def on_poll(job: dict) -> None:
             conds = {c["type"]: c for c in job.get("status", {}).get("conditions", [])}
@@ -1226,6 +1343,18 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
             if (state["urgent"] is not None and state["evicted"] is None
                     and conds.get("Suspended", {}).get("reason") == "Evicted"):
                 state["evicted"] = watch.step()
+            if state["evicted"] is None:
+                return
+            urgent_job = urgent_watch.poll()
+            if not upgrade and urgent_watch.step() >= 1:
+                upgrade.update(_upgrade_under(plane, ns, images_on_node, urgent_watch))
+            elif upgrade and _condition(urgent_job, "Succeeded") != "True":
+                now = _pod_uids(plane, ns, "urgent")
+                before = upgrade["pods"]
+                if set(now.values()) - set(before.values()) or (
+                        set(before.values()) - set(now.values())
+                        and urgent_watch.step() < urgent_steps):
+                    changed.append((urgent_watch.step(), now))
 
         done = watch.until_succeeded(1200, on_poll, stall=600)
         urgent_job = _rljob(plane, ns, "urgent")
@@ -1278,8 +1407,44 @@ def test_kueue_queues_admits_preempts_and_resumes_jobs(operator_release, namespa
         assert len(state["tables"] or {}) == 2, state["tables"]
         assert _uids(plane, ns, "second") == state["tables"]
         assert train.acked == n * steps, (train, stats.rows)
+        # the upgrade: the new operator adopted both jobs, their pods and Workloads
+        after = [s for t, s, _ in urgent_watch.steps if t > upgrade["ready_at"]]
+        print(f"operator upgraded to {upgrade['image']} at urgent's step "
+              f"{upgrade['step']}, Ready {upgrade['took']:.0f}s later; urgent's steps "
+              f"shown after: {after}")
+        assert not changed, (upgrade["pods"], changed[:3])
+        assert after and after[-1] == urgent_steps, urgent_watch.steps
+        assert {w["metadata"]["name"]: w["metadata"]["uid"] for w in plane.get(
+            f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]
+            if w["metadata"]["name"] in upgrade["workloads"]} == upgrade["workloads"]
+        assert sorted(w.split("-")[1] for w in upgrade["workloads"]) == ["second", "urgent"], \
+            upgrade["workloads"]
     finally:
+        plane.kubectl("apply", "-f", str(CHART / "crds"), check=False)
+        if upgrade:
+            _upgrade_operator(plane, images_on_node, back=True)
         kueue.uninstall(plane, image)
+
+
+def _upgrade_under(plane, ns: str, images_on_node, running: Watch) -> dict:
+    """The operator guide's upgrade while `running` trains: the chart's CRD applied
+    (`kubectl apply -f charts/rljob-operator/crds/`), then `helm upgrade` to a new
+    operator image, waited for; what it found (the running job's pods, the
+    namespace's Workloads by name) and when the new operator was Ready (seconds since
+    `running`'s watch began)."""
+    found = {"pods": _pod_uids(plane, ns, running.job), "step": running.step(),
+             "workloads": {w["metadata"]["name"]: w["metadata"]["uid"] for w in plane.get(
+                 f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads")["items"]
+                 if not _condition(w, "Finished") == "True"}}
+    t0 = time.monotonic()
+    plane.kubectl("apply", "-f", str(CHART / "crds"))
+    found["image"] = _upgrade_operator(plane, images_on_node)
+    out = plane.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deploy/{RELEASE}",
+                        "--timeout=120s", timeout=150, check=False)
+    assert out.returncode == 0, out.stderr
+    found["took"] = time.monotonic() - t0
+    found["ready_at"] = time.monotonic() - running.t0
+    return found
 
 
 def _node_free_cpu(plane, node: str) -> float:

@@ -412,3 +412,35 @@ def test_rollout_and_trainer_on_their_own_accelerators():
     assert job.spec.weight_transport == "grpc"  # no collective across kinds
     job.spec.rollout.accelerator = None
     assert job.spec.weight_transport == "collective"
+
+
+def test_every_pod_tolerates_a_lost_node_for_the_seconds_the_job_sets():
+    """runPolicy.notReadyTolerationSeconds: every pod of the job (trainer, rollout,
+    TransferQueue, Redis) tolerates the taints a NotReady or unreachable node gets for
+    that long, before a podTemplateOverride's tolerations; unset, no pod names them
+    (the API server's default, 300 s, applies)."""
+    def tolerations(job) -> dict[str, list[dict]]:
+        out = {}
+        for o in b.build_all(job, "pw"):
+            spec = o["spec"]["template"]["spec"] if o["kind"] in (
+                "Deployment", "StatefulSet") else o["spec"] if o["kind"] == "Pod" else None
+            if spec is not None:
+                out[o["metadata"]["name"]] = spec.get("tolerations", [])
+        return out
+
+    unset = tolerations(load("quickstart-cluster.yaml"))
+    assert set(unset) == {"quickstart-cluster-redis", "quickstart-cluster-tq",
+                          "quickstart-cluster-trainer-0", *(f"quickstart-cluster-rollout-{i}"
+                                                            for i in range(2))}
+    assert not any(unset.values()), unset
+    job = load("quickstart-cluster.yaml")
+    job.spec.run_policy.not_ready_toleration_seconds = 20
+    job.spec.pod_template_overrides = type(job.spec).model_validate(
+        {"model": {"path": "-"}, "dataset": {"path": "-"}, "podTemplateOverrides": [
+            {"roles": ["trainer"], "spec": {"tolerations": [
+                {"key": "dedicated", "operator": "Exists"}]}}]}).pod_template_overrides
+    lost = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 20} for k in ("not-ready", "unreachable")]
+    for name, tol in tolerations(job).items():
+        extra = [{"key": "dedicated", "operator": "Exists"}] if "trainer" in name else []
+        assert tol == lost + extra, (name, tol)

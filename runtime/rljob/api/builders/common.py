@@ -260,7 +260,26 @@ def _worker_resources(job: RLJob, role: str, count: int, compute) -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
+# the NoExecute taints a node gets when its kubelet stops reporting (NotReady) or
+# cannot be reached: the node lifecycle controller evicts the pods that do not
+# tolerate them, after tolerationSeconds for those that do (300 by the API server's
+# DefaultTolerationSeconds for a pod that names neither)
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_loss_tolerations(job: RLJob, pod_spec: dict) -> None:
+    """runPolicy.notReadyTolerationSeconds as the pod's tolerations of
+    `NODE_LOSS_TAINTS`, in place (none when unset: the cluster's default applies)."""
+    seconds = job.spec.run_policy.not_ready_toleration_seconds
+    if seconds is None:
+        return
+    pod_spec["tolerations"] = [*pod_spec.get("tolerations", []), *(
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+        for key in NODE_LOSS_TAINTS)]
+
+
 def _scheduling(job: RLJob, pod_spec: dict, role: str) -> None:
+    node_loss_tolerations(job, pod_spec)
     s = job.spec.scheduling
     if s.scheduler_name:
         pod_spec["schedulerName"] = s.scheduler_name

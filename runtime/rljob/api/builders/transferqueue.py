@@ -44,6 +44,7 @@ from .common import (
     _volumes,
     config_map_name,
     labels,
+    node_loss_tolerations,
     redis_name,
     redis_urls,
     secret_name,
@@ -184,6 +185,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
         }]
     if volumes:
         pod_spec["volumes"] = volumes
+    node_loss_tolerations(job, pod_spec)
     with_overrides(job, "storage", spec["template"]["metadata"], pod_spec, ("redis",))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(job, redis_name(name), "storage"), "spec": spec}
@@ -254,6 +256,7 @@ def build_tq_deployment(job: RLJob) -> dict:
         "securityContext": _non_root_pod(),
         "enableServiceLinks": False,
     }
+    node_loss_tolerations(job, pod_spec)
     with_overrides(job, "transferqueue", template_meta, pod_spec, ("transferqueue", "driver"))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",

@@ -117,6 +117,12 @@ class RunPolicySpec(ApiModel):
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the finished job's children after this many seconds."
     )
+    not_ready_toleration_seconds: int | None = Field(
+        None, ge=0, le=86400,
+        description="Seconds the job's pods stay on a node that is NotReady or unreachable "
+                    "before Kubernetes evicts them and the job replaces them (the "
+                    "tolerationSeconds of the node.kubernetes.io/not-ready and /unreachable "
+                    "NoExecute taints; unset: the cluster's default, 300).")
 
 
 class WandbSpec(ApiModel):
