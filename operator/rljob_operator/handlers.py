@@ -26,7 +26,7 @@ from rljob.api import GROUP, PLURAL, VERSION, RLJob, builders
 from rljob.contract import LIVE_PROFILE_SKIP, TLS_CA_ENV, operator_manages
 from rljob.infra import auth, tls
 
-from . import capacity, metrics, queue
+from . import capacity, metrics, queue, slices
 from .autoscaler import Memory, awaiting_live_profile, check_prediction, observe
 from .kube import Kube, NotInstalled
 from .reconcile import (iso, new_scale, now_utc, parse_time, plan, pod_view, role_of,
@@ -98,6 +98,13 @@ class JobState:
     wrote_workload: bool = True
     workload_seen: tuple = ()  # the Workload's admission state at its last event
     ca: str = ""  # with transferQueue.tls, the job's CA certificate (its Secret's)
+    # the job's generation after this operator's last change of its spec: a body older
+    # than that (a kopf event or timer behind it) is read again before it is acted on
+    generation: int = 0
+    # an elastic queued job asked Kueue for more rollout replicas than it holds
+    # (slices.py): the autoscaler holds until Kueue answers
+    scale_waiting: bool = False
+    rollouts_held: int | None = None  # ... and the count its quota holds while it runs
 
 
 class Operator:
@@ -141,11 +148,13 @@ class Operator:
 
     def _reconcile(self, body: kopf.Body, trigger: str, poll_stats: bool,
                    views: Views | None) -> None:
-        meta = body["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        job = to_job(body)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         state = self.state(ns, name)
         with state.lock:
+            body = self._current(body, state)
+            if body is None:  # gone
+                return
+            meta, job = body["metadata"], to_job(body)
             raw_status = {k: copy.deepcopy(v) for k, v in (body.get("status") or {}).items()
                           if k in STATUS_KEYS}
             generation = meta.get("generation")
@@ -187,7 +196,10 @@ class Operator:
                                         if k != "lastUpdatedTime"} != {
                             k: v for k, v in fresh.items() if k != "lastUpdatedTime"}:
                         progress = fresh
-                    if auto.enabled and not queued:  # under a queue: its admitted count
+                    # under a queue: the count admitted, or with elastic slices the
+                    # count Kueue answers for
+                    if auto.enabled and (not queued or (slices.elastic(meta)
+                                                        and not state.scale_waiting)):
                         first = state.steps[0] if state.steps else None
                         state.steps = (stats.step if first is None or stats.step < first
                                        else first, stats.step)
@@ -195,6 +207,8 @@ class Operator:
                         self._autoscale(body, job, state, raw_status, stats,
                                         self._trusted(job, state))
 
+            if queued and state.rollouts_held is not None:  # no more than its quota
+                job.spec.rollout.replicas = min(job.spec.rollout.replicas, state.rollouts_held)
             trusted = self._trusted(job, state) if auto.enabled else None
             p = plan(job, raw_status, pods, now_utc(), generation, busy,
                      None if trusted is None else (trusted[0] is not None, *trusted[1:3]),
@@ -247,17 +261,17 @@ class Operator:
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         qname = queue.queue_name(meta)
-        wl_name = queue.workload_name(name, uid)
+        elastic = slices.elastic(meta)
+        k = slices.index(meta) if elastic else 0
+        state.rollouts_held = None
+        wl_name = slices.slice_name(name, uid, k)
         try:
             wl = self._workload(ns, wl_name, state, views)
         except NotInstalled:
-            if "kueue" not in state.warned:
-                state.warned.add("kueue")
-                kopf.event(body, type="Warning", reason="QueueUnavailable",
-                           message=f"labelled {queue.QUEUE_LABEL}={qname}, but Kueue's "
-                                   "Workload API (kueue.x-k8s.io/v1beta2) is not served "
-                                   "here: install Kueue, or remove the label to run "
-                                   "without a queue")
+            self._warn_once(body, state, "kueue", "QueueUnavailable",
+                            f"labelled {queue.QUEUE_LABEL}={qname}, but Kueue's Workload API "
+                            "(kueue.x-k8s.io/v1beta2) is not served here: install Kueue, or "
+                            "remove the label to run without a queue")
             return job, not raw_status.get("startTime"), (
                 "QueueUnavailable", "Kueue's Workload API is not installed", [])
         previous = {c["type"]: c for c in raw_status.get("conditions") or []}
@@ -265,7 +279,17 @@ class Operator:
                       for kind in ("Succeeded", "Failed")
                       if previous.get(kind, {}).get("status") == "True"), None)
         active = any(role_of(p) in ("trainer", "rollout") for p in pods)
+        scaled = None
+        if elastic and wl is not None:  # its rollout count within its quota
+            wl, scaled = self._slices(body, job, wl, k, pods, ended, previous, state, views)
+            wl_name = wl["metadata"]["name"]
         step = queue.decide(wl, job.spec.suspend, active, ended)
+        if views is not None and step.action in ("start", "stop", "release"):
+            # the watch's view may lag behind what Kueue wrote (and what a reconcile
+            # read a moment ago): a job is started or stopped only on its Workload as
+            # the API has it now
+            wl = self.kube.get_custom(queue.GROUP, queue.VERSION, queue.PLURAL, wl_name, ns)
+            step = queue.decide(wl, job.spec.suspend, active, ended)
         annotation = (meta.get("annotations") or {}).get(queue.ADMISSION_ANNOTATION)
         if step.action == "create":
             missing = self._create_workload(body, job, state, qname)
@@ -278,7 +302,7 @@ class Operator:
         elif step.action == "stop":
             # the TransferQueue and storage units stay where they were admitted
             annotation = queue.kept_through_eviction(annotation)
-            self.kube.patch_job(ns, name, {
+            self._patch_job(ns, name, {
                 "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
                 "spec": {"suspend": True}})
             job.spec.suspend = True
@@ -292,16 +316,8 @@ class Operator:
                 kopf.event(body, type="Normal", reason="QuotaReleased",
                            message=f"the job's pods are gone: its quota is given back and "
                                    f"it waits in LocalQueue {qname} again")
-        written = True
-        if step.action == "finish":
-            state.wrote_workload = True
-            written = self._patch_workload_status(ns, wl, queue.finished_status(
-                wl, step.reason, step.message, iso(now_utc())))
-        if written and step.action in ("finish", "done") and wl is not None and (
-                step.action == "finish"
-                or queue.RESOURCE_IN_USE in (wl["metadata"].get("finalizers") or [])):
-            state.wrote_workload = True
-            self._drop_finalizer(ns, wl_name)
+        elif step.action in ("finish", "done") and wl is not None:
+            self._finish_workload(ns, wl, step, state)
         if job.spec.suspend and not raw_status.get("startTime"):
             why = ("Queued", f"waiting for admission in LocalQueue {qname}")
         elif job.spec.suspend:
@@ -310,7 +326,103 @@ class Operator:
             why = ("Admitted", "")
         return (queue.with_admission(job, annotation),
                 job.spec.suspend and not raw_status.get("startTime"),
-                (*why, queue.mirrored_conditions(wl)))
+                (*why, queue.mirrored_conditions(wl) + ([scaled] if scaled else [])))
+
+    def _finish_workload(self, ns: str, wl: dict, step: queue.Step, state: JobState) -> None:
+        """An ended job's Workload finished (`finish`) and freed of its finalizer."""
+        written = True
+        if step.action == "finish":
+            state.wrote_workload = True
+            written = self._patch_workload_status(ns, wl, queue.finished_status(
+                wl, step.reason, step.message, iso(now_utc())))
+        if written and (step.action == "finish"
+                        or queue.RESOURCE_IN_USE in (wl["metadata"].get("finalizers") or [])):
+            state.wrote_workload = True
+            self._drop_finalizer(ns, wl["metadata"]["name"])
+
+    def _current(self, body, state: JobState):
+        """The job to act on: `body`, or where it is older than this operator's own
+        last change of the job's spec (a kopf event or timer behind it: acted on, it
+        would undo that change, e.g. delete the pods of a job it just resumed), the job
+        as the API has it now; None where it is gone."""
+        meta = body["metadata"]
+        if (meta.get("generation") or 0) >= state.generation:
+            return body
+        return self.kube.get_custom(GROUP, VERSION, PLURAL, meta["name"], meta["namespace"])
+
+    def _patch_job(self, ns: str, name: str, patch: dict) -> None:
+        generation = self.kube.patch_job(ns, name, patch) or 0
+        state = self.state(ns, name)
+        state.generation = max(state.generation, generation)
+
+    @staticmethod
+    def _warn_once(body, state: JobState, key: str, reason: str, message: str) -> None:
+        if key not in state.warned:
+            state.warned.add(key)
+            kopf.event(body, type="Warning", reason=reason, message=message)
+
+    def _slices(self, body, job: RLJob, wl: dict, k: int, pods: list[dict], ended,
+                previous: dict, state: JobState, views: Views | None) -> tuple[dict, dict]:
+        """An elastic queued job's rollout count within its quota (`slices.decide`),
+        applied: a slice asked for, adopted once Kueue reserved its quota, withdrawn,
+        or the admitted count lowered in place. The job runs (its `spec.rollout.replicas`
+        here) at the count its quota holds. Returns its current Workload and its
+        ScaleAdmitted condition."""
+        meta = body["metadata"]
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        kind = (queue.GROUP, queue.VERSION, queue.PLURAL)
+        desired, current = job.spec.rollout.replicas, wl["metadata"]["name"]
+        running = (ended is None and not job.spec.suspend and queue.is_true(wl, "Admitted")
+                   and not queue.is_true(wl, "Evicted"))
+        pending_name = slices.slice_name(name, uid, k + 1)
+        pending = (views.workload(ns, pending_name) if views is not None
+                   else self.kube.get_custom(*kind, pending_name, ns))
+        scale = slices.decide(wl, pending, desired, sum(role_of(p) == "rollout" for p in pods),
+                              running)
+        if scale.action != "wait" and scale.action != "none":
+            state.wrote_workload = True
+        if scale.action == "withdraw":
+            self._drop_finalizer(ns, pending_name)
+            self.kube.delete_custom(*kind, ns, pending_name)
+            pending = None
+            kopf.event(body, type="Normal", reason="ScaleWithdrawn",
+                       message=f"Workload {pending_name} withdrawn: the job asks for "
+                               f"{desired} rollout replicas" if running else
+                       f"Workload {pending_name} withdrawn: the job no longer runs")
+        elif scale.action in ("resize", "shrink"):
+            try:
+                self.kube.patch_custom(*kind, ns, current, slices.with_rollouts(wl, desired))
+            except ApiException as exc:
+                if exc.status not in (400, 403, 422):
+                    raise
+                kopf.event(body, type="Warning", reason="ScaleRefused",
+                           message=f"Kueue refused the rollout count {desired} on Workload "
+                                   f"{current} (is Kueue's ElasticJobsViaWorkloadSlices "
+                                   f"feature gate on?): {str(exc.body)[:300]}")
+            else:
+                if scale.action == "shrink":
+                    kopf.event(body, type="Normal", reason="QuotaReturned",
+                               message=f"rollout replicas {slices.rollout_count(wl)} → "
+                                       f"{desired}: their quota given back (Workload {current})")
+        elif scale.action == "ask":
+            if self.kube.create_custom(*kind, slices.build_slice(wl, k + 1, name, uid, desired)):
+                kopf.event(body, type="Normal", reason="ScaleQueued",
+                           message=f"asked Kueue for {desired} rollout replicas (Workload "
+                                   f"{pending_name}, replacing {current})")
+        elif scale.action == "adopt":
+            self._patch_job(ns, name, {"metadata": {"annotations": {
+                slices.SLICE_ANNOTATION: str(k + 1)}}})
+            self._drop_finalizer(ns, current)
+            kopf.event(body, type="Normal", reason="ScaleAdmitted",
+                       message=f"Kueue admitted {scale.count} rollout replicas (Workload "
+                               f"{pending_name} replaces {current})")
+            wl = pending
+        if running:  # the pods run at the count its quota holds
+            job.spec.rollout.replicas = min(desired, scale.count)
+            state.rollouts_held = scale.count
+        state.scale_waiting = running and scale.action in ("ask", "wait") and desired > scale.count
+        return wl, slices.condition(scale, desired, pending_name if scale.action in (
+            "ask", "wait") else None, iso(now_utc()), previous.get("ScaleAdmitted"))
 
     def _workload(self, ns: str, wl_name: str, state: JobState,
                   views: Views | None) -> dict | None:
@@ -331,7 +443,7 @@ class Operator:
             flavors[f] = self.kube.get_custom(queue.GROUP, queue.VERSION,
                                               "resourceflavors", f) or {}
         annotation = json.dumps(queue.admission(wl, flavors), sort_keys=True)
-        self.kube.patch_job(ns, name, {
+        self._patch_job(ns, name, {
             "metadata": {"annotations": {queue.ADMISSION_ANNOTATION: annotation}},
             "spec": {"suspend": False}})
         job.spec.suspend = False
@@ -348,7 +460,7 @@ class Operator:
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         if not job.spec.suspend:
-            self.kube.patch_job(ns, name, {"spec": {"suspend": True}})
+            self._patch_job(ns, name, {"spec": {"suspend": True}})
             job.spec.suspend = True
         priority = None
         pc = (meta.get("labels") or {}).get(queue.PRIORITY_LABEL)
@@ -618,6 +730,8 @@ class Operator:
         # sees that the autoscaler made it (not a kubectl scale)
         self.kube.patch_status(ns, name, {"lastScale": raw_status["lastScale"]})
         self.kube.scale(ns, name, action.replicas_to)
+        state.generation = max(state.generation,
+                               (body["metadata"].get("generation") or 0) + 1)
         metrics.SCALES.labels(direction).inc()
         job.spec.rollout.replicas = action.replicas_to
         kopf.event(body, type="Normal", reason=f"ScaledRollout{direction.capitalize()}",

@@ -296,6 +296,15 @@ class Kube:
             self.custom.patch_namespaced_custom_object(group, version, namespace, plural,
                                                        name, body)
 
+    def delete_custom(self, group: str, version: str, plural: str, namespace: str,
+                      name: str) -> None:
+        """Delete a namespaced custom object, gone or not."""
+        try:
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def list_custom(self, group: str, version: str, plural: str, namespace: str,
                     label_selector: str) -> list[dict]:
         try:
@@ -306,10 +315,11 @@ class Kube:
                 return []
             raise
 
-    def patch_job(self, namespace: str, name: str, body: dict) -> None:
-        """A merge patch of an RLJob (its spec or metadata)."""
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                   body)
+    def patch_job(self, namespace: str, name: str, body: dict) -> int:
+        """A merge patch of an RLJob (its spec or metadata); returns its generation."""
+        out = self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                         name, body)
+        return int(((out or {}).get("metadata") or {}).get("generation") or 0)
 
 
 class NotInstalled(Exception):

@@ -295,8 +295,7 @@ def start(nodes: int, interval: float, workdir: Path) -> tuple[ControlPlane, Ope
         wait_for(lambda: kwok.ready_nodes() == nodes, 300, 1, f"{nodes} kwok nodes Ready")
         kueue.run_on_host(plane, host_ip())
         plane.kubectl("apply", "-f", str(REPO / "crds"))
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/rljobs.rljob.dev")
+        plane.wait_established("rljobs.rljob.dev")
         # the chart's RBAC and ServiceAccount; its Deployment at no replica (the
         # operator runs here, as that ServiceAccount, for its figures)
         helm(plane, "install", RELEASE, str(CHART), "-n", OPERATOR_NS, "--create-namespace",

@@ -33,17 +33,8 @@ def crd_installed(cluster):
     from tests.cluster.controlplane import REPO
 
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    # `kubectl wait` fails at once while the CRD has no conditions yet: poll until
-    # Established
-    deadline = time.monotonic() + 60
-    while True:
-        out = cluster.kubectl("get", "crd/rljobs.rljob.dev", "-o",
-                              'jsonpath={.status.conditions[?(@.type=="Established")].status}',
-                              check=False)
-        if out.stdout.strip() == "True":
-            return cluster
-        assert time.monotonic() < deadline, f"the RLJob CRD is not Established: {out}"
-        time.sleep(0.2)
+    cluster.wait_established("rljobs.rljob.dev")
+    return cluster
 
 
 @pytest.fixture(scope="session")

@@ -211,6 +211,19 @@ class ControlPlane:
             return json.loads(body)
         return {}
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until the CustomResourceDefinition `crd` is Established (`kubectl wait` fails
+        at once while it has no conditions yet)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.kubectl("get", f"crd/{crd}", "-o",
+                               'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                               check=False)
+            if out.stdout.strip() == "True":
+                return
+            assert time.monotonic() < deadline, f"the CRD {crd} is not Established: {out}"
+            time.sleep(0.2)
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 60) -> subprocess.CompletedProcess:
         proc = subprocess.run(

@@ -11,7 +11,9 @@ What differs from the release manifests, and why:
     `externalFrameworks` RLJob.v1alpha1.rljob.dev (the kind whose Workloads the
     RLJob operator creates), VisibilityOnDemand off (its APIService would need the
     aggregation layer's proxy client certificates; kubectl's discovery fails while an
-    APIService is unavailable), leader election off (one replica);
+    APIService is unavailable), ElasticJobsViaWorkloadSlices on (alpha at v0.17,
+    off by default: the elastic RLJobs' rollout counts, operator/rljob_operator/
+    slices.py), leader election off (one replica);
   - the visibility APIServices are left out for the same reason.
 `uninstall` removes it all again: Kueue's webhooks answer for every pod and
 Deployment of the cluster while they are registered.
@@ -55,7 +57,8 @@ def render(plane: ControlPlane, image: str) -> list[dict]:
             config["integrations"] = {"frameworks": ["batch/job"],
                                       "externalFrameworks": [RLJOB_FRAMEWORK]}
             config["featureGates"] = {**config.get("featureGates", {}),
-                                      "VisibilityOnDemand": False}
+                                      "VisibilityOnDemand": False,
+                                      "ElasticJobsViaWorkloadSlices": True}
             config["leaderElection"] = {"leaderElect": False}
             d["data"]["controller_manager_config.yaml"] = yaml.safe_dump(config)
         kept.append(d)
@@ -174,10 +177,11 @@ def uninstall(plane: ControlPlane, image: str) -> None:
 
 
 def queues(plane: ControlPlane, namespace: str, cluster_queue: str, local_queue: str,
-           cpu: str, node_labels: dict[str, str], preemption: bool = True) -> None:
-    """A ResourceFlavor with `node_labels`, a ClusterQueue with `cpu` of it (memory
-    plenty: every resource the pods request must be covered) and a LocalQueue of it
-    in `namespace`; with `preemption`, a higher priority preempts a lower one in the
+           cpu: str, node_labels: dict[str, str], preemption: bool = True,
+           memory: str = "64Gi") -> None:
+    """A ResourceFlavor with `node_labels`, a ClusterQueue with `cpu` and `memory` of
+    it (every resource the pods request must be covered) and a LocalQueue of it in
+    `namespace`; with `preemption`, a higher priority preempts a lower one in the
     ClusterQueue."""
     flavor = f"{cluster_queue}-flavor"
     objs = [
@@ -192,7 +196,7 @@ def queues(plane: ControlPlane, namespace: str, cluster_queue: str, local_queue:
                       "coveredResources": ["cpu", "memory"],
                       "flavors": [{"name": flavor, "resources": [
                           {"name": "cpu", "nominalQuota": cpu},
-                          {"name": "memory", "nominalQuota": "64Gi"}]}]}]}},
+                          {"name": "memory", "nominalQuota": memory}]}]}]}},
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
          "metadata": {"name": local_queue, "namespace": namespace},
          "spec": {"clusterQueue": cluster_queue}},

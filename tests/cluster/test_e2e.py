@@ -1447,6 +1447,119 @@ def _upgrade_under(plane, ns: str, images_on_node, running: Watch) -> dict:
     return found
 
 
+@pytest.mark.timeout(900)
+def test_an_elastic_job_scales_out_and_in_through_kueue(operator_release, namespace,
+                                                       node_cluster):
+    """A queued job that opts in to Kueue's elastic workloads
+    (`kueue.x-k8s.io/elastic-job: "true"`; the ElasticJobsViaWorkloadSlices gate on in
+    the test's Kueue) under a ClusterQueue whose memory holds the job with three
+    rollout replicas of 1500Mi, not four. Running at two, `kubectl scale` (the path
+    the autoscaler writes too) to three: the operator asks Kueue for a slice of the
+    Workload with three, Kueue charges the difference, finishes the slice it replaces,
+    and the job adopts it and adds the replica. To four: the slice does not fit; the
+    job says it waits (ScaleAdmitted False, WaitingForQuota) and runs on at three. To
+    two: the waiting slice is withdrawn, a replica goes, and the admitted Workload's
+    rollout count is lowered in place: the ClusterQueue's reservation drops by one
+    replica's memory. The job trains throughout."""
+    from rljob.api.builders import quantity
+    from tests.cluster import kueue
+
+    plane = operator_release
+    ns, _ = namespace
+    image = node_cluster.import_binary_image("kueue")
+    kueue.install(plane, image)
+    replica = 1500 * 2**20
+    try:
+        kueue.priority_class(plane, "rljob-low", 10)
+        cq = f"cq-el-{ns}"[:63]
+        # the job asks 1Gi besides its rollouts (TransferQueue and driver, Redis, the
+        # trainer's preflight: 256Mi each): 1Gi + 3 x 1500Mi fit 5600Mi, 4 do not
+        kueue.queues(plane, ns, cq, "team", cpu="16", memory="5600Mi",
+                     node_labels={"kubernetes.io/hostname": node_cluster.name})
+        doc = _queued_job("elastic", 1000, "team", "rljob-low")
+        doc["metadata"]["annotations"] = {"kueue.x-k8s.io/elastic-job": "true"}
+        doc["spec"]["rollout"]["resources"] = {"memory": "1500Mi"}
+        _apply(plane, ns, doc)
+        watch = Watch(plane, ns, "elastic")
+        wls = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
+
+        def reserved() -> float:
+            status = plane.get(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{cq}").get(
+                "status", {})
+            return sum(quantity(r["total"]) for f in status.get("flavorsReservation") or []
+                       for r in f.get("resources") or [] if r["name"] == "memory")
+
+        def rollouts() -> int:
+            return sum(1 for p in _pods(plane, ns, "rljob.dev/name=elastic,rljob.dev/role=rollout")
+                       if _pod_ready(p) and not p["metadata"].get("deletionTimestamp"))
+
+        def scale_condition(job: dict) -> dict:
+            return next((c for c in job.get("status", {}).get("conditions", [])
+                         if c["type"] == "ScaleAdmitted"), {})
+
+        def until(what: str, check, timeout: float = 240) -> float:
+            t0 = time.monotonic()
+            while True:
+                job = watch.poll()
+                if check(job):
+                    return time.monotonic() - t0
+                assert time.monotonic() - t0 < timeout, (
+                    f"{what}: not within {timeout:.0f} s; {scale_condition(job)}\n"
+                    f"{json.dumps([(w['metadata']['name'], w['spec']['podSets'][-1]['count'], w.get('status', {}).get('conditions')) for w in plane.get(wls)['items']], indent=1)}"
+                    f"\n{kueue.debug(plane)}\n{_debug(plane, ns)}")
+                time.sleep(1)
+
+        until("running at two replicas", lambda j: watch.step() >= 2 and rollouts() == 2)
+        base = reserved()
+        scale = lambda n: plane.kubectl("scale", "rljob", "elastic", "-n", ns,  # noqa: E731
+                                        f"--replicas={n}")
+        scale(3)
+        took = until("three replicas admitted and Ready", lambda j: rollouts() == 3 and (
+            j["metadata"].get("annotations", {}).get("rljob.dev/workload-slice") == "1"))
+        by_name = {w["metadata"]["name"]: w for w in plane.get(wls)["items"]}
+        [first] = [w for n, w in by_name.items() if not n.endswith("-s1")]
+        [slice1] = [w for n, w in by_name.items() if n.endswith("-s1")]
+        replaced = next(c for c in first["status"]["conditions"] if c["type"] == "Finished")
+        assert (replaced["status"], replaced["reason"]) == ("True", "WorkloadSliceReplaced"), \
+            replaced
+        assert _condition(slice1, "Admitted") == "True", slice1.get("status")
+        assert reserved() - base == replica, (base, reserved())
+        out_step = watch.step()
+
+        scale(4)
+        until("the fourth replica waiting for quota", lambda j: scale_condition(j).get(
+            "reason") == "WaitingForQuota")
+        time.sleep(10)  # Kueue has had its chance: the slice does not fit
+        job = watch.poll()
+        [waiting] = [w for w in plane.get(wls)["items"] if w["metadata"]["name"].endswith("-s2")]
+        assert _condition(waiting, "QuotaReserved") != "True", waiting.get("status")
+        assert rollouts() == 3 and job["spec"]["rollout"]["replicas"] == 4
+        assert job["status"]["rollout"]["replicas"] == 3, job["status"]["rollout"]
+        assert reserved() - base == replica
+        message = scale_condition(job)["message"]
+        assert "4 rollout replicas asked" in message and "3 run" in message, message
+
+        scale(2)
+        took_in = until("back at two, the quota given back", lambda j: rollouts() == 2 and (
+            reserved() == base) and not any(w["metadata"]["name"].endswith("-s2")
+                                            for w in plane.get(wls)["items"]))
+        [slice1] = [w for w in plane.get(wls)["items"] if w["metadata"]["name"].endswith("-s1")]
+        assert slice1["spec"]["podSets"][-1]["count"] == 2, slice1["spec"]["podSets"]
+        assert _condition(slice1, "Admitted") == "True"
+        until("a step after scaling in", lambda j: watch.step() > out_step + 2, 300)
+        events = plane.kubectl("get", "events", "-n", ns, "--field-selector",
+                               "involvedObject.name=elastic").stdout
+        for reason in ("ScaleQueued", "ScaleAdmitted", "ScaleWithdrawn", "QuotaReturned"):
+            assert reason in events, events
+        print(f"\nelastic under Kueue: 2 → 3 replicas admitted and Ready in {took:.0f}s "
+              f"(reservation +{replica / 2**20:.0f}Mi), 4 waited for quota at 3, 2 in "
+              f"{took_in:.0f}s (reservation back to {base / 2**20:.0f}Mi); steps "
+              f"{[s for _, s, _ in watch.steps][:3]}...{watch.step()}")
+    finally:
+        plane.kubectl("delete", "rljob", "elastic", "-n", ns, "--wait=false", check=False)
+        kueue.uninstall(plane, image)
+
+
 def _node_free_cpu(plane, node: str) -> float:
     """The node's allocatable CPU less the requests of the pods bound to it that have
     not ended (the scheduler's arithmetic; operator/rljob_operator/capacity.py)."""

@@ -43,8 +43,7 @@ def test_standby_replica_takes_over_through_the_peering_object(crd_installed, tm
              "--set", "replicaCount=2")
         replicas: list[OperatorProcess] = []
         try:
-            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                            "crd/kopfpeerings.kopf.dev")
+            cluster.wait_established("kopfpeerings.kopf.dev")
             kubeconfig = service_account_kubeconfig(cluster, tmp_path / "kubeconfig", ops, ACCOUNT)
             for priority in (2, 1):  # the first is the active one
                 replicas.append(OperatorProcess(

@@ -121,3 +121,38 @@ def test_the_watches_ask_the_api_server_for_the_jobs_own_pods_and_workloads():
     assert selectors.collect(pods) == ["rljob.dev/name"]
     assert selectors.collect(workloads) == ["kueue.x-k8s.io/job-uid"]
     assert selectors.collect(rljobs) == []
+
+
+def test_a_body_behind_the_operators_own_change_is_read_again():
+    """A kopf event or timer may carry the job as it was before the operator's own
+    last change of its spec (a resume: spec.suspend false): acted on, it would delete
+    the pods just created. The operator reads such a body again; a body as new as its
+    own change is acted on as it is."""
+    from rljob_operator.handlers import Operator
+
+    class Kube:
+        def __init__(self):
+            self.job = {"metadata": {"name": "j", "namespace": "ns", "generation": 3},
+                        "spec": {"suspend": False}}
+            self.reads = 0
+
+        def patch_job(self, ns, name, patch):
+            self.job["spec"].update(patch.get("spec", {}))
+            self.job["metadata"]["generation"] += 1
+            return self.job["metadata"]["generation"]
+
+        def get_custom(self, group, version, plural, name, namespace=None):
+            self.reads += 1
+            return self.job
+
+    kube = Kube()
+    op = Operator(kube=kube)
+    state = op.state("ns", "j")
+    stale = {"metadata": {"name": "j", "namespace": "ns", "generation": 3},
+             "spec": {"suspend": True}}
+    assert op._current(stale, state) is stale and kube.reads == 0  # nothing written yet
+    op._patch_job("ns", "j", {"spec": {"suspend": False}})
+    assert state.generation == 4
+    assert op._current(stale, state) is kube.job and kube.reads == 1
+    fresh = {"metadata": {"name": "j", "namespace": "ns", "generation": 4}, "spec": {}}
+    assert op._current(fresh, state) is fresh and kube.reads == 1
