@@ -362,12 +362,12 @@ class Operator:
             kopf.event(body, type="Warning", reason=reason, message=message)
 
     def _slices(self, body, job: RLJob, wl: dict, k: int, pods: list[dict], ended,
-                previous: dict, state: JobState, views: Views | None) -> tuple[dict, dict]:
+                previous: dict, state: JobState, views: Views | None) -> tuple[dict, dict | None]:
         """An elastic queued job's rollout count within its quota (`slices.decide`),
         applied: a slice asked for, adopted once Kueue reserved its quota, withdrawn,
         or the admitted count lowered in place. The job runs (its `spec.rollout.replicas`
-        here) at the count its quota holds. Returns its current Workload and its
-        ScaleAdmitted condition."""
+        here) at the count its quota holds. Returns its current Workload and, while it
+        runs, its ScaleAdmitted condition."""
         meta = body["metadata"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         kind = (queue.GROUP, queue.VERSION, queue.PLURAL)
@@ -421,6 +421,8 @@ class Operator:
             job.spec.rollout.replicas = min(desired, scale.count)
             state.rollouts_held = scale.count
         state.scale_waiting = running and scale.action in ("ask", "wait") and desired > scale.count
+        if not running:  # queued, evicted or ended: no count of its own to report
+            return wl, None
         return wl, slices.condition(scale, desired, pending_name if scale.action in (
             "ask", "wait") else None, iso(now_utc()), previous.get("ScaleAdmitted"))
 

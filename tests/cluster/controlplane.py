@@ -52,6 +52,17 @@ def gotools_bin() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM, and SIGKILL after `timeout` seconds; waits for it either way."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def log_tail(path: Path, lines: int) -> str:
     """The last `lines` lines of a process's log ("" before it writes one)."""
     if not path.exists():

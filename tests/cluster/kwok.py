@@ -12,9 +12,8 @@ their work, the nodes none.
 from __future__ import annotations
 
 import json
-import subprocess
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, stop_process
 
 ANNOTATION = "kwok.x-k8s.io/node"
 NPU = "huawei.com/Ascend910"
@@ -71,12 +70,7 @@ class Kwok:
             self.plane.kubectl("delete", "nodes", *self.nodes, "--wait=false", check=False)
             self.nodes = []
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_process(self.proc)
             self.plane.procs.remove(self.proc)
             self.proc = None
 

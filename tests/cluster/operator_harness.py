@@ -19,7 +19,7 @@ import grpc
 
 from rljob.transferqueue.proto import transferqueue_pb2 as pb
 from rljob.transferqueue.proto import transferqueue_pb2_grpc as pbg
-from tests.cluster.controlplane import REPO, ControlPlane, free_port
+from tests.cluster.controlplane import REPO, ControlPlane, free_port, stop_process
 
 RELEASE = "rljob-operator"
 OPERATOR_NS = "rljob-system"
@@ -125,13 +125,8 @@ class OperatorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout=20)
         self.proc = None
 
 
