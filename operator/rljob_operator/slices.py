@@ -28,7 +28,6 @@ applies them (`Operator._slices`).
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass
 
 from .queue import RESOURCE_IN_USE, is_true, workload_name
@@ -56,7 +55,7 @@ def slice_name(job: str, uid: str, k: int) -> str:
     characters (Kueue puts Workload names in label values)."""
     if k == 0:
         return workload_name(job, uid)
-    return f"rljob-{job[:44]}-{hashlib.sha256(uid.encode()).hexdigest()[:5]}-s{k}"
+    return f"{workload_name(job[:44], uid)}-s{k}"
 
 
 def rollout_count(wl: dict) -> int:
@@ -70,10 +69,7 @@ def build_slice(current: dict, k: int, job: str, uid: str, replicas: int) -> dic
     pod sets in the same order (Kueue pairs them by position), its queue, priority,
     labels, owner and finalizer."""
     meta = current["metadata"]
-    spec = copy.deepcopy(current["spec"])
-    for ps in spec["podSets"]:
-        if ps["name"] == ROLLOUT:
-            ps["count"] = replicas
+    spec = {**copy.deepcopy(current["spec"]), **with_rollouts(current, replicas)["spec"]}
     return {
         "apiVersion": current["apiVersion"], "kind": "Workload",
         "metadata": {
