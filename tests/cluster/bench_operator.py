@@ -150,11 +150,16 @@ class Watch:
     def poll(self, plane: ControlPlane, op: OperatorProcess) -> None:
         now = time.time()
         pods = Counter()
-        for p in plane.get("/api/v1/pods").get("items", []):
+        # the jobs' pods' metadata, from the API server's cache (resourceVersion 0):
+        # the bench's poll must not load the control plane it measures, as a quorum
+        # read of every whole pod of the cluster each second does
+        for p in plane.get("/api/v1/pods", metadata_only=True, labelSelector=LABEL_NAME,
+                           resourceVersion="0").get("items", []):
             job = (p["metadata"].get("labels") or {}).get(LABEL_NAME)
             if job and not p["metadata"].get("deletionTimestamp"):
                 pods[f"{p['metadata']['namespace']}/{job}"] += 1
-        wls = plane.get("/apis/kueue.x-k8s.io/v1beta2/workloads").get("items", [])
+        wls = plane.get("/apis/kueue.x-k8s.io/v1beta2/workloads",
+                        resourceVersion="0").get("items", [])
         self.now_admitted, self.now_pods = set(), pods
         for wl in wls:
             owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name")
@@ -215,11 +220,14 @@ def quantile(text: str, name: str, q: float, where: str = "", since: str = "") -
     return lower
 
 
-def audit_counts(path: Path, since: float, until: float) -> tuple[Counter, Counter]:
-    """The operator's requests between two wall-clock times, by (verb, resource), and
-    its pod creations (201s) by namespace/pod name, over the whole log."""
+def audit_counts(path: Path, since: float, until: float
+                 ) -> tuple[Counter, Counter, dict[tuple[str, str], list[float]]]:
+    """The operator's requests between two wall-clock times, by (verb, resource); its
+    pod creations (201s) by namespace/pod name, and each request's seconds in the API
+    server (received to answered) by (verb, resource), over the whole log."""
     by_kind: Counter = Counter()
     creates: Counter = Counter()
+    latency: dict[tuple[str, str], list[float]] = {}
     for line in path.read_text().splitlines():
         e = json.loads(line)
         ref = e.get("objectRef") or {}
@@ -229,9 +237,30 @@ def audit_counts(path: Path, since: float, until: float) -> tuple[Counter, Count
                 and (e.get("responseStatus") or {}).get("code") == 201):
             creates[f"{ref.get('namespace')}/{ref.get('name')}"] += 1
         t = _epoch(e["stageTimestamp"])
+        if e["verb"] != "watch":  # a watch is answered for as long as it lasts
+            latency.setdefault((e["verb"], resource), []).append(
+                t - _epoch(e["requestReceivedTimestamp"]))
         if since <= t <= until:
             by_kind[(e["verb"], resource)] += 1
-    return by_kind, creates
+    return by_kind, creates, latency
+
+
+def cpu_of(plane: ControlPlane, op: OperatorProcess) -> Counter:
+    """CPU seconds so far of each process of the cluster (by program), the operator's
+    and the bench's own (with its kubectl children)."""
+    import resource
+
+    out: Counter = Counter()
+    for proc in [*plane.procs, op.proc]:
+        name = "operator" if proc is op.proc else Path(proc.args[0]).name
+        try:
+            out[name] += proc_figures(proc.pid)[0]
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # kubectl's, and ended ones'
+    out["bench"] = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return out
 
 
 def _epoch(stamp: str) -> float:
@@ -264,6 +293,10 @@ class Result:
     objects: float  # apiserver_storage_objects, summed
     seconds: float  # the whole run
     finished: list[str] = field(default_factory=list)
+    # the operator's requests' seconds in the API server, by (verb, resource)
+    latency: dict = field(default_factory=dict)
+    # from the first apply to the end: (seconds, CPU seconds by process)
+    cpu: tuple[float, Counter] = field(default_factory=lambda: (0.0, Counter()))
     preempting: list[str] = field(default_factory=list)
     admitted_after_finish: int = 0  # jobs first admitted after others finished
     final_admitted: set[str] = field(default_factory=set)
@@ -364,6 +397,7 @@ def run(nodes: int, jobs: int, steady: float = 120, interval: float = 5.0,
         plane.kubectl("apply", "-f", "-", input="\n---\n".join(
             json.dumps(o) for o in queue_objects(max(8, int(0.3 * demand)))))
         watch = Watch()
+        cpu_start, t_apply = cpu_of(plane, op), time.monotonic()
         apply(plane, low, watch)
         settle(plane, op, watch, 600)
         # steady: every admitted job running, nothing changing
@@ -389,7 +423,9 @@ def run(nodes: int, jobs: int, steady: float = 120, interval: float = 5.0,
         finish(plane, done)
         settle(plane, op, watch, 600)
         cpu2, peak = proc_figures(op.proc.pid)
-        requests, creates = audit_counts(workdir / "audit.log", since, until)
+        requests, creates, latency = audit_counts(workdir / "audit.log", since, until)
+        cpu = cpu_of(plane, op)
+        cpu.subtract(cpu_start)
         objects = metric(plane_metrics(plane), "apiserver_storage_objects")
         return Result(nodes, jobs, watch, (until - since, running), requests, creates,
                       op.metrics(), (metrics0, metrics1), cpu1 - cpu0, cpu2, peak, objects, time.monotonic() - t0,
@@ -398,7 +434,8 @@ def run(nodes: int, jobs: int, steady: float = 120, interval: float = 5.0,
                           for d in high],
                       admitted_after_finish=len(watch.now_admitted - before),
                       final_admitted=watch.now_admitted - set(done),
-                      final_pods=watch.now_pods)
+                      final_pods=watch.now_pods, latency=latency,
+                      cpu=(time.monotonic() - t_apply, cpu))
     finally:
         op.stop()
         plane.stop()
@@ -472,6 +509,16 @@ def report(r: Result) -> None:
     print(f"operator CPU: {r.steady_cpu / window * 100:.1f} % of a core steady, "
           f"{r.cpu_seconds:.0f} s over the run; peak RSS {r.peak_rss / 2**20:.0f} MiB")
     print(f"etcd objects (apiserver_storage_objects): {r.objects:.0f}")
+    print("the operator's requests' time in the API server over the run (p50 / p99 ms, "
+          "count):")
+    for key, values in sorted(r.latency.items(), key=lambda kv: -len(kv[1]))[:8]:
+        print(f"  {key[0]:>6} {key[1]:<32} {ms(values, 0.5):>6} / {ms(values, 0.99):>6} "
+              f"({len(values)})")
+    seconds, cpu = r.cpu
+    print(f"CPU from the first apply to the end ({seconds:.0f} s, "
+          f"{os.cpu_count()} cores), cores used on average by each process: "
+          + ", ".join(f"{name} {s / max(seconds, 1e-9):.2f}"
+                      for name, s in cpu.most_common()))
 
 
 def main() -> None:

@@ -228,3 +228,66 @@ def test_weights_of_a_new_trainer_life_start_the_batch_again():
     assert [g.versions for g in group] == [[(0, 2, 9)]] * 4
     assert [(g.response_ids, g.logprobs) for g in group] == \
         [(g.response_ids, g.logprobs) for g in expected]
+
+
+def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_next_turn_is_new():
+    """weightUpdate interrupt, episodes on the hf engine (recompute and keep): an update
+    that comes while every episode waits for its slow tool loads at once (nothing
+    generates, so it waits for no tool), and each episode goes on under the new
+    weights. Its first turn and the observation after it carry the old version, its
+    next turn the new one: each model token has its own weights' log-prob on the whole
+    episode (the trainer's definition)."""
+    from collections import Counter
+
+    from rljob.environments import Environment, Reply
+    from rljob.rollout.episodes import run_episodes
+
+    tok, model, old, new, prompt, params, dist, whole = _two_versions()
+    # the character the old weights spell most: the stop text, so first turns end at it
+    stop = Counter(c for g in whole for c in tok.decode(g.response_ids)
+                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+    obs = tok.encode("[ok]", add_special_tokens=False)
+    for keep in (False, True):
+        entered, release = threading.Event(), threading.Event()
+
+        class SlowTool(Environment):
+            def step(self, turn):
+                entered.set()
+                assert release.wait(120), "never released"
+                return Reply("[ok]", done=False)
+
+        SlowTool.stop = stop
+        engine = HFEngine(model, tok).interruptible(keep=keep)
+        engine.load_weights(old, 0, epoch=5)
+        got: list = []
+        episodes = threading.Thread(target=lambda: got.extend(run_episodes(
+            engine, tok, [prompt], [{"prompt": "12+30="}], params, SlowTool, 2, 40)))
+        episodes.start()
+        try:
+            assert entered.wait(60), "no episode called its tool"
+            update = threading.Thread(target=engine.gate.update,
+                                      args=(lambda: engine.load_weights(new, 1, epoch=5),))
+            update.start()
+            update.join(30)
+            assert not update.is_alive(), "the update waited for the tool"
+            assert engine.version == 1
+        finally:
+            release.set()
+            episodes.join(120)
+        [group] = got
+        called = [e for e in group if e.tool_calls]
+        assert called, [e.turns for e in group]
+        model.load_state_dict(old)
+        before = _logprobs(model, prompt, [e.response_ids for e in called], dist)
+        model.load_state_dict(new)
+        after = _logprobs(model, prompt, [e.response_ids for e in called], dist)
+        for e, lo, ln in zip(called, before, after):
+            first = e.loss_mask.index(0)  # the first turn's tokens, then the observation
+            at = first + len(obs)
+            assert e.response_ids[first:at] == obs and len(e.turns) == 2
+            assert e.versions == [(0, 0, 5), (at, 1, 5)], (keep, e.versions)
+            got_lp = torch.tensor(e.logprobs)
+            assert float((got_lp[:first] - lo[:first]).abs().max()) < 1e-4
+            assert float((got_lp[at:] - ln[at:]).abs().max()) < 1e-4
+            assert float((lo[at:] - ln[at:]).abs().max()) > 1e-3  # the weights did change
+        model.load_state_dict(old)

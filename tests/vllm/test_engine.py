@@ -479,3 +479,80 @@ def test_an_interrupting_update_aborts_the_groups_in_flight_and_they_go_on(engin
           f"new weights midway; abort and load {engine.drain_seconds * 1e3:.0f} + "
           f"{engine.reload_seconds * 1e3:.0f} ms")
     assert midway > 0
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["recompute", "keep"])
+def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_next_turn_is_new(
+        engine, tok, keep):
+    """weightUpdate interrupt, episodes on vLLM (recompute and keep): an update that
+    comes while episodes of a group wait for their slow tool loads without waiting for
+    any tool (an episode waiting holds no request; the others' requests in flight are
+    interrupted), and each waiting episode's next turn runs under the new weights. Its
+    first turn and the observation after it carry the old version, its next turn the
+    new one: each model token has its own weights' log-prob on the whole episode
+    (transformers, within the tier's tolerance)."""
+    from collections import Counter
+
+    from rljob.environments import Environment, Reply
+
+    old, new = _policy(tok, seed=0, noise=0.05), _policy(tok, seed=0, noise=0.1)
+    engine.load_weights(old.state_dict(), 40)
+    prompt = tok.encode("12+34=")
+    free = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=24, seed=1))[0]
+    stop = Counter(c for g in free for c in tok.decode(g.response_ids)
+                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+    waiting: set = set()  # the environments inside their tool call now
+    lock, entered, release = threading.Lock(), threading.Event(), threading.Event()
+
+    class SlowTool(Environment):
+        def step(self, turn):
+            with lock:
+                waiting.add(self)
+            entered.set()
+            assert release.wait(120), "never released"
+            return Reply("[ok]", done=False)
+
+    SlowTool.stop = stop
+    engine.interruptible(keep=keep)
+    try:
+        episodes = engine.submit_episodes(prompt, {"prompt": "12+34="},
+                                          SamplingParams(n=4, max_new_tokens=40), 7,
+                                          SlowTool, 2, 40)
+        try:
+            assert entered.wait(120), "no episode called its tool"
+            t0 = time.monotonic()
+            update = threading.Thread(target=engine.load_weights,
+                                      args=(new.state_dict(), 41))
+            update.start()
+            update.join(60)
+            assert not update.is_alive(), "the update waited for the tool"
+            loaded = time.monotonic() - t0
+            with lock:  # held in their tool until the release: waiting at the update
+                held = set(waiting)
+        finally:
+            release.set()
+        group, version, epoch = episodes.result(timeout=300)
+    finally:
+        engine.interrupting = engine.keeping = False
+    obs = tok.encode("[ok]", add_special_tokens=False)
+    assert held and (version, epoch) == (40, 0), [e.turns for e in group]
+    for e in group:
+        lo, ln = _logprobs_under((old, new), prompt, e, tok)
+        got = torch.tensor(e.logprobs)
+        on = torch.tensor(e.loss_mask, dtype=torch.bool)
+        if e.env not in held:  # generating at the update, or done before it
+            p = e.versions[1][0] if len(e.versions) > 1 else len(e.response_ids)
+            assert e.versions[0] == (0, 40, 0) and [v for _, v, _ in e.versions] in (
+                [40], [40, 41]), e.versions
+            assert (got[:p][on[:p]] - lo[:p][on[:p]]).abs().max().item() < TOL
+            continue
+        first = e.loss_mask.index(0)  # the first turn's tokens, then the observation
+        at = first + len(obs)
+        assert e.response_ids[first:at] == obs and len(e.turns) == 2
+        assert e.versions == [(0, 40, 0), (at, 41, 0)], (e.versions, first)
+        assert (got[:first] - lo[:first]).abs().max().item() < TOL
+        if at < len(e.response_ids):
+            assert (got[at:] - ln[at:]).abs().max().item() < TOL
+    print(f"an update while {len(held)} of {len(group)} episodes waited on their tool "
+          f"({'keep' if keep else 'recompute'}): loaded in {loaded * 1e3:.0f} ms; the "
+          f"versions of each episode's tokens {[e.versions for e in group]}")
