@@ -154,12 +154,12 @@ class Watch:
         # the bench's poll must not load the control plane it measures, as a quorum
         # read of every whole pod of the cluster each second does
         for p in plane.get("/api/v1/pods", metadata_only=True, labelSelector=LABEL_NAME,
-                           resourceVersion="0").get("items", []):
+                           resourceVersion="0").get("items") or []:  # null when none
             job = (p["metadata"].get("labels") or {}).get(LABEL_NAME)
             if job and not p["metadata"].get("deletionTimestamp"):
                 pods[f"{p['metadata']['namespace']}/{job}"] += 1
         wls = plane.get("/apis/kueue.x-k8s.io/v1beta2/workloads",
-                        resourceVersion="0").get("items", [])
+                        resourceVersion="0").get("items") or []
         self.now_admitted, self.now_pods = set(), pods
         for wl in wls:
             owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name")
