@@ -444,13 +444,8 @@ def run(nodes: int, jobs: int, steady: float = 120, interval: float = 5.0,
 
 
 def plane_metrics(plane: ControlPlane) -> str:
-    import http.client
-    import ssl
-
-    conn = http.client.HTTPSConnection(plane.server.removeprefix("https://"),
-                                       context=ssl._create_unverified_context(), timeout=30)
-    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {plane.token}"})
-    return conn.getresponse().read().decode()
+    """The API server's /metrics (Prometheus text)."""
+    return (plane.read("/metrics") or b"").decode()
 
 
 def ms(values: list[float], q: float) -> str:

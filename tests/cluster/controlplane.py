@@ -52,6 +52,10 @@ def gotools_bin() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
+# a list's objects as their metadata alone (`ControlPlane.get(metadata_only=True)`)
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
     """SIGTERM, and SIGKILL after `timeout` seconds; waits for it either way."""
     if proc.poll() is None:
@@ -191,18 +195,23 @@ class ControlPlane:
             self.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
     def get(self, path: str, metadata_only: bool = False, **query: str) -> dict:
-        """GET of an API path (query: e.g. labelSelector) as the admin, over one
-        kept-alive connection: what a test's once-a-second poll reads, without a
-        kubectl process a call (about 0.07 CPU-s each); {} where it is not found.
-        `metadata_only`: each object's metadata alone (PartialObjectMetadata), as a
-        poll of many objects asks for it (a list of a thousand pods is megabytes)."""
+        """GET of an API path (query: e.g. labelSelector) as the admin, decoded:
+        what a test's once-a-second poll reads, without a kubectl process a call
+        (about 0.07 CPU-s each); {} where it is not found. `metadata_only`: each
+        object's metadata alone (PartialObjectMetadata), as a poll of many objects
+        asks for it (a list of a thousand pods is megabytes)."""
+        body = self.read(path, METADATA_ONLY if metadata_only else None, **query)
+        return {} if body is None else json.loads(body)
+
+    def read(self, path: str, accept: str | None = None, **query: str) -> bytes | None:
+        """GET of a path of the API server (its /metrics too) as the admin, over one
+        kept-alive connection: the body, or None where it is not found."""
         from urllib.parse import urlencode
 
         url = path + ("?" + urlencode(query) if query else "")
         headers = {"Authorization": f"Bearer {self.token}"}
-        if metadata_only:
-            headers["Accept"] = ("application/json;as=PartialObjectMetadataList;"
-                                 "g=meta.k8s.io;v=v1,application/json")
+        if accept:
+            headers["Accept"] = accept
         for attempt in (1, 2):
             if self._conn is None:
                 if self.ca_file.exists():
@@ -222,11 +231,11 @@ class ControlPlane:
                     raise
                 continue
             if resp.status == 404:
-                return {}
+                return None
             if resp.status != 200:
                 raise AssertionError(f"GET {url}: {resp.status} {body[:500]!r}")
-            return json.loads(body)
-        return {}
+            return body
+        return None
 
     def wait_established(self, crd: str, timeout: float = 60) -> None:
         """Until the CustomResourceDefinition `crd` is Established (`kubectl wait` fails

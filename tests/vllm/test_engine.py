@@ -238,6 +238,16 @@ def test_a_tensor_parallel_worker_holds_its_shard_and_one_bucket_during_an_updat
             assert private < results["model_mb"] / 3, row
 
 
+def _stop_text(engine, tok, prompt: list[int]) -> str:
+    """The character the loaded weights spell most after `prompt`: an episode's stop
+    text, so its turns end at it."""
+    from collections import Counter
+
+    free = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=24, seed=1))[0]
+    return Counter(c for g in free for c in tok.decode(g.response_ids)
+                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+
+
 def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observations(
         engine, tok):
     """Episodes on vLLM (`submit_episodes`): each turn is a request on the episode's
@@ -245,18 +255,13 @@ def test_episodes_go_on_from_their_prefix_end_turns_at_the_stop_and_mask_observa
     request is aborted there, its tokens and log-probs those of a request left to
     run); the observations are masked; every model token's log-prob is what
     transformers gives it in the whole episode's context."""
-    from collections import Counter
-
     from rljob.environments import Environment, Reply
 
     model = _policy(tok, seed=0, noise=0.05)
     engine.load_weights(model.state_dict(), 6)
     prompt = tok.encode("12+34=")
     params = SamplingParams(n=4, max_new_tokens=40)
-    free = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=24, seed=1))[0]
-    # the character the model spells most: the stop text, so turns end at it
-    stop = Counter(c for g in free for c in tok.decode(g.response_ids)
-                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+    stop = _stop_text(engine, tok, prompt)
 
     # one turn, left to run and stopped at the text, with one seed (room for 50 tokens
     # of the 57 that the model's 64 positions leave after the prompt: the stop comes
@@ -491,16 +496,12 @@ def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_nex
     first turn and the observation after it carry the old version, its next turn the
     new one: each model token has its own weights' log-prob on the whole episode
     (transformers, within the tier's tolerance)."""
-    from collections import Counter
-
     from rljob.environments import Environment, Reply
 
     old, new = _policy(tok, seed=0, noise=0.05), _policy(tok, seed=0, noise=0.1)
     engine.load_weights(old.state_dict(), 40)
     prompt = tok.encode("12+34=")
-    free = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=24, seed=1))[0]
-    stop = Counter(c for g in free for c in tok.decode(g.response_ids)
-                   if c.isprintable() and c not in "<>").most_common(1)[0][0]
+    stop = _stop_text(engine, tok, prompt)
     waiting: set = set()  # the environments inside their tool call now
     lock, entered, release = threading.Lock(), threading.Event(), threading.Event()
 
