@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 
@@ -32,11 +33,13 @@ ROW_SIZES = (4 << 10, 64 << 10, 256 << 10)
 BYTES_PER_CASE = 512 << 20
 
 
-def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | None = None
-                 ) -> str:
+def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | None = None,
+                 appendfsync: str = "no") -> str:
     """A redis-server on `password`; with `pems` (infra.tls.Pems), serving TLS alone
     on them (their files in `tls_dir`), as a Redis unit of a job with
-    transferQueue.tls does: its rediss:// URL."""
+    transferQueue.tls does: its rediss:// URL. `appendfsync`: "no" (no append-only
+    file) or the append-only file synced "always" (as a job's units run) or
+    "everysec"."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server not found: install it (Debian: apt-get install redis-server) "
@@ -51,8 +54,12 @@ def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | Non
         for name, pem in ((CA_FILE, pems.ca), (CERT_FILE, pems.cert), (KEY_FILE, pems.key)):
             (tls_dir / name).write_text(pem)
         listen = redis_tls_args(str(tls_dir), port)
-    proc = subprocess.Popen([exe, *listen, "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--requirepass", password, "--dir", workdir],
+    from rljob.api.builders.transferqueue import REDIS_AOF_ARGS
+
+    aof = (["--appendonly", "no"] if appendfsync == "no"
+           else [*REDIS_AOF_ARGS[:-1], appendfsync])
+    proc = subprocess.Popen([exe, *listen, "--bind", "127.0.0.1", "--save", "", *aof,
+                             "--requirepass", password, "--dir", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     stack.callback(lambda: (proc.terminate(), proc.wait()))
     import redis
@@ -179,7 +186,7 @@ def _consumer(address: str, password: str, task: str, total_rows: int, done, col
     tune_allocator()
     with TransferQueueClient(address, password) as c:
         c.stats()  # connected
-        ready.wait()
+        ready.wait(timeout=120)
         loader = stream_loader(c, task, columns, ROWS_PER_BATCH, wait=0.2, min_count=1,
                                stop_when_idle=0.6, prefetch=1)
         for batch in loader:
@@ -207,7 +214,12 @@ def tq_put_get(address: str, password: str, row_bytes: int, batches: int, consum
                  for _ in range(consumers)]
         for p in procs:
             p.start()
-        ready.wait()  # every consumer is connected: start the clock
+        try:  # every consumer is connected: start the clock
+            ready.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            _join(procs)
+            raise RuntimeError(f"a consumer of {tag} did not connect within 120 s (exit codes "
+                               f"{[p.exitcode for p in procs]})") from None
         start = time.perf_counter()
         for b in range(batches):
             c.put(b, {col: rows}, wait=False)
@@ -279,7 +291,8 @@ def claim_latency(address: str, password: str, consumers: int = 8, claims: int =
     return lat
 
 
-def run(redis_url: str | None = None, quick: bool = False) -> dict:
+def run(redis_url: str | None = None, quick: bool = False, appendfsync: str = "always"
+        ) -> dict:
     from rljob.transferqueue.alloc import tune_allocator
 
     tune_allocator()  # every process of the run, raw and ours alike
@@ -290,9 +303,10 @@ def run(redis_url: str | None = None, quick: bool = False) -> dict:
             user = os.environ.pop(REDIS_USER_ENV, None)
             if user is not None:
                 stack.callback(os.environ.__setitem__, REDIS_USER_ENV, user)
-        url = redis_url or _start_redis(stack, password)
+        url = redis_url or _start_redis(stack, password, appendfsync=appendfsync)
         address = _start_controller(stack, url, password)
-        results: dict = {"rows_per_batch": ROWS_PER_BATCH, "put_get": {}, "raw": {},
+        results: dict = {"appendfsync": "given" if redis_url else appendfsync,
+                         "rows_per_batch": ROWS_PER_BATCH, "put_get": {}, "raw": {},
                          "ratio_to_raw": {}}
         for size in ROW_SIZES:
             label = f"{size >> 10}KB"

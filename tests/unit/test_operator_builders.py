@@ -187,6 +187,8 @@ def test_transferqueue_wiring_matches_the_worker_entrypoints():
     assert "volumeClaimTemplates" not in sts["spec"]
     args = redis_pod["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"  # a redis restart keeps the table
+    # synced before each answer: what a unit acknowledged survives its process's kill
+    assert args[args.index("--appendfsync") + 1] == "always"
     job.spec.transfer_queue.redis.persistence = True
     sts = b.build_redis_statefulset(job)
     assert "data" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}

@@ -3,6 +3,7 @@ the runtime (imported only when a benchmark runs)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -57,16 +58,28 @@ def _report(bench, results: dict, json_out: bool) -> None:
         bench.render(results)
 
 
+class AppendFsync(StrEnum):
+    """The append-only file of the redis-server `bench transferqueue` starts."""
+
+    always = "always"
+    everysec = "everysec"
+    no = "no"
+
+
 @bench_app.command("transferqueue")
 def bench_transferqueue(
     redis: str = typer.Option(None, help="Use this Redis URL instead of starting a redis-server."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     quick: bool = typer.Option(False, help="A quarter of the data: a faster, noisier run."),
+    appendfsync: AppendFsync = typer.Option(
+        AppendFsync.always,
+        help="The redis-server it starts: its append-only file synced before each answer "
+             "(always, as a job's units run), once a second, or no file."),
 ) -> None:
     """put+get MB/s and claim latency of TransferQueue next to raw Redis."""
     from rljob_bench import transferqueue as bench
 
-    _report(bench, bench.run(redis, quick=quick), json_out)
+    _report(bench, bench.run(redis, quick=quick, appendfsync=appendfsync.value), json_out)
 
 
 @bench_app.command("dispatch")

@@ -93,6 +93,14 @@ def build_secret(job: RLJob, password: str, token: str, tls: dict[str, str] | No
     }
 
 
+# Every unit's append-only file, written and synced before redis answers: what a unit
+# acknowledged (a row's cells, a record of the controller's journal) survives redis
+# killed and the node's power cut. `everysec` holds a write back for up to 2 s while a
+# sync is slow, and loses what it holds with the process: a journal acknowledged to
+# the controller is then missing from the file it restarts on.
+REDIS_AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always")
+
+
 def redis_acl_args(password: str, keys: str = "*") -> list[str]:
     """redis-server arguments that turn Redis's default user off and admit one user,
     `REDIS_USER` with `password`, to the commands the storage units send on the keys
@@ -133,8 +141,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
               else ["--port", str(REDIS_PORT)])
     cli = f"redis-cli --tls --cacert {TLS_DIR}/{CA_FILE}" if tq.tls else "redis-cli"
     args = [*listen, *redis_acl_args(f"$({PASSWORD_ENV})", f"{name}:*"),
-            "--protected-mode", "no", "--save", "", "--appendonly", "yes",
-            "--appendfsync", "everysec", "--dir", "/data"]
+            "--protected-mode", "no", "--save", "", *REDIS_AOF_ARGS, "--dir", "/data"]
     container = {
         "name": "redis",
         "image": tq.redis.image,
