@@ -33,3 +33,26 @@ def example(relative: str) -> Path:
 def tiny_model() -> str:
     """The tiny Qwen2 of the examples, randomly initialised (`random:` path)."""
     return f"random:{example('models/tiny-qwen2')}"
+
+
+def warmed(job, where: Path) -> dict:
+    """`model` settings that start `job` (an RLJob) from its supervised warm-up, run
+    here once into `where` with the job's own seed, steps and rows (as its trainer
+    would run it), the weights and tokenizer saved as `final/` is: the path of that
+    directory and warmupSteps 0. The runs a benchmark compares then start from one
+    policy and pay its warm-up once. A job without a warm-up: no settings."""
+    spec = job.spec
+    if not spec.model.warmup_steps:
+        return {}
+    if not (where / "config.json").exists():
+        from rljob.infra.device import activate, resolve
+        from rljob.inputs.models import load_tokenizer
+        from rljob.trainer.policy import make_policy
+        from rljob.trainer.warmup import warm_up
+
+        device = resolve("cpu")
+        tok = load_tokenizer(spec.model)
+        policy = make_policy(spec, tok, device, activate(device), 0, 1)
+        warm_up(policy, tok, spec)
+        policy.save_pretrained(where, tok)
+    return {"path": str(where), "warmupSteps": 0}

@@ -1,8 +1,8 @@
 """`rljob bench security`: what the job's credentials cost. The quickstart job (the
 examples' tiny Qwen2 on CPU, async(1)) runs through `rljob run` with its credentials
 off (no job token, `transferQueue.tls: false`) and on (the token on every gRPC call,
-TLS on every connection), the two alternating round by round so that a machine's
-drift falls on both; printed: each side's steady tokens/s, step seconds and the
+TLS on every connection), both from one policy warmed up once, the two alternating
+round by round so that a machine's drift falls on both; printed: each side's steady tokens/s, step seconds and the
 controller's CPU a step (medians of the rounds), and the ratio on/off. Then the
 TransferQueue alone at 64 KB rows (one producer, one consumer, through a Redis unit
 as the operator runs it): put+get MB/s and the claim latency of 8 consumers with no
@@ -23,7 +23,7 @@ from rljob.api.validation import load_rljob
 from rljob.preflight import resolve_paths
 from rljob.contract import TLS_CA_ENV, TOKEN_ENV
 
-from .examples import example
+from .examples import example, warmed
 from .workflow import measure
 
 SIDES = ("off", "on")
@@ -33,27 +33,35 @@ FIGURES = ("tokens_per_s", "step_seconds", "controller_cpu_ms")
 QUICK_WARMUP_STEPS = 20  # --quick: the policy's supervised warm-up, before any step
 
 
-def security_job(steps: int, tls: bool, quick: bool = False) -> RLJob:
+def security_job(steps: int, tls: bool, quick: bool = False, model: dict | None = None
+                 ) -> RLJob:
     """The quickstart with `steps` steps and `transferQueue.tls` `tls`, its relative
     paths read from the examples' folder as `rljob run` reads them; `quick`: a tenth
-    of its supervised warm-up (before the steps measured: both sides alike)."""
+    of its supervised warm-up (before the steps measured: both sides alike); `model`:
+    settings of spec.model replaced (the warmed policy every run starts from)."""
     path = example("quickstart.yaml")
     job = resolve_paths(load_rljob(str(path)), path.parent)
     job.spec.algorithm.max_steps = steps
     job.spec.transfer_queue.tls = tls
     if quick:
         job.spec.model.warmup_steps = min(job.spec.model.warmup_steps, QUICK_WARMUP_STEPS)
+    if model:
+        doc = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+        doc["spec"]["model"] |= model
+        job = RLJob.model_validate(doc)
     return job
 
 
 def job_cost(steps: int, warmup: int, rounds: int, root: Path, quick: bool = False) -> dict:
     """Each side's figures (medians of `rounds` alternate runs) and on/off ratios."""
     runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+    # every run starts from one policy, warmed up once here
+    model = warmed(security_job(steps, False, quick), root / "warmed")
     for r in range(rounds):
         for side in SIDES if r % 2 == 0 else SIDES[::-1]:
             on = side == "on"
-            m = measure(security_job(steps, on, quick), root / f"round-{r}" / side, warmup,
-                        token=None if on else "")
+            m = measure(security_job(steps, on, quick, model), root / f"round-{r}" / side,
+                        warmup, token=None if on else "")
             runs[side].append({
                 "tokens_per_s": m["tokens_per_s"], "step_seconds": m["step_seconds"],
                 "controller_cpu_ms": 1e3 * m["cpu_seconds"].get("transferqueue", 0.0),

@@ -10,9 +10,10 @@ on three jobs in async(1):
   `path.py:Class`), so an update under drain waits for the slowest tool;
 - quickstart: examples/quickstart.yaml.
 
-Each job runs with drain, then interrupt (then keep), in rounds (drain, interrupt, ...:
-a shared machine drifts over a minute), and the longtail job once in sync for the
-overlap bound (`planner.cost.overlap_bound` from sync's Tgen and Ttrain). Figures
+Each job's supervised warm-up runs once, in this process; every run of the job starts
+from that policy. Each job runs with drain, then interrupt (then keep), in rounds
+(drain, interrupt, ...: a shared machine drifts over a minute), and the longtail job
+once in sync for the overlap bound (`planner.cost.overlap_bound` from sync's Tgen and Ttrain). Figures
 per run, over the steady state (after the first `warmup` steps): generated
 tokens/s, seconds a step, an update's latency (the new weights in host memory to
 the engine serving them: the rollout's weight-sync spans, median and max), the
@@ -34,7 +35,7 @@ from rljob.local import LocalRun
 from rljob.planner.cost import overlap_bound
 from rljob.preflight import resolve_paths
 
-from .examples import example
+from .examples import example, warmed
 
 POLICIES = ("drain", "interrupt", "keep")  # keep: interrupt with interruptCache keep
 JOBS = ("longtail", "agentic-slow-tool", "quickstart")
@@ -57,9 +58,10 @@ class SlowCalculator(Calculator):
 
 
 def job_for(name: str, policy: str, steps: int, root: Path, tool_seconds: float,
-            mode: str = "async", engine: str = "hf") -> RLJob:
+            mode: str = "async", engine: str = "hf", model: dict | None = None) -> RLJob:
     """The benchmark's `name` job with `workflow.weightUpdate: policy` in `mode`
-    (async: maxStaleness 1, weightSync async) on rollout engine `engine`."""
+    (async: maxStaleness 1, weightSync async) on rollout engine `engine`; `model`:
+    settings of spec.model replaced (the warmed policy every run starts from)."""
     file = {"longtail": "longtail.yaml", "agentic-slow-tool": "agentic-calculator.yaml",
             "quickstart": "quickstart.yaml"}[name]
     path = example(file)
@@ -73,6 +75,7 @@ def job_for(name: str, policy: str, steps: int, root: Path, tool_seconds: float,
         if policy == "keep":
             spec["workflow"]["interruptCache"] = "keep"
     spec["algorithm"]["maxSteps"] = steps
+    spec["model"] |= model or {}
     spec["trainer"] = {**spec.get("trainer", {}), "checkpointEvery": 10_000}
     spec["rollout"]["engine"] = engine
     if name == "agentic-slow-tool":
@@ -149,11 +152,17 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
         for name in jobs:
             per_round: list[dict[str, dict]] = []
             bound = None
+            # every run of the job starts from one warmed policy, warmed once
+            (root / name).mkdir(parents=True, exist_ok=True)
+            model = warmed(job_for(name, "drain", steps, root / name, tool_seconds),
+                           root / name / "warmed")
+            if progress and model:
+                progress(f"{name}: warmed up once in {root / name / 'warmed'}")
             if name == "longtail":  # sync's Tgen and Ttrain: the most overlap can give
                 d = root / name / "sync"
                 d.mkdir(parents=True, exist_ok=True)
-                sync = _run(job_for(name, "drain", steps, d, tool_seconds, "sync", engine), d,
-                            warmup)
+                sync = _run(job_for(name, "drain", steps, d, tool_seconds, "sync", engine,
+                                    model), d, warmup)
                 bound = {"sync_tokens_per_s": sync["tokens_per_s"],
                          "bound": overlap_bound("async", sync["gen_seconds"],
                                                 sync["train_seconds"])}
@@ -164,7 +173,7 @@ def run(jobs=JOBS, steps: int = 30, rounds: int = 2, warmup: int = 5,
                     d = root / name / f"{policy}-{r}"
                     d.mkdir(parents=True, exist_ok=True)
                     res[policy] = _run(job_for(name, policy, steps, d, tool_seconds,
-                                               engine=engine), d, warmup)
+                                               engine=engine, model=model), d, warmup)
                     if progress:
                         f = res[policy]
                         progress(f"{name} {policy} round {r + 1}: {f['tokens_per_s']:.0f} "

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_bench_security_prints_the_cost_of_each_credential(tmp_path):
     keep = tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "rljob", "bench", "security", "--steps", "6",
-                          "--warmup", "2", "--rounds", "1", "--quick", "--json",
+    out = subprocess.run([sys.executable, "-m", "rljob", "bench", "security", "--steps", "4",
+                          "--warmup", "1", "--rounds", "1", "--quick", "--json",
                           "--keep", str(keep)],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
