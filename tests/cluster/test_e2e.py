@@ -579,7 +579,6 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     # not at the job's end.
     doc["spec"]["rollout"]["maxReplicas"] = 2
     doc["spec"]["algorithm"]["maxSteps"] = 19
-    max_steps = doc["spec"]["algorithm"]["maxSteps"]
     watch = Watch(plane, ns, name)
     record, scales = _scale_watch(watch)
     joined: dict[str, float] = {}  # new replica -> when Ready
@@ -663,7 +662,9 @@ def test_a_generation_bound_job_scales_out_on_its_measured_gap(operator_release,
     # the added replica ran for real: Ready, and it generated samples the job trained on
     assert f"{name}-rollout-1" in joined, joined
     assert generated.get(f"{name}-rollout-1", 0) > 0, generated
-    assert watch.step() == max_steps
+    # and the job trained on with it (the test ends before the job's last step)
+    after = [s for t, s, _ in watch.steps if t > joined[f"{name}-rollout-1"]]
+    assert len(after) >= 2, (after, watch.steps)
     job = _rljob(plane, ns, name)
     assert job["spec"]["rollout"]["replicas"] == scales[-1][2]["to"]
     assert _condition(job, "ProfileTrusted") == "True"
