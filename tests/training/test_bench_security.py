@@ -31,6 +31,10 @@ def test_bench_security_prints_the_cost_of_each_credential(tmp_path):
     # each side ran as it says: off without a token or TLS (its controller warns that it
     # answers anyone, and the run has no CA), on with both
     off, on = keep / "round-0" / "off", keep / "round-0" / "on"
+    # both sides from the one policy the bench warmed up
+    for d in (off, on):
+        model = yaml.safe_load((d / "job.yaml").read_text())["spec"]["model"]
+        assert model["path"] == str(keep / "warmed") and model["warmupSteps"] == 0, model
     assert "answers any caller" in (off / "logs" / "transferqueue.log").read_text()
     assert "answers any caller" not in (on / "logs" / "transferqueue.log").read_text()
     assert (on / "ca.crt").exists() and not (off / "ca.crt").exists()

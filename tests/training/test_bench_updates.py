@@ -9,19 +9,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_bench_updates_runs_drain_interrupt_and_keep_on_the_slow_tool_job():
+def test_bench_updates_runs_drain_interrupt_and_keep_on_the_slow_tool_job(tmp_path):
+    keep = tmp_path / "runs"
     out = subprocess.run([sys.executable, "-m", "rljob", "bench", "updates", "--jobs",
                           "agentic-slow-tool", "--steps", "8", "--rounds", "1", "--warmup",
-                          "3", "--tool-seconds", "0.2", "--json"],
+                          "3", "--tool-seconds", "0.2", "--json", "--keep", str(keep)],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
     assert res["engine"] == "hf" and res["rounds"] == 1 and res["tool_seconds"] == 0.2
     job = res["jobs"]["agentic-slow-tool"]
     runs = job["runs"]
+    # the job's warm-up ran once, in the bench: every run started from its weights
+    where = keep / "agentic-slow-tool"
+    assert (where / "warmed" / "model.safetensors").exists()
+    for policy in ("drain", "interrupt", "keep"):
+        run = yaml.safe_load((where / f"{policy}-0" / "job.yaml").read_text())["spec"]["model"]
+        assert run["path"] == str(where / "warmed") and run["warmupSteps"] == 0, run
+        assert not (where / f"{policy}-0" / "warmup.json").exists()
     assert set(runs) == {"drain", "interrupt", "keep"} and set(job["vs_drain"]) == {
         "interrupt", "keep"}
     for policy, f in runs.items():
