@@ -2,11 +2,12 @@
 examples' tiny Qwen2 on CPU, async(1)) runs through `rljob run` with its credentials
 off (no job token, `transferQueue.tls: false`) and on (the token on every gRPC call,
 TLS on every connection), both from one policy warmed up once, the two alternating
-round by round so that a machine's drift falls on both; printed: each side's steady tokens/s, step seconds and the
-controller's CPU a step (medians of the rounds), and the ratio on/off. Then the
-TransferQueue alone at 64 KB rows (one producer, one consumer, through a Redis unit
-as the operator runs it): put+get MB/s and the claim latency of 8 consumers with no
-credentials, with the token, and with the token and TLS (Redis's too)."""
+round by round so that a machine's drift falls on both; printed: each side's steady
+tokens/s, step seconds and the controller's CPU a step (medians of the rounds), and
+the ratio on/off. Then the TransferQueue alone at 64 KB rows (one producer, one
+consumer, through a Redis unit as the operator runs it): put+get MB/s and the claim
+latency of 8 consumers with no credentials, with the token, and with the token and TLS
+(Redis's too)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ on three jobs in async(1):
 Each job's supervised warm-up runs once, in this process; every run of the job starts
 from that policy. Each job runs with drain, then interrupt (then keep), in rounds
 (drain, interrupt, ...: a shared machine drifts over a minute), and the longtail job
-once in sync for the overlap bound (`planner.cost.overlap_bound` from sync's Tgen and Ttrain). Figures
-per run, over the steady state (after the first `warmup` steps): generated
+once in sync for the overlap bound (`planner.cost.overlap_bound` from sync's Tgen and
+Ttrain). Figures per run, over the steady state (after the first `warmup` steps): generated
 tokens/s, seconds a step, an update's latency (the new weights in host memory to
 the engine serving them: the rollout's weight-sync spans, median and max), the
 share of the rollout's wall time it did not generate, the share of samples an
