@@ -347,10 +347,7 @@ class ControlPlane:
                 cm = ["--controllers=*,-nodeipam,-cloud-node-lifecycle",
                       f"--use-service-account-credentials={str(self.for_node).lower()}"]
                 if self.for_node:
-                    # a node whose kubelet stops renewing its lease (every 10 s) is
-                    # NotReady after 20 s, not the default 50: the power-cut test waits
-                    # that long for it
-                    cm += [f"--root-ca-file={self.ca_file}", "--node-monitor-grace-period=20s"]
+                    cm.append(f"--root-ca-file={self.ca_file}")
             else:
                 cm = ["--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
                       "--use-service-account-credentials=false"]
