@@ -54,10 +54,9 @@ def _start_redis(stack: ExitStack, password: str, pems=None, tls_dir: Path | Non
         for name, pem in ((CA_FILE, pems.ca), (CERT_FILE, pems.cert), (KEY_FILE, pems.key)):
             (tls_dir / name).write_text(pem)
         listen = redis_tls_args(str(tls_dir), port)
-    from rljob.api.builders.transferqueue import REDIS_AOF_ARGS
+    from rljob.api.builders.transferqueue import redis_aof_args
 
-    aof = (["--appendonly", "no"] if appendfsync == "no"
-           else [*REDIS_AOF_ARGS[:-1], appendfsync])
+    aof = ["--appendonly", "no"] if appendfsync == "no" else redis_aof_args(appendfsync)
     proc = subprocess.Popen([exe, *listen, "--bind", "127.0.0.1", "--save", "", *aof,
                              "--requirepass", password, "--dir", workdir],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

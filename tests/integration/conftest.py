@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rljob.api.builders.transferqueue import REDIS_AOF_ARGS, redis_acl_args
+from rljob.api.builders.transferqueue import redis_acl_args, redis_aof_args
 from rljob.contract import REDIS_USER
 from tests.cluster.controlplane import free_port
 
@@ -33,7 +33,7 @@ def redis_argv(port: int, workdir: Path, appendonly: bool = False) -> list[str]:
     if exe is None:
         raise RuntimeError("redis-server is not installed: run the README test command "
                            "(it installs Debian's redis-server)")
-    aof = list(REDIS_AOF_ARGS) if appendonly else ["--appendonly", "no"]
+    aof = redis_aof_args() if appendonly else ["--appendonly", "no"]
     return [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *aof,
             *redis_acl_args(PASSWORD), *ADMIN_ARGS, "--dir", str(workdir)]
 

@@ -93,12 +93,14 @@ def build_secret(job: RLJob, password: str, token: str, tls: dict[str, str] | No
     }
 
 
-# Every unit's append-only file, written and synced before redis answers: what a unit
-# acknowledged (a row's cells, a record of the controller's journal) survives redis
-# killed and the node's power cut. `everysec` holds a write back for up to 2 s while a
-# sync is slow, and loses what it holds with the process: a journal acknowledged to
-# the controller is then missing from the file it restarts on.
-REDIS_AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always")
+def redis_aof_args(fsync: str = "always") -> list[str]:
+    """redis-server arguments for its append-only file, synced as `fsync` says (pure).
+    Every unit runs "always": written and synced before redis answers, so what a unit
+    acknowledged (a row's cells, a record of the controller's journal) survives redis
+    killed and the node's power cut. "everysec" holds a write back for up to 2 s while
+    a sync is slow, and loses what it holds with the process: a journal acknowledged to
+    the controller is then missing from the file it restarts on."""
+    return ["--appendonly", "yes", "--appendfsync", fsync]
 
 
 def redis_acl_args(password: str, keys: str = "*") -> list[str]:
@@ -141,7 +143,7 @@ def build_redis_statefulset(job: RLJob) -> dict:
               else ["--port", str(REDIS_PORT)])
     cli = f"redis-cli --tls --cacert {TLS_DIR}/{CA_FILE}" if tq.tls else "redis-cli"
     args = [*listen, *redis_acl_args(f"$({PASSWORD_ENV})", f"{name}:*"),
-            "--protected-mode", "no", "--save", "", *REDIS_AOF_ARGS, "--dir", "/data"]
+            "--protected-mode", "no", "--save", "", *redis_aof_args(), "--dir", "/data"]
     container = {
         "name": "redis",
         "image": tq.redis.image,
