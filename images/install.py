@@ -67,11 +67,11 @@ CUDA_PRUNE_ON_CPU = (
 
 FLAVORS = {
     # the accelerator base image brings CANN, torch_npu and vLLM-Ascend
-    # (and both runtime flavors carry W&B for logging.wandb and the MCP SDK for
-    # rollout.mcpServers)
-    "npu": Flavor(extras=("npu", "wandb", "mcp")),
+    # (and both runtime flavors carry W&B for logging.wandb, the MCP SDK for
+    # rollout.mcpServers and PEFT for model.lora)
+    "npu": Flavor(extras=("npu", "wandb", "mcp", "lora")),
     # `rljob worker ...` on CPU: TransferQueue, driver, rollout (HF engine), trainer
-    "cpu": Flavor(extras=("wandb", "mcp"), exclude=CUDA_UNUSED_ON_CPU,
+    "cpu": Flavor(extras=("wandb", "mcp", "lora"), exclude=CUDA_UNUSED_ON_CPU,
                   prune=CUDA_PRUNE_ON_CPU),
     # the operator imports rljob's API models, planner and TransferQueue client only
     "operator": Flavor(extras=("operator",),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Refreshes the locks (locks/README.md) and runs the test command on them, so that an
 # upgrade is a change of its own with its own CI run:
-#   locks/test.txt   the test command's .venv: rljob[operator,dev,bench] (pyproject.toml's
+#   locks/test.txt   the test command's .venv: rljob[operator,dev,bench,lora] (pyproject.toml's
 #                    ranges), for every platform and Python >= 3.11; the CPU runtime and
 #                    operator images install with it as pip's constraints
 #   locks/vllm.txt   the vLLM tier's environment (tests/vllm/setup.sh --lock)
@@ -24,8 +24,8 @@ done
 uv=$(bash scripts/uv.sh)
 
 "$uv" pip compile -q --universal --python-version 3.11 --no-header --annotation-style line \
-  --extra operator --extra dev --extra bench "${args[@]}" -o locks/test.txt pyproject.toml
-{ echo "# The test command's environment: rljob[operator,dev,bench] from pyproject.toml's ranges,"
+  --extra operator --extra dev --extra bench --extra lora "${args[@]}" -o locks/test.txt pyproject.toml
+{ echo "# The test command's environment: rljob[operator,dev,bench,lora] from pyproject.toml's ranges,"
   echo "# every platform, Python >= 3.11. Written by scripts/lock.sh; do not edit."
   cat locks/test.txt; } > locks/test.txt.new && mv locks/test.txt.new locks/test.txt
 echo "wrote locks/test.txt"

@@ -133,6 +133,13 @@ INVALID = [
             {"spec": {**ASCEND, "trainer": {"engine": "megatron", "packing": "sequences"}}},
             'spec.trainer.packing: Invalid value: "object": trainer.packing needs '
             "trainer.engine: torch"),
+    Invalid("lora-on-megatron",
+            {"spec": {**ASCEND, "trainer": {"engine": "megatron"}, "model": {"lora": {}}}},
+            'spec.model.lora: Invalid value: "object": model.lora is trained by '
+            "trainer.engine torch"),
+    Invalid("lora-rank-zero", {"spec": {"model": {"lora": {"rank": 0}}}},
+            "spec.model.lora.rank: Invalid value: 0: spec.model.lora.rank in body should be "
+            "greater than or equal to 1"),
     Invalid("collective-across-kinds",
             {"spec": {**ASCEND, "workflow": {"weightTransport": "collective"},
                       "rollout": {"accelerator": {"type": "gpu"}}}},

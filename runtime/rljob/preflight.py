@@ -365,6 +365,10 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
             problems.append(f"trainer.engine: {problem}")
     if isinstance(config, dict) and spec.rollout.engine == "vllm":
         _check_rollout_memory(spec, config, problems)
+    if isinstance(config, dict) and spec.model.lora is not None:
+        from .trainer.lora import lora_problems
+
+        problems += lora_problems(spec.model.lora, config)
     readable = volumes_here or not spec.dataset.pvc
     examples = _check_dataset(spec, where, problems) if readable else None
     # the warm-up's own file, where it has one and a warm-up reads it

@@ -75,7 +75,8 @@ class Policy:
         raise NotImplementedError
 
     def parameters(self):
-        return self.model.parameters()
+        """What the optimizer steps: every weight, or a LoRA policy's adapter alone."""
+        return (p for p in self.model.parameters() if p.requires_grad)
 
     def autocast(self):
         """Passes in the compute dtype (float32 weights stay the master copy)."""
@@ -160,10 +161,36 @@ class TorchPolicy(Policy):
         self.data_rank, self.data_world = rank, world  # every rank trains its own shard
         self.data_group = None  # the default group: every trainer rank
         self.ref = None
+        self.lora = spec.model.lora  # None: every weight trains
+        self.world, self.ddp_ids = world, ([torch_device] if device.accelerated else None)
+
+    @property
+    def adapted(self) -> bool:
+        """Whether the model carries its LoRA adapter yet (`add_adapter`)."""
+        return self.lora is not None and hasattr(self.model, "disable_adapter")
+
+    def add_adapter(self) -> None:
+        """model.lora: the adapter added (at zero: the model computes as before) and
+        every other weight frozen; after the warm-up, before the optimizer is made."""
+        from peft import get_peft_model
+
+        from .lora import lora_config
+
+        self.model = get_peft_model(self.model, lora_config(self.lora))
+        self.wrapped = self.model
+        if self.world > 1:  # DDP takes the parameters that train at its making
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model,
+                                                                     device_ids=self.ddp_ids)
 
     def freeze_reference(self, state: dict | None = None) -> None:
         """The reference is the policy as it is now (or `state`), frozen, its matrix
-        weights in the compute dtype (`matmul_weights_to`)."""
+        weights in the compute dtype (`matmul_weights_to`). A LoRA policy's is the
+        same model with its adapter off (`lora.AdapterOff`): no copy."""
+        if self.adapted:
+            from .lora import AdapterOff
+
+            self.ref = AdapterOff(self.model).eval()
+            return
         self.ref = copy.deepcopy(self.model).eval()
         if state is not None:
             self.ref.load_state_dict(state)
@@ -180,6 +207,12 @@ class TorchPolicy(Policy):
         a second model); only rank 0 sends them, the others yield nothing."""
         if self.rank != 0:
             return
+        if self.adapted:  # the adapter merged in, computed beside the model
+            from .lora import merged_tensors
+
+            for k, v in merged_tensors(self.model):
+                yield k, v.to(self.compute)
+            return
         for k, v in self.model.state_dict().items():
             yield k, v.detach().to(self.compute)
 
@@ -189,10 +222,39 @@ class TorchPolicy(Policy):
     def checkpoint_name(self) -> str:
         return "trainer.pt"
 
+    def checkpoint_state(self) -> dict:
+        if self.adapted:  # the base and the adapter in one; the reference is the base
+            return {"model": self.model.state_dict(), "lora": True}
+        return super().checkpoint_state()
+
+    def load_checkpoint(self, ck: dict) -> dict | None:
+        if not ck.get("lora"):
+            return super().load_checkpoint(ck)
+        if not self.adapted:  # a LoRA life's: its adapter first
+            self.add_adapter()
+        self.model.load_state_dict(ck["model"])
+        return {}  # the reference is the base, in the model: nothing of its own
+
     def save_pretrained(self, path: Path, tok) -> None:
-        if self.rank == 0:
+        """`path` holds the model as transformers loads it (a LoRA policy's with its
+        adapter merged in) and its tokenizer; a LoRA policy's adapter alone, in PEFT's
+        format, in `path`/adapter."""
+        if self.rank != 0:
+            return
+        if self.adapted:
+            from safetensors.torch import save_file
+
+            self.model.save_pretrained(path / "adapter")
+            base = self.model.get_base_model()
+            base.config.save_pretrained(path)
+            if base.generation_config is not None:
+                base.generation_config.save_pretrained(path)
+            # a copy each: safetensors refuses tensors that share storage (a tied head)
+            save_file({k: v.to("cpu").contiguous().clone() for k, v in self.hf_tensors()},
+                      str(path / "model.safetensors"), metadata={"format": "pt"})
+        else:
             self.model.save_pretrained(path)
-            tok.save_pretrained(path)
+        tok.save_pretrained(path)
 
 
 def make_policy(spec: RLJobSpec, tok, device: Device, torch_device, rank: int, world: int):

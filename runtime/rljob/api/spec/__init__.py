@@ -21,7 +21,7 @@ from .common import (
     ComputeResources,
     HcclSpec,
 )
-from .inputs import REWARD_PATTERN, DatasetSpec, ModelSpec, RewardSpec
+from .inputs import REWARD_PATTERN, DatasetSpec, LoraSpec, ModelSpec, RewardSpec
 from .job import (
     LoggingSpec,
     RedisSpec,
@@ -51,6 +51,7 @@ __all__ = [
     "DatasetSpec",
     "HcclSpec",
     "LoggingSpec",
+    "LoraSpec",
     "ModelSpec",
     "ParallelismSpec",
     "PodTemplateOverride",

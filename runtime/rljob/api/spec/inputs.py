@@ -15,6 +15,30 @@ REWARD_PATTERN = (r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-
                   r"|[^:\s]+\.py:[A-Za-z_][A-Za-z0-9_]*)$")
 
 
+class LoraSpec(ApiModel):
+    """A low-rank adapter trained in place of the policy's weights (PEFT's LoRA): the
+    optimizer holds the adapter's parameters only, and the reference is the same model
+    with its adapter switched off (no second copy)."""
+
+    rank: int = Field(8, ge=1, le=512, description="The adapter's rank r.")
+    alpha: float = Field(16.0, gt=0, le=4096,
+                         description="The adapter's scale is alpha / rank.")
+    dropout: float = Field(
+        0.0, ge=0, lt=1,
+        description="Dropout on the adapter's input while training (0: the trainer's "
+        "log-probs are those the rollouts compute, up to rounding).")
+    target_modules: list[str] | None = Field(
+        None, min_length=1, max_length=64,
+        description="Names of the linear modules that get an adapter (e.g. q_proj, "
+        "v_proj), checked against the model's own before the job starts; unset: every "
+        "linear module of the transformer layers (PEFT's all-linear: not the output "
+        "head).")
+    layers: list[int] | None = Field(
+        None, min_length=1, max_length=1024,
+        description="Indices of the transformer layers whose modules get an adapter "
+        "(from 0); unset: every layer.")
+
+
 class ModelSpec(ApiModel):
     """The policy to train and its tokenizer."""
 
@@ -45,6 +69,13 @@ class ModelSpec(ApiModel):
         "initialised models).",
     )
     warmup_lr: float = Field(1e-3, gt=0, le=1, description="Learning rate of the warm-up.")
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train a LoRA adapter instead of every weight (trainer.engine torch). "
+        "The warm-up, where there is one, trains every weight first; the adapter "
+        "starts after it, at zero. Rollouts receive the weights with the adapter "
+        "merged in.",
+    )
 
     @property
     def tokenizer_path(self) -> str:

@@ -208,6 +208,14 @@ class RLJobSpec(ApiModel):
 
     rules = (
         Rule(
+            cel="!has(self.model.lora) || self.trainer.engine == 'torch'",
+            message="model.lora is trained by trainer.engine torch (PEFT's adapters on a "
+            "transformers model); the megatron engine trains every weight: remove "
+            "model.lora or set trainer.engine: torch",
+            check=lambda s: s.model.lora is None or s.trainer.engine == "torch",
+            field_path=".model.lora",
+        ),
+        Rule(
             cel="!has(self.dataset.warmupPath) || "
             "(has(self.model.warmupSteps) && self.model.warmupSteps > 0)",
             message="dataset.warmupPath is read by the warm-up only, and model.warmupSteps "

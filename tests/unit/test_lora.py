@@ -1,0 +1,107 @@
+"""model.lora: the spec's checks, and the adapter's merged weights and reference on the
+tiny Qwen2 (PEFT on a real transformers model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rljob.api import RLJob
+from rljob.api.spec import LoraSpec, ModelSpec
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples/models/tiny-qwen2"
+
+
+def _quickstart(**model) -> dict:
+    doc = yaml.safe_load((REPO / "examples/quickstart.yaml").read_text())
+    doc["spec"]["model"].update(model)
+    return doc
+
+
+def test_the_spec_takes_an_adapter_on_the_torch_engine_and_refuses_megatron():
+    job = RLJob.model_validate(_quickstart(lora={"rank": 4, "targetModules": ["q_proj"]}))
+    assert job.spec.model.lora == LoraSpec(rank=4, target_modules=["q_proj"])
+    assert job.spec.model.lora.alpha == 16 and job.spec.model.lora.dropout == 0
+    doc = _quickstart(lora={})
+    doc["spec"]["trainer"] = {"engine": "megatron"}
+    doc["spec"]["accelerator"] = {"type": "ascend"}
+    with pytest.raises(ValueError, match="model.lora is trained by trainer.engine torch"):
+        RLJob.model_validate(doc)
+    with pytest.raises(ValueError, match="rank"):
+        RLJob.model_validate(_quickstart(lora={"rank": 0}))
+
+
+def test_modules_and_layers_the_model_lacks_are_one_line_each_naming_what_it_has():
+    from rljob.trainer.lora import linear_names, lora_problems
+
+    config = json.loads((TINY / "config.json").read_text())
+    names, layers = linear_names(config)
+    assert names == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj",
+                     "v_proj"] and layers == config["num_hidden_layers"]
+    assert lora_problems(LoraSpec(target_modules=["q_proj", "v_proj"], layers=[0]),
+                         config) == []
+    problems = lora_problems(LoraSpec(target_modules=["q_proj", "qkv_proj"], layers=[1, 7]),
+                             config)
+    assert problems == [
+        "model.lora.targetModules: qkv_proj not in the model; its linear modules are "
+        "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj",
+        f"model.lora.layers: 7 out of range: the model has layers 0-{layers - 1}"]
+
+
+def test_rljob_validate_names_a_module_the_model_lacks(tmp_path):
+    import subprocess
+    import sys
+
+    doc = _quickstart(lora={"targetModules": ["c_attn"]})
+    doc["spec"]["model"]["path"] = f"random:{TINY}"
+    doc["spec"]["dataset"]["path"] = str(REPO / "examples/data/arith.jsonl")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([sys.executable, "-m", "rljob", "validate", str(path)],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode != 0
+    assert "model.lora.targetModules: c_attn not in the model" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_merged_weights_compute_what_the_adapter_does_and_the_reference_is_the_base():
+    from peft import get_peft_model
+
+    from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.trainer.lora import AdapterOff, lora_config, merged_tensors
+
+    spec = ModelSpec(path=f"random:{TINY}", tokenizer="builtin:char", dtype="float32")
+    tok = load_tokenizer(spec)
+    model = build_model(spec, tok, seed=0, dtype=torch.float32)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([tok.encode("12+34=46")])
+    with torch.no_grad():
+        base_logits = model(input_ids=ids).logits
+    lora = get_peft_model(model, lora_config(LoraSpec(rank=4, alpha=8)))
+    trained = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    torch.manual_seed(1)
+    for name, p in lora.named_parameters():
+        if ".lora_B." in name:  # as if trained: B leaves zero
+            p.data.normal_(0, 0.05)
+    merged = dict(merged_tensors(lora))
+    assert set(merged) == set(base)  # the plain model's names, adapter left out
+    plain = build_model(spec, tok, seed=0, dtype=torch.float32)
+    plain.load_state_dict(merged)
+    with torch.no_grad():
+        adapted = lora(input_ids=ids).logits
+        ref = AdapterOff(lora)(input_ids=ids).logits
+        again = lora(input_ids=ids).logits
+        merged_logits = plain(input_ids=ids).logits
+    assert (adapted - base_logits).abs().max() > 1e-3  # the adapter changes the model
+    assert torch.allclose(merged_logits, adapted, atol=1e-5)
+    assert torch.equal(ref, base_logits)  # adapter off: the base, bit for bit
+    assert torch.equal(again, adapted)  # and back on after the reference's forward
+    # the base's weights are untouched by the merge, and are the reference's state
+    for k, v in AdapterOff(lora).state_dict().items():
+        assert torch.equal(v, base[k]), k
