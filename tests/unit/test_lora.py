@@ -82,9 +82,20 @@ def test_merged_weights_compute_what_the_adapter_does_and_the_reference_is_the_b
     ids = torch.tensor([tok.encode("12+34=46")])
     with torch.no_grad():
         base_logits = model(input_ids=ids).logits
-    lora = get_peft_model(model, lora_config(LoraSpec(rank=4, alpha=8)))
+    # the modules and layers a spec names, and no others
+    other = build_model(spec, tok, seed=0, dtype=torch.float32)
+    some = get_peft_model(other, lora_config(LoraSpec(target_modules=["q_proj", "v_proj"],
+                                                      layers=[1]), other))
+    assert sorted(n.split(".lora_A.")[0] for n, _ in some.named_parameters()
+                  if ".lora_A." in n) == ["base_model.model.model.layers.1.self_attn.q_proj",
+                                          "base_model.model.model.layers.1.self_attn.v_proj"]
+    lora = get_peft_model(model, lora_config(LoraSpec(rank=4, alpha=8, layers=[0, 1, 2, 3]),
+                                             model))
     trained = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert trained and all(".lora_A." in n or ".lora_B." in n for n in trained)
+    # unset target modules: every linear module of the layers, not the output head
+    assert {n.split(".")[-4] for n in trained} == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     torch.manual_seed(1)
     for name, p in lora.named_parameters():
         if ".lora_B." in name:  # as if trained: B leaves zero

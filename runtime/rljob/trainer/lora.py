@@ -21,29 +21,34 @@ ADAPTER = "default"  # the one adapter's name in PEFT
 PEFT_PREFIX = "base_model.model."
 
 
-def lora_config(spec: LoraSpec):
-    """PEFT's LoraConfig of `spec` (its adapter starts at zero: B = 0)."""
+def lora_config(spec: LoraSpec, model):
+    """PEFT's LoraConfig of `spec` for `model` (its adapter starts at zero: B = 0).
+    Unset target modules are the model's linear modules but its output head, by name
+    (PEFT's all-linear, which it refuses beside `layers`)."""
     from peft import LoraConfig
 
     return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=list(spec.target_modules or ()) or "all-linear",
+                      target_modules=list(spec.target_modules or module_names(model)),
                       layers_to_transform=list(spec.layers) if spec.layers else None,
                       bias="none", task_type="CAUSAL_LM")
 
 
+def module_names(model) -> list[str]:
+    """The distinct names of `model`'s linear modules, its output head left out."""
+    head = model.get_output_embeddings()
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and m is not head})
+
+
 def linear_names(config: dict) -> tuple[list[str], int | None]:
-    """The distinct names of the linear modules in the transformer layers of a model of
-    `config` (a config.json's dict; built on the meta device, no weights), and its
-    count of layers."""
+    """`module_names` of a model of `config` (a config.json's dict; built on the meta
+    device, no weights), and its count of layers."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(**config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    head = model.get_output_embeddings()
-    names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear) and m is not head})
-    return names, getattr(cfg, "num_hidden_layers", None)
+    return module_names(model), getattr(cfg, "num_hidden_layers", None)
 
 
 def lora_problems(spec: LoraSpec, config: dict) -> list[str]:

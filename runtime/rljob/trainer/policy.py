@@ -176,7 +176,7 @@ class TorchPolicy(Policy):
 
         from .lora import lora_config
 
-        self.model = get_peft_model(self.model, lora_config(self.lora))
+        self.model = get_peft_model(self.model, lora_config(self.lora, self.model))
         self.wrapped = self.model
         if self.world > 1:  # DDP takes the parameters that train at its making
             self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model,

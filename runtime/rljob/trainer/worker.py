@@ -143,8 +143,9 @@ class TrainerWorker:
             if rank == 0 and spec.model.warmup_steps:
                 log.info("warm-up: %d steps, final loss %.3f", spec.model.warmup_steps,
                          warm_loss)
-        if spec.model.lora is not None and not self.policy.adapted:
-            self.policy.add_adapter()  # after the warm-up: from here the adapter trains
+        if spec.model.lora is not None:  # restored with it, or added after the warm-up:
+            if not self.policy.adapted:  # from here the adapter trains
+                self.policy.add_adapter()
             if self.cores is not None:  # its parameters' gradients too
                 self.cores.hook(self.policy.model)
         self.policy.freeze_reference(ref_state)
