@@ -116,3 +116,27 @@ def test_merged_weights_compute_what_the_adapter_does_and_the_reference_is_the_b
     # the base's weights are untouched by the merge, and are the reference's state
     for k, v in AdapterOff(lora).state_dict().items():
         assert torch.equal(v, base[k]), k
+
+
+def test_the_adapters_dropout_acts_in_the_policys_forwards_in_eval_mode_too():
+    """A model from `from_pretrained` is in eval mode, where PEFT's dropout would never
+    act: model.lora.dropout is on in the policy's forwards all the same, and 0 is none."""
+    from peft import get_peft_model
+
+    from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.trainer.lora import dropout_on, lora_config
+
+    spec = ModelSpec(path=f"random:{TINY}", tokenizer="builtin:char", dtype="float32")
+    tok = load_tokenizer(spec)
+    ids = torch.tensor([tok.encode("12+34=46")])
+    for dropout, differ in ((0.5, True), (0.0, False)):
+        model = build_model(spec, tok, seed=0, dtype=torch.float32).eval()
+        lora = get_peft_model(model, lora_config(LoraSpec(rank=4, dropout=dropout), model))
+        assert dropout_on(lora) == (28 if dropout else 0)  # 7 modules in each of 4 layers
+        assert not lora.get_base_model().training  # the model itself stays in eval mode
+        for name, p in lora.named_parameters():
+            if ".lora_B." in name:
+                p.data.normal_(0, 0.05)
+        with torch.no_grad():
+            a, b = (lora(input_ids=ids).logits for _ in range(2))
+        assert (not torch.equal(a, b)) == differ, dropout

@@ -33,6 +33,18 @@ def lora_config(spec: LoraSpec, model):
                       bias="none", task_type="CAUSAL_LM")
 
 
+def dropout_on(model) -> int:
+    """The adapter's dropout modules set to drop in the policy's forwards, whichever
+    mode the model was loaded in (`from_pretrained` leaves it in eval mode, where PEFT's
+    dropout would never act); returns how many."""
+    on = 0
+    for name, module in model.named_modules():
+        if name.endswith(f".lora_dropout.{ADAPTER}") and isinstance(module, torch.nn.Dropout):
+            module.train()
+            on += 1
+    return on
+
+
 def module_names(model) -> list[str]:
     """The distinct names of `model`'s linear modules, its output head left out."""
     head = model.get_output_embeddings()

@@ -174,9 +174,10 @@ class TorchPolicy(Policy):
         every other weight frozen; after the warm-up, before the optimizer is made."""
         from peft import get_peft_model
 
-        from .lora import lora_config
+        from .lora import dropout_on, lora_config
 
         self.model = get_peft_model(self.model, lora_config(self.lora, self.model))
+        dropout_on(self.model)  # model.lora.dropout, in eval mode too
         self.wrapped = self.model
         if self.world > 1:  # DDP takes the parameters that train at its making
             self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model,

@@ -25,8 +25,9 @@ class LoraSpec(ApiModel):
                          description="The adapter's scale is alpha / rank.")
     dropout: float = Field(
         0.0, ge=0, lt=1,
-        description="Dropout on the adapter's input while training (0: the trainer's "
-        "log-probs are those the rollouts compute, up to rounding).")
+        description="Dropout on the adapter's input in the trainer's forwards of the "
+        "policy (its log-probs then vary from forward to forward; 0: they are those the "
+        "rollouts compute, up to rounding).")
     target_modules: list[str] | None = Field(
         None, min_length=1, max_length=64,
         description="Names of the linear modules that get an adapter (e.g. q_proj, "
