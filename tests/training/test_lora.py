@@ -30,6 +30,7 @@ def test_a_lora_job_trains_its_adapter_alone_resumes_and_saves_it_with_merged_we
 
     from rljob.api.spec import ModelSpec
     from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.trainer.lora import hf_name
 
     # two trainer ranks: the adapter's gradients all-reduced (DDP made again around the
     # adapted model), its optimizer state sharded (ZeRO-1)
@@ -67,8 +68,7 @@ def test_a_lora_job_trains_its_adapter_alone_resumes_and_saves_it_with_merged_we
     # the adapter in PEFT's format on the base of the last checkpoint computes what
     # the merged model computes
     plain = build_model(spec, tok, dtype=torch.float32)
-    plain.load_state_dict({k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
-                           for k, v in ck6["model"].items() if k in base})
+    plain.load_state_dict({hf_name(k): v for k, v in ck6["model"].items() if k in base})
     lora = PeftModel.from_pretrained(plain, str(final / "adapter"))
     ids = torch.tensor([tok.encode("12+34=")])
     with torch.no_grad():

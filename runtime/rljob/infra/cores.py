@@ -139,12 +139,13 @@ class CoreShare:
             _pin_all(cores)
         self.current = cores
 
-    def hook(self, model) -> None:
-        """Follow the others while `model` computes: before each layer's forward,
-        and as each parameter's gradient arrives in backward."""
+    def hook(self, model, layers: bool = True) -> None:
+        """Follow the others while `model` computes: before each layer's forward
+        (unless `layers` is False: its layers are hooked already), and as each
+        parameter that trains gets its gradient in backward."""
         # lambdas, not bound methods: a deep copy of the model (the frozen
         # reference) shares them instead of copying this share
-        for layer in _layers(model):
+        for layer in _layers(model) if layers else ():
             layer.register_forward_pre_hook(lambda *_: self.adapt())
         for p in model.parameters():
             if p.requires_grad:

@@ -153,16 +153,21 @@ class TorchPolicy(Policy):
         # float32 master weights; the passes compute in `self.compute`
         self.model = build_model(spec.model, tok, seed=spec.algorithm.seed,
                                  dtype=torch.float32).to(torch_device)
-        self.wrapped = self.model
-        if world > 1:
-            ids = [torch_device] if device.accelerated else None
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.rank = rank
         self.data_rank, self.data_world = rank, world  # every rank trains its own shard
         self.data_group = None  # the default group: every trainer rank
+        self._ddp_ids = [torch_device] if device.accelerated else None
+        self._wrap()
         self.ref = None
         self.lora = spec.model.lora  # None: every weight trains
-        self.world, self.ddp_ids = world, ([torch_device] if device.accelerated else None)
+
+    def _wrap(self) -> None:
+        """`wrapped`: the model under DDP over the data-parallel ranks (which takes the
+        parameters that train at its making), or the model itself on one rank."""
+        self.wrapped = self.model
+        if self.data_world > 1:
+            self.wrapped = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=self._ddp_ids)
 
     @property
     def adapted(self) -> bool:
@@ -178,10 +183,7 @@ class TorchPolicy(Policy):
 
         self.model = get_peft_model(self.model, lora_config(self.lora, self.model))
         dropout_on(self.model)  # model.lora.dropout, in eval mode too
-        self.wrapped = self.model
-        if self.world > 1:  # DDP takes the parameters that train at its making
-            self.wrapped = torch.nn.parallel.DistributedDataParallel(self.model,
-                                                                     device_ids=self.ddp_ids)
+        self._wrap()  # again: DDP over the adapter's parameters
 
     def freeze_reference(self, state: dict | None = None) -> None:
         """The reference is the policy as it is now (or `state`), frozen, its matrix

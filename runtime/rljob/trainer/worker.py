@@ -146,8 +146,8 @@ class TrainerWorker:
         if spec.model.lora is not None:  # restored with it, or added after the warm-up:
             if not self.policy.adapted:  # from here the adapter trains
                 self.policy.add_adapter()
-            if self.cores is not None:  # its parameters' gradients too
-                self.cores.hook(self.policy.model)
+            if self.cores is not None:  # its parameters' gradients too; its layers are
+                self.cores.hook(self.policy.model, layers=False)  # hooked already
         self.policy.freeze_reference(ref_state)
         self.opt = make_optimizer(self.policy, spec.algorithm.lr)
         if opt_state is not None:
