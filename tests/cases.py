@@ -137,6 +137,11 @@ INVALID = [
             {"spec": {**ASCEND, "trainer": {"engine": "megatron"}, "model": {"lora": {}}}},
             'spec.model.lora: Invalid value: "object": model.lora is trained by '
             "trainer.engine torch"),
+    Invalid("lora-vllm-collective",
+            {"spec": {**ASCEND, "model": {"lora": {}}, "rollout": {"engine": "vllm"},
+                      "workflow": {"weightTransport": "collective"}}},
+            'spec.workflow.weightTransport: Invalid value: "object": model.lora\'s updates '
+            "reach vLLM over gRPC"),
     Invalid("lora-rank-zero", {"spec": {"model": {"lora": {"rank": 0}}}},
             "spec.model.lora.rank: Invalid value: 0: spec.model.lora.rank in body should be "
             "greater than or equal to 1"),

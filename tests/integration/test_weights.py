@@ -437,3 +437,58 @@ def test_a_joining_replica_waits_out_a_warm_up_longer_than_its_wait(sender):
     late = WeightReceiver(address, "rollout-1", mode="async")
     with pytest.raises(grpc.RpcError, match="version 5 not published within 1.0s"):
         late.load_latest(Engine(), min_version=5, wait=1.0)
+
+
+def adapter(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + seed)
+    return {"layers.0.q_proj.lora_A.weight": torch.randn(4, 16, generator=g),
+            "layers.0.q_proj.lora_B.weight": torch.randn(16, 4, generator=g)}
+
+
+def nbytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+@pytest.mark.parametrize("transport", ["grpc", "collective"])
+def test_an_adapter_only_sync_sends_the_base_once_to_each_receiver_of_a_life(transport):
+    """model.lora: the sender publishes the base with the first version and the adapter
+    alone after it. A replica gets base + adapter first, then the adapter alone each
+    version; a replica that joins later gets the base with the latest adapter; a new
+    trainer life (another epoch) sends every replica its base again."""
+    port = free_port()
+    first = WeightSender(f"127.0.0.1:{port}", epoch=31, transport=transport,
+                         bucket_bytes=1 << 20)
+    base = weights(7)
+    first.publish(0, adapter(0), base=base)
+    engine, late = Engine(), Engine()
+    receiver = WeightReceiver(f"127.0.0.1:{port}", "rollout-0", transport=transport)
+    joiner = WeightReceiver(f"127.0.0.1:{port}", "rollout-1", transport=transport)
+    second = None
+    try:
+        receiver.load_latest(engine)
+        assert_same(engine.state, {**base, **adapter(0)})
+        receiver.start_background(engine, heartbeat=0.5)
+        for v in (1, 2):
+            first.publish(v, adapter(v))
+            receiver.wait_version(v, timeout=30)
+            assert_same(engine.state, adapter(v))  # the adapter alone
+        assert receiver.update_bytes == [nbytes(base) + nbytes(adapter(0)),
+                                         nbytes(adapter(1)), nbytes(adapter(2))]
+        assert first.Latest(None, None).total_bytes == nbytes(adapter(2))
+        assert joiner.load_latest(late) == 2  # a replica added later
+        assert_same(late.state, {**base, **adapter(2)})
+        first.stop(grace=0)
+        second = WeightSender(f"127.0.0.1:{port}", epoch=32, transport=transport,
+                              bucket_bytes=1 << 20)
+        second.publish(1, adapter(1), base=weights(8))  # restored from step 1
+        receiver.wait_version(1, timeout=60, epoch=32)
+        assert_same(engine.state, {**weights(8), **adapter(1)})
+        second.publish(2, adapter(5))
+        receiver.wait_version(2, timeout=30, epoch=32)
+        assert_same(engine.state, adapter(5))
+    finally:
+        receiver.stop()
+        joiner.stop()
+        for s in (first, second):
+            if s is not None:
+                s.stop(grace=0)

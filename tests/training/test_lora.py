@@ -11,6 +11,7 @@ import torch
 from .test_runtime import REPO, job, metrics, rljob_run
 
 ADAPTER = re.compile(r"\.lora_[AB]\.")
+UPDATE = re.compile(r"weights: version (\d+) in \(([\d.]+) MB\)")
 
 
 def _optimizer_mb(run_dir) -> float:
@@ -56,6 +57,16 @@ def test_a_lora_job_trains_its_adapter_alone_resumes_and_saves_it_with_merged_we
     # them (a base without it would drift from the trainer as the adapter trains)
     mismatch = [m["logp_mismatch_max"] for m in rows if m.get("logp_mismatch_max") is not None]
     assert mismatch and max(mismatch) < 1e-3, mismatch
+    # the updates were the adapter alone: each replica took the base once a trainer
+    # life (its first version, and the resumed life's), then 0.13 MB a version
+    full = sum(v.numel() * 4 for k, v in ck6["model"].items() if k in base)
+    for replica in ("rollout-0", "rollout-1"):
+        text = (run_dir / "logs" / f"{replica}.log").read_text()
+        loads = [(int(v), float(mb) * 1e6) for v, mb in UPDATE.findall(text)]
+        whole = [v for v, size in loads if size >= full]
+        assert whole == [0, 4], loads  # the first life's first, the resumed life's first
+        small = [size for _, size in loads if size < full]
+        assert len(small) >= 2 and len(small) == len(loads) - 2 and max(small) < full / 10
 
     final = run_dir / "final"
     config = json.loads((final / "adapter" / "adapter_config.json").read_text())

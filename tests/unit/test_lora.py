@@ -140,3 +140,58 @@ def test_the_adapters_dropout_acts_in_the_policys_forwards_in_eval_mode_too():
         with torch.no_grad():
             a, b = (lora(input_ids=ids).logits for _ in range(2))
         assert (not torch.equal(a, b)) == differ, dropout
+
+
+def test_an_adapter_update_reaches_a_peft_engine_in_place_and_a_plain_one_merged():
+    """The wire's LoRA version: the base under Hugging Face names once, the adapter
+    under PEFT's names each update. A PEFT model takes both in place (the hf engine:
+    it then computes what the trainer's model computes, bit for bit); an engine of
+    whole weights gets them merged by the receiver (`AdapterMerge`), bit for bit the
+    trainer's own merge; an adapter without a base, or one the model lacks, is an
+    error, never a silent half load."""
+    from peft import get_peft_model
+
+    from rljob.inputs.models import build_model, load_tokenizer
+    from rljob.trainer.lora import (adapter_tensors, base_tensors, load_into, lora_config,
+                                    merged_tensors)
+    from rljob.weights.adapter import AdapterMerge
+
+    spec = ModelSpec(path=f"random:{TINY}", tokenizer="builtin:char", dtype="float32")
+    tok = load_tokenizer(spec)
+    lora_spec = LoraSpec(rank=4, alpha=8)
+
+    def peft(seed):
+        model = build_model(spec, tok, seed=seed, dtype=torch.float32)
+        return get_peft_model(model, lora_config(lora_spec, model))
+
+    trainer, engine = peft(0), peft(5)  # the engine's base starts elsewhere
+    torch.manual_seed(2)
+    for name, p in trainer.named_parameters():
+        if ".lora_" in name:
+            p.data.normal_(0, 0.05)
+    adapter = {k: v.clone() for k, v in adapter_tensors(trainer)}  # version 0's
+    base = dict(base_tensors(trainer))
+    assert all(".lora_A.weight" in k or ".lora_B.weight" in k for k in adapter)
+    assert sum(v.numel() for v in adapter.values()) * 10 < sum(v.numel() for v in base.values())
+    with pytest.raises(ValueError, match="adapter of 2 weights"):
+        load_into(engine, dict(list(adapter.items())[:2]))
+    load_into(engine, {**base, **adapter})  # a life's first version
+    ids = torch.tensor([tok.encode("12+34=46")])
+    with torch.no_grad():
+        assert torch.equal(engine(input_ids=ids).logits, trainer(input_ids=ids).logits)
+    for name, p in trainer.named_parameters():  # the next update: the adapter alone
+        if ".lora_B." in name:
+            p.data.add_(0.01)
+    load_into(engine, dict(adapter_tensors(trainer)))
+    with torch.no_grad():
+        assert torch.equal(engine(input_ids=ids).logits, trainer(input_ids=ids).logits)
+
+    merge = AdapterMerge(lora_spec.rank, lora_spec.alpha)
+    with pytest.raises(ValueError, match="before any base"):
+        merge(dict(adapter_tensors(trainer)))
+    merged = merge({**base, **adapter})
+    again = merge(dict(adapter_tensors(trainer)))  # the base kept from the first
+    want = dict(merged_tensors(trainer))
+    assert set(again) == set(want)
+    assert all(torch.equal(again[k], want[k]) for k in want)
+    assert any(not torch.equal(merged[k], again[k]) for k in want)

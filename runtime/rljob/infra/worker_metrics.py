@@ -71,6 +71,9 @@ class WorkerMetrics:
             "rljob_weight_transfer_seconds", "A rollout's weight update: moving the version "
             "from the trainer (gRPC stream or collective broadcast)", ["worker"],
             buckets=buckets, registry=reg).labels(worker)
+        self.weight_bytes = one(Counter, "rljob_weight_update_bytes", "Bytes of the weight "
+                                "versions a rollout loaded (model.lora: the adapter's, the "
+                                "base once a trainer life)")
         # episodes (rollout.environment): a rollout's tool calls and turns
         self.tool_calls = one(Counter, "rljob_tool_calls", "Tool calls the environments "
                               "answered in this worker's episodes")

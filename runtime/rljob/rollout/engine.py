@@ -95,6 +95,9 @@ class RolloutEngine(ABC):
     can_interrupt: bool = False
     gate: UpdateGate | None = None
     keep_cache: bool = False  # interruptCache keep: the rows go on from their KV cache
+    # model.lora: an engine that serves the adapter on its base takes updates of the
+    # adapter alone (`lora.split_adapter`); the others are sent the merged weights
+    takes_adapter: bool = False
 
     def interruptible(self, keep: bool = False) -> RolloutEngine:
         """From now on an update interrupts generation instead of draining it; with
@@ -286,6 +289,7 @@ class HFEngine(RolloutEngine):
     anew."""
 
     can_interrupt = True
+    takes_adapter = True  # model.lora: PEFT's adapter on the model, updated in place
 
     def __init__(self, model, tokenizer):
         import torch
@@ -310,10 +314,23 @@ class HFEngine(RolloutEngine):
                seed: int) -> HFEngine:
         if model is None:
             raise ValueError("the hf engine needs the model")
+        if model_spec.lora is not None:  # the trainer's adapter, computed as it computes it
+            from peft import get_peft_model
+
+            from ..trainer.lora import lora_config
+
+            model = get_peft_model(model, lora_config(model_spec.lora, model))
         return cls(model, tokenizer)
 
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
-        self.model.load_state_dict(state_dict)
+        """A version in place: every weight, or with model.lora the adapter's (and,
+        the first time from a trainer life, the base's under it)."""
+        if hasattr(self.model, "disable_adapter"):
+            from ..trainer.lora import load_into
+
+            load_into(self.model, state_dict)
+        else:
+            self.model.load_state_dict(state_dict)
         self.version, self.epoch = version, epoch
 
     def weight_device(self):

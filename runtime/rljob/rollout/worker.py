@@ -40,6 +40,7 @@ from ..transferqueue import Batch
 from ..transferqueue.consumer import Consumer, ride_out, warn
 from ..transferqueue.dataplane import TransferQueueError
 from ..weights import WeightReceiver
+from ..weights.adapter import AdapterMerge
 from ..weights.collective import BACKENDS
 from ..workflow.dispatch import rollout_claim_policy
 from ..workflow.release import ReleaseRule
@@ -156,9 +157,12 @@ class RolloutWorker:
                 rows=32, compute=lambda: computing(self.cores),
                 spans=self.spans)
         self.reward_fn = get_reward(spec.reward.name)  # a file's path is absolute here
+        lora = spec.model.lora  # its updates are the adapter: merged for an engine
+        merge = (AdapterMerge(lora.rank, lora.alpha)  # that loads whole weights only
+                 if lora is not None and not self.engine.takes_adapter else None)
         self.receiver = WeightReceiver(self.weights_address, self.name,
                                        spec.workflow.weight_sync, spec.weight_transport,
-                                       BACKENDS[accelerator])
+                                       BACKENDS[accelerator], merge)
         with self.spans.span("weight-sync", -1):
             self.receiver.load_latest(self.engine, 0)  # joining: the newest version first
         self.receiver.start_background(self.engine)
@@ -656,13 +660,15 @@ def run_rollout(spec: RLJobSpec, tq_address: str, weights_address: str, replica:
 def _log_swaps(receiver, spans, metrics, logged: int) -> int:
     """Record the weight swaps since the first `logged` ones (timeline spans and
     histograms); return how many are recorded now."""
-    for (t0, t1, v), drain, transfer in zip(receiver.swap_seconds[logged:],
-                                            receiver.drain_seconds[logged:],
-                                            receiver.transfer_seconds[logged:]):
+    for (t0, t1, v), drain, transfer, nbytes in zip(receiver.swap_seconds[logged:],
+                                                    receiver.drain_seconds[logged:],
+                                                    receiver.transfer_seconds[logged:],
+                                                    receiver.update_bytes[logged:]):
         spans.add("weight-sync", t0, t1, v)
         metrics.weight_swap.observe(t1 - t0)
         metrics.weight_drain.observe(drain)
         metrics.weight_transfer.observe(transfer)
+        metrics.weight_bytes.inc(nbytes)
     return len(receiver.swap_seconds)
 
 

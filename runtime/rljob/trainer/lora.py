@@ -10,15 +10,14 @@ PEFT is imported only here, and only for a job that sets model.lora."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import torch
 
 from ..api.spec import LoraSpec
+from ..weights.adapter import PEFT_PREFIX, is_adapter, split_adapter
 
 ADAPTER = "default"  # the one adapter's name in PEFT
-PEFT_PREFIX = "base_model.model."
 
 
 def lora_config(spec: LoraSpec, model):
@@ -89,9 +88,6 @@ def hf_name(name: str) -> str:
     return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
 
 
-_ADAPTER_PARAM = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
-
-
 def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
     """The plain model's weights, under their Hugging Face names, with each adapter
     merged into its weight (W + scale * B A, computed in float32 beside W: the model
@@ -103,7 +99,7 @@ def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
         if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
             deltas[f"{name}.base_layer.weight"] = module
     for name, tensor in model.state_dict().items():
-        if _ADAPTER_PARAM.search(name):
+        if is_adapter(name):
             continue
         layer = deltas.get(name)
         if layer is not None and not layer.disable_adapters:
@@ -111,10 +107,52 @@ def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield hf_name(name), tensor.detach()
 
 
+def base_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's weights (the adapter left out) under Hugging Face names, one
+    at a time."""
+    for k, v in model.state_dict().items():
+        if not is_adapter(k):
+            yield hf_name(k), v.detach()
+
+
 def base_state(model) -> dict[str, torch.Tensor]:
-    """The base model's weights (the adapter left out) under Hugging Face names."""
-    return {hf_name(k): v for k, v in model.state_dict().items()
-            if not _ADAPTER_PARAM.search(k)}
+    """`base_tensors` in a dict."""
+    return dict(base_tensors(model))
+
+
+def adapter_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter's weights under PEFT's names as it saves them (what vLLM's and
+    PEFT's loaders read), one at a time."""
+    from peft import get_peft_model_state_dict
+
+    for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items():
+        yield k, v.detach()
+
+
+def load_into(model, state: dict) -> None:
+    """A received version into a PEFT `model` in place: its base weights (Hugging Face
+    names; a receiver's first version) and its adapter's (PEFT's names, every
+    update). A weight the model does not have, or an incomplete adapter, is an error."""
+    from peft import set_peft_model_state_dict
+
+    base, adapter = split_adapter(state)
+    if base:
+        names = {hf_name(k): k for k in model.state_dict() if not is_adapter(k)}
+        unknown = sorted(set(base) - set(names))
+        if unknown:
+            raise ValueError(f"weights the adapted model lacks: {', '.join(unknown[:5])}")
+        missing = model.load_state_dict({names[k]: v for k, v in base.items()},
+                                        strict=False).missing_keys
+        if {k for k in missing if not is_adapter(k)}:
+            raise ValueError(f"a base of {len(base)} weights misses some of the model's")
+    if adapter:
+        result = set_peft_model_state_dict(model, adapter, adapter_name=ADAPTER)
+        if result.unexpected_keys:
+            raise ValueError("adapter weights the model does not have: "
+                             + ", ".join(result.unexpected_keys[:5]))
+        want = sum(1 for k in model.state_dict() if is_adapter(k))
+        if len(adapter) != want:
+            raise ValueError(f"an adapter of {len(adapter)} weights for {want} in the model")
 
 
 class AdapterOff(torch.nn.Module):

@@ -125,6 +125,11 @@ class Policy:
         (which still take their part)."""
         raise NotImplementedError
 
+    def base_tensors(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The weights under an adapter whose updates are the adapter alone, sent once
+        a trainer life; None where `hf_tensors` are the whole model (here)."""
+        return None
+
     def hf_state(self) -> dict[str, torch.Tensor] | None:
         """Collective: `hf_tensors` on the host, on the sending rank; None elsewhere."""
         return {k: v.to("cpu") for k, v in self.hf_tensors()} or None
@@ -207,17 +212,40 @@ class TorchPolicy(Policy):
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Weights under Hugging Face names in the compute dtype (what rollouts load),
         on this rank's device, one at a time (a cast makes one tensor at a time, not
-        a second model); only rank 0 sends them, the others yield nothing."""
+        a second model); only rank 0 sends them, the others yield nothing. A LoRA
+        policy's are its adapter alone, under PEFT's names (`base_tensors` the rest,
+        sent once a trainer life: `weights/adapter.py`)."""
         if self.rank != 0:
             return
-        if self.adapted:  # the adapter merged in, computed beside the model
-            from .lora import merged_tensors
+        if self.adapted:
+            from .lora import adapter_tensors
 
-            for k, v in merged_tensors(self.model):
+            for k, v in adapter_tensors(self.model):
                 yield k, v.to(self.compute)
             return
         for k, v in self.model.state_dict().items():
             yield k, v.detach().to(self.compute)
+
+    def base_tensors(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """A LoRA policy's weights under its adapter (they do not change while it
+        trains), under Hugging Face names in the compute dtype, one at a time on rank
+        0; None for every other policy (its `hf_tensors` are whole)."""
+        if not self.adapted:
+            return None
+        from .lora import base_tensors
+
+        return ((k, v.to(self.compute)) for k, v in base_tensors(self.model)
+                if self.rank == 0)
+
+    def hf_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole model under Hugging Face names on the host (the critic's start), a
+        LoRA policy's with its adapter merged in; None on ranks but 0."""
+        if not self.adapted:
+            return super().hf_state()
+        from .lora import merged_tensors
+
+        return {k: v.to("cpu") for k, v in merged_tensors(self.model)} if self.rank == 0 \
+            else None
 
     def saves_checkpoint(self, rank: int) -> bool:
         return rank == 0  # every rank holds the same weights
@@ -247,13 +275,16 @@ class TorchPolicy(Policy):
         if self.adapted:
             from safetensors.torch import save_file
 
+            from .lora import merged_tensors
+
             self.model.save_pretrained(path / "adapter")
             base = self.model.get_base_model()
             base.config.save_pretrained(path)
             if base.generation_config is not None:
                 base.generation_config.save_pretrained(path)
             # a copy each: safetensors refuses tensors that share storage (a tied head)
-            save_file({k: v.to("cpu").contiguous().clone() for k, v in self.hf_tensors()},
+            save_file({k: v.to(self.compute).to("cpu").contiguous().clone()
+                       for k, v in merged_tensors(self.model)},
                       str(path / "model.safetensors"), metadata={"format": "pt"})
         else:
             self.model.save_pretrained(path)

@@ -154,14 +154,16 @@ class TrainerWorker:
             self.opt.load_state_dict(opt_state)  # ZeRO: each rank keeps its shard
         # collective (megatron gathers tensor-parallel shards): the critic starts
         # from the policy's weights; the sender copies them a tensor at a time
+        state = tensors = None
         if spec.algorithm.critic:  # one collective: rank 0 gets the dict, the rest None
-            state = tensors = self.policy.hf_state()
-        else:
-            state, tensors = None, self.policy.hf_tensors()
+            state = self.policy.hf_state()  # a LoRA policy's merged
+        if not spec.algorithm.critic or self.policy.base_tensors() is not None:
+            tensors = self.policy.hf_tensors()
             if rank != 0:
                 drain(tensors)
-        if rank == 0:
-            self.sender.publish(self.start, tensors)
+        if rank == 0:  # model.lora's adapter-only sync: the base goes with it, once a life
+            self.sender.publish(self.start, state if tensors is None else tensors,
+                                base=self.policy.base_tensors())
             self.published_at[self.start] = time.time()
             self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
             if self.consumer.released:  # what an earlier life of this rank held

@@ -32,8 +32,12 @@ class WeightReceiver:
     (`latest` + `wait_version`)."""
 
     def __init__(self, address: str, replica: str, mode: str = "async",
-                 transport: str = "grpc", backend: str = "gloo"):
+                 transport: str = "grpc", backend: str = "gloo",
+                 merge: Callable[[dict], dict] | None = None):
         self.client = WeightClient(address)
+        # model.lora for an engine that loads whole weights: each received version
+        # (the adapter, the base with a life's first) merged (`adapter.AdapterMerge`)
+        self.merge = merge
         self.replica = replica
         self.mode = mode
         self.transport, self.backend = transport, backend
@@ -46,6 +50,7 @@ class WeightReceiver:
         self.swap_seconds: list[tuple[float, float, int]] = []  # (start, end, version)
         self.drain_seconds: list[float] = []  # of each swap: waiting for generations in flight
         self.transfer_seconds: list[float] = []  # of each update: moving the bytes
+        self.update_bytes: list[int] = []  # of each update (model.lora: the adapter's)
         self._store = self._group = self._group_name = None  # the collective path's
         # called in the receiving thread after each swap (the engine holds
         # `self.version`): the rollout moves its claims' release bound
@@ -58,11 +63,15 @@ class WeightReceiver:
             return self._update_collective(engine, min_version, wait)
         version, state = self.client.fetch(min_version, wait, self.epoch)
         epoch = self.client.last_epoch
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        if self.merge is not None:
+            state = self.merge(state)
         self._swap(engine, version, epoch, self.client.last_transfer_seconds,
-                   lambda: engine.load_weights(state, version, epoch))
+                   lambda: engine.load_weights(state, version, epoch), nbytes)
         return version
 
-    def _swap(self, engine, version: int, epoch: int, transfer: float | None, load) -> None:
+    def _swap(self, engine, version: int, epoch: int, transfer: float | None, load,
+              nbytes: int) -> None:
         t0 = time.time()
         if epoch != self.epoch and self.epoch:
             log.info("the trainer restarted: taking version %d of its new epoch "
@@ -83,6 +92,8 @@ class WeightReceiver:
             with self.lock:  # drain: waits for the generation in progress to finish
                 swap_in()
         self.swap_seconds.append((t0, ended[0], version))
+        self.update_bytes.append(nbytes)
+        log.info("weights: version %d in (%.3f MB)", version, nbytes / 1e6)
         self.drain_seconds.append(engine.drain_seconds + waited[0])
         self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
         with self.swapped:
@@ -118,15 +129,22 @@ class WeightReceiver:
                  for t in plan.tensors]
         sizes, version, epoch = list(plan.buckets), plan.version, plan.epoch
         try:
+            if engine.weight_ranks and self.merge is not None:
+                raise ValueError("an engine that receives broadcasts in processes of its "
+                                 "own loads no adapter to merge: weightTransport grpc")
             if engine.weight_ranks:  # its processes receive, while its requests drain
                 self._swap(engine, version, epoch, None,
-                           lambda: engine.load_broadcast(sizes, slots, version, epoch))
+                           lambda: engine.load_broadcast(sizes, slots, version, epoch),
+                           sum(s.nbytes for s in slots))
             else:  # received while generating goes on, swapped between generations
                 t0 = time.monotonic()
                 state = coll.unpack(slots, coll.receive(self._group, sizes,
                                                         engine.weight_device()))
+                if self.merge is not None:
+                    state = self.merge(state)
                 self._swap(engine, version, epoch, time.monotonic() - t0,
-                           lambda: engine.load_weights(state, version, epoch))
+                           lambda: engine.load_weights(state, version, epoch),
+                           sum(s.nbytes for s in slots))
         except RuntimeError:  # the group broke (the sender died, or a transfer stalled)
             self._group = self._group_name = None
             raise

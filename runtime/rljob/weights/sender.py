@@ -4,6 +4,7 @@ replica (`collective.py`), and tracks what every replica reports it loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -44,6 +45,14 @@ class _Published:
         for name, t in coll.unpack(self.slots, self.buckets).items():
             dtype, data = host_bytes(t)
             yield name, dtype, list(t.shape), data
+
+    def after(self, base: _Published) -> _Published:
+        """This version with `base` (the weights under its adapter) first: a receiver
+        that holds no base of this sender yet gets both in one transfer."""
+        shift = len(base.buckets)
+        slots = [dataclasses.replace(s, bucket=s.bucket + shift) for s in self.slots]
+        return _Published(self.version, base.tensors + self.tensors, base.slots + slots,
+                          base.buckets + self.buckets, self.device)
 
     def plan(self, epoch: int) -> pb.BroadcastPlan:
         return pb.BroadcastPlan(
@@ -131,6 +140,7 @@ class WeightSender(pbg.WeightServiceServicer):
         self.bucket_bytes, self.group_timeout = bucket_bytes, group_timeout
         self._groups: dict[str, _Group] = {}
         self._latest: _Published | None = None
+        self._base: _Published | None = None  # model.lora: the weights under the adapter
         self._cond = threading.Condition()
         self._closing = False
         self._replicas: dict[str, tuple[int, float]] = {}
@@ -148,25 +158,35 @@ class WeightSender(pbg.WeightServiceServicer):
     def version(self) -> int:
         return self._latest.version if self._latest else -1
 
-    def publish(self, version: int, tensors) -> None:
+    def publish(self, version: int, tensors, base=None) -> None:
         """Make `version` the one served: a host copy of `tensors` (a dict, or (name,
         tensor) pairs copied one at a time as they come, e.g. `Policy.hf_tensors`):
-        buckets with the collective transport, bytes per tensor with grpc."""
+        buckets with the collective transport, bytes per tensor with grpc. `base`
+        (model.lora's adapter-only sync: `tensors` is the adapter alone, `base` the
+        weights under it, `Policy.base_tensors`) is kept for this sender's life and
+        sent before the version to every receiver that does not hold it: one that
+        holds no version of this epoch (new, restarted, or of a dead trainer life)."""
+        pub = self._copy(version, tensors)
+        kept = self._copy(version, base) if base is not None else None
+        with self._cond:
+            if kept is not None:
+                self._base = kept
+            self._latest = pub
+            self._cond.notify_all()
+
+    def _copy(self, version: int, tensors) -> _Published:
         items = iter(tensors.items() if isinstance(tensors, dict) else tensors)
         if self.transport == "collective":
             first = next(items, None)
             device = first[1].device if first else torch.device("cpu")
             chained = itertools.chain([first] if first else [], items)
-            pub = _Published(version, (), *coll.pack(chained, self.bucket_bytes), device=device)
-        else:
-            host = []
-            for name, t in items:
-                dtype, data = host_bytes(t)
-                host.append((name, dtype, list(t.shape), data))
-            pub = _Published(version, host)
-        with self._cond:
-            self._latest = pub
-            self._cond.notify_all()
+            return _Published(version, (), *coll.pack(chained, self.bucket_bytes),
+                              device=device)
+        host = []
+        for name, t in items:
+            dtype, data = host_bytes(t)
+            host.append((name, dtype, list(t.shape), data))
+        return _Published(version, host)
 
     def wait_replicas(self, version: int, timeout: float, fresh_seconds: float = 10.0,
                       live: bool = False) -> bool:
@@ -218,6 +238,8 @@ class WeightSender(pbg.WeightServiceServicer):
                                   f"version {request.min_version} not published within "
                                   f"{request.wait_seconds}s (latest {self.version})")
                 self._cond.wait(min(left, 1.0))
+            if self._base is not None and request.epoch != self.epoch:
+                return self._latest.after(self._base)  # it holds none of this life's base
             return self._latest
 
     def Fetch(self, request, context) -> Iterator[bytes]:

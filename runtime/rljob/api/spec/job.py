@@ -202,7 +202,10 @@ class RLJobSpec(ApiModel):
 
     @property
     def weight_transport(self) -> str:
-        """The weight transport in force between this job's trainer and rollouts."""
+        """The weight transport in force between this job's trainer and rollouts
+        (auto with model.lora: grpc, as an update is the adapter's megabytes)."""
+        if self.model.lora is not None and self.workflow.weight_transport == "auto":
+            return "grpc"
         return self.workflow.transport(self.accelerator_for("trainer").type,
                                        self.accelerator_for("rollout").type)
 
@@ -214,6 +217,16 @@ class RLJobSpec(ApiModel):
             "model.lora or set trainer.engine: torch",
             check=lambda s: s.model.lora is None or s.trainer.engine == "torch",
             field_path=".model.lora",
+        ),
+        Rule(
+            cel="!has(self.model.lora) || self.rollout.engine != 'vllm' || "
+            "self.workflow.weightTransport != 'collective'",
+            message="model.lora's updates reach vLLM over gRPC (its workers receive a "
+            "broadcast into whole weights, an update is the adapter's megabytes): set "
+            "workflow.weightTransport: grpc or auto",
+            check=lambda s: s.model.lora is None or s.rollout.engine != "vllm"
+            or s.workflow.weight_transport != "collective",
+            field_path=".workflow.weightTransport",
         ),
         Rule(
             cel="!has(self.dataset.warmupPath) || "
