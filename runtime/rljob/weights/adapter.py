@@ -41,6 +41,15 @@ def delta(a: torch.Tensor, b: torch.Tensor, scale: float, shape) -> torch.Tensor
     return d if tuple(d.shape) == tuple(shape) else d.T
 
 
+def adapter_config(rank: int, alpha: float, adapter: dict) -> dict:
+    """PEFT's adapter_config.json for `adapter` (saved names): its target modules are
+    those its weights adapt (what vLLM's and PEFT's loaders read)."""
+    modules = sorted({adapted_weight(k)[0].rsplit(".", 2)[-2] for k in adapter})
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+            "target_modules": modules, "lora_dropout": 0.0, "bias": "none",
+            "use_rslora": False, "use_dora": False, "init_lora_weights": True}
+
+
 class AdapterMerge:
     """A receiver's merge for an engine that loads whole weights: the base of the
     trainer life it last heard from, merged with each version's adapter."""
