@@ -3,8 +3,10 @@ rollout replica in another process, over each transport side by side: `grpc`
 (host bytes streamed in 4 MiB chunks) and `collective` (buckets broadcast in a
 process group of the two: gloo on CPU, as a CPU job does; NCCL/HCCL on devices).
 
-The state has the tensor shapes of a Qwen2 model built from a config (default:
-Qwen2-0.5B's, bfloat16: 0.99 GB), random values. Printed per transport: the
+The state has the tensor shapes of a Qwen2 model built from a config (`--model`:
+the quickstart's, Qwen2.5-0.5B's (default, bfloat16: 0.99 GB) or Qwen2.5-7B's),
+random values; with `--lora R` a LoRA job's update too: the rank-R adapter on every
+linear module of the layers, alone (`weights/adapter.py`). Printed per transport: the
 sender's publish seconds (host copy or bucket copy), the receiver's transfer
 seconds (first byte to last) and the whole update (published to loaded in the
 replica, which was waiting for it), medians over the rounds after a first one
@@ -12,7 +14,9 @@ replica, which was waiting for it), medians over the rounds after a first one
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -20,7 +24,18 @@ import torch
 
 QWEN2_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}
+# the shapes `--model` names (config.json's fields): Qwen2.5-0.5B's are Qwen2-0.5B's
+MODELS = {
+    "quickstart": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100},
+    "qwen2.5-0.5b": QWEN2_05B,
+    "qwen2.5-7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "tie_word_embeddings": False},
+}
 TRANSPORTS = ("grpc", "collective")
+LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 def qwen2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -40,7 +55,38 @@ def qwen2_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                    p + "input_layernorm.weight": (h,),
                    p + "post_attention_layernorm.weight": (h,)}
     shapes["model.norm.weight"] = (h,)
+    if not cfg.get("tie_word_embeddings", True):
+        shapes["lm_head.weight"] = (v, h)
     return shapes
+
+
+def lora_shapes(cfg: dict, rank: int) -> dict[str, tuple[int, ...]]:
+    """A rank-`rank` LoRA adapter on every linear module of a Qwen2 model's layers (the
+    default of model.lora): PEFT's saved names and shapes, A (r, in) and B (out, r)
+    (pure)."""
+    base = qwen2_shapes({**cfg, "num_hidden_layers": 1, "tie_word_embeddings": True})
+    shapes = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for module in LINEAR:
+            out, inp = base[f"model.layers.0.{module}.weight"]
+            stem = f"base_model.model.model.layers.{i}.{module}"
+            shapes |= {f"{stem}.lora_A.weight": (rank, inp), f"{stem}.lora_B.weight": (out, rank)}
+    return shapes
+
+
+def nbytes(shapes: dict[str, tuple[int, ...]], dtype: str) -> int:
+    """The bytes of tensors of `shapes` in `dtype` (pure: exact without making them)."""
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return sum(size * math.prod(s) for s in shapes.values())
+
+
+def _random(shapes: dict[str, tuple[int, ...]], dtype: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {n: torch.randn(s, generator=g).to(getattr(torch, dtype)) for n, s in shapes.items()}
+
+
+def _host_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 class _Sink:
@@ -99,20 +145,39 @@ def run_transport(transport: str, state: dict[str, torch.Tensor], rounds: int) -
             "transfer_gb_per_s": nbytes / statistics.median(transfer) / 1e9}
 
 
-def run(rounds: int = 3, layers: int | None = None, dtype: str = "bfloat16") -> dict:
-    cfg = dict(QWEN2_05B)
+def run(rounds: int = 3, layers: int | None = None, dtype: str = "bfloat16",
+        model: str = "qwen2.5-0.5b", lora: int | None = None) -> dict:
+    """Whole versions over both transports, and with `lora` the adapter of that rank
+    alone over gRPC (a LoRA job's update). A model whose whole version would not fit
+    three times in free host memory (the state, the sender's copy, the replica's) is
+    not moved whole: its byte count is exact all the same."""
+    cfg = dict(MODELS[model])
     if layers is not None:
         cfg["num_hidden_layers"] = layers
-    g = torch.Generator().manual_seed(0)
-    state = {n: torch.randn(s, generator=g).to(getattr(torch, dtype))
-             for n, s in qwen2_shapes(cfg).items()}
-    results = {"model": {"layers": cfg["num_hidden_layers"], "dtype": dtype,
-                         "tensors": len(state), "rounds": rounds,
-                         "gb": sum(t.numel() * t.element_size() for t in state.values()) / 1e9},
-               "transports": {t: run_transport(t, state, rounds) for t in TRANSPORTS}}
-    g, c = results["transports"]["grpc"], results["transports"]["collective"]
-    results["collective_over_grpc"] = {k: c[k] / g[k] for k in
-                                       ("publish_seconds", "transfer_seconds", "update_seconds")}
+    shapes = qwen2_shapes(cfg)
+    full = nbytes(shapes, dtype)
+    results = {"model": {"name": model, "layers": cfg["num_hidden_layers"], "dtype": dtype,
+                         "tensors": len(shapes), "rounds": rounds, "gb": full / 1e9},
+               "transports": {}}
+    if 3 * full < _host_bytes():
+        state = _random(shapes, dtype)
+        results["transports"] = {t: run_transport(t, state, rounds) for t in TRANSPORTS}
+        del state
+        g, c = results["transports"]["grpc"], results["transports"]["collective"]
+        results["collective_over_grpc"] = {k: c[k] / g[k] for k in
+                                           ("publish_seconds", "transfer_seconds",
+                                            "update_seconds")}
+    else:
+        results["model"]["not_moved"] = (f"{full / 1e9:.1f} GB three times is more than "
+                                         f"the {_host_bytes() / 1e9:.1f} GB free")
+    if lora:
+        adapter = lora_shapes(cfg, lora)
+        r = run_transport("grpc", _random(adapter, dtype), rounds)
+        results["lora"] = {"rank": lora, "tensors": len(adapter), "grpc": r,
+                           "bytes_over_full": r["bytes"] / full}
+        if results["transports"]:
+            results["lora"]["update_over_full"] = (
+                r["update_seconds"] / results["transports"]["grpc"]["update_seconds"])
     return results
 
 
@@ -121,16 +186,30 @@ def render(results: dict) -> None:
     from rich.table import Table
 
     m = results["model"]
-    table = Table(title=f"one weight version: Qwen2-0.5B shapes, {m['layers']} layers, "
+    table = Table(title=f"one weight version: {m['name']} shapes, {m['layers']} layers, "
                   f"{m['dtype']}, {m['gb']:.2f} GB in {m['tensors']} tensors; "
                   f"medians of {m['rounds']} rounds")
-    for col in ("transport", "publish s", "transfer s", "update s", "GB/s"):
+    for col in ("update", "transport", "MB", "publish s", "transfer s", "update s", "GB/s"):
         table.add_column(col, justify="right")
-    for name, r in results["transports"].items():
-        table.add_row(name, f"{r['publish_seconds']:.3f}", f"{r['transfer_seconds']:.3f}",
-                      f"{r['update_seconds']:.3f}", f"{r['transfer_gb_per_s']:.2f}")
+    rows = [("whole", name, r) for name, r in results["transports"].items()]
+    lora = results.get("lora")
+    if lora:
+        rows.append((f"LoRA r={lora['rank']}", "grpc", lora["grpc"]))
+    for what, name, r in rows:
+        table.add_row(what, name, f"{r['bytes'] / 1e6:.1f}", f"{r['publish_seconds']:.3f}",
+                      f"{r['transfer_seconds']:.3f}", f"{r['update_seconds']:.3f}",
+                      f"{r['transfer_gb_per_s']:.2f}")
     console = Console()
     console.print(table)
-    r = results["collective_over_grpc"]
-    console.print(f"collective / grpc: publish {r['publish_seconds']:.2f}x, transfer "
-                  f"{r['transfer_seconds']:.2f}x, update {r['update_seconds']:.2f}x")
+    if "not_moved" in m:
+        console.print(f"whole versions not moved ({m['not_moved']}): "
+                      f"{m['gb'] * 1e3:.1f} MB each")
+    r = results.get("collective_over_grpc")
+    if r:
+        console.print(f"collective / grpc: publish {r['publish_seconds']:.2f}x, transfer "
+                      f"{r['transfer_seconds']:.2f}x, update {r['update_seconds']:.2f}x")
+    if lora:
+        line = f"LoRA / whole (grpc): bytes {lora['bytes_over_full']:.4f}x"
+        if "update_over_full" in lora:
+            line += f", update {lora['update_over_full']:.3f}x"
+        console.print(line)

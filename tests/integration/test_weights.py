@@ -352,8 +352,8 @@ def test_bench_weights_prints_both_transports():
     import sys
 
     out = subprocess.run([sys.executable, "-m", "rljob", "bench", "weights", "--rounds", "1",
-                          "--layers", "1", "--json"], capture_output=True, text=True,
-                         timeout=300)
+                          "--layers", "1", "--lora", "16", "--json"], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout)
     want = int(r["model"]["gb"] * 1e9)
@@ -361,6 +361,22 @@ def test_bench_weights_prints_both_transports():
         t = r["transports"][name]
         assert abs(t["bytes"] - want) <= 1 and t["transfer_seconds"] > 0, name
     assert r["collective_over_grpc"]["transfer_seconds"] > 0
+    # a LoRA update of one layer: r (in + out) bf16 values for each of its 7 modules
+    h, f, kv = 896, 4864, 128
+    adapter = 16 * (4 * h + (h + kv) * 2 + 2 * (h + f) + (f + h)) * 2
+    assert r["lora"]["grpc"]["bytes"] == adapter
+    assert r["lora"]["bytes_over_full"] == adapter / r["transports"]["grpc"]["bytes"]
+
+
+def test_the_weight_bench_counts_a_model_too_large_to_move_exactly():
+    from rljob_bench.weights import MODELS, lora_shapes, nbytes, qwen2_shapes
+
+    # Qwen2.5-7B: 7.62 B parameters (its model card), untied head; bfloat16
+    full = nbytes(qwen2_shapes(MODELS["qwen2.5-7b"]), "bfloat16")
+    assert full == 2 * 7_615_616_512
+    # the quickstart model's 604,800 parameters (its tied head once), float32
+    assert nbytes(qwen2_shapes(MODELS["quickstart"]), "float32") == 4 * 604_800
+    assert nbytes(lora_shapes(MODELS["quickstart"], 8), "float32") == 4 * 65_536
 
 
 def test_a_streamed_receive_takes_each_bucket_only_when_asked(monkeypatch):

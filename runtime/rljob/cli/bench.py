@@ -226,15 +226,23 @@ def bench_optimisations(
 def bench_weights(
     rounds: int = typer.Option(3, min=1, help="Versions sent over each transport; medians "
                                "are printed."),
-    layers: int = typer.Option(None, min=1, help="Transformer layers (Qwen2-0.5B: 24)."),
+    layers: int = typer.Option(None, min=1, help="Transformer layers (the model's own "
+                               "by default)."),
     dtype: str = typer.Option("bfloat16", help="The weights' dtype."),
+    model: str = typer.Option("qwen2.5-0.5b", help="Whose shapes: quickstart, "
+                              "qwen2.5-0.5b or qwen2.5-7b."),
+    lora: int = typer.Option(None, min=1, help="Also a LoRA job's update: the adapter of "
+                             "this rank alone."),
     json_out: bool = JSON_OUT,
 ) -> None:
     """One weight version to a replica in another process over grpc and collective
-    (gloo): publish, transfer and update seconds side by side."""
+    (gloo): publish, transfer and update seconds side by side; with --lora a LoRA
+    update's beside them."""
     from rljob_bench import weights as bench
 
-    _report(bench, bench.run(rounds, layers, dtype), json_out)
+    if model not in bench.MODELS:
+        raise typer.BadParameter(f"one of {', '.join(bench.MODELS)}", param_hint="--model")
+    _report(bench, bench.run(rounds, layers, dtype, model, lora), json_out)
 
 
 @bench_app.command("calibration")
