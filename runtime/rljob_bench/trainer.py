@@ -42,7 +42,8 @@ from .examples import example
 from .weights import QWEN2_05B
 
 MODELS = ("tiny", "qwen2-0.5b")
-ENGINES = ("torch", "megatron")
+ENGINES = ("torch", "megatron", "torch-lora")  # torch-lora: the torch engine, model.lora
+DEFAULT_ENGINES = ("torch", "megatron")
 # what Qwen2-0.5B's config adds to its shapes
 QWEN2_05B_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                     "max_position_embeddings": 32768, "rope_theta": 1000000.0,
@@ -83,23 +84,25 @@ def step_shape(group: int, micro_batch: int, micro_batches: int) -> int:
 
 
 def bench_spec(engine: str, accelerator: str, model_path: str, tokenizer: str | None,
-               group: int, prompts: int, micro_batch: int, lr: float = 1e-6):
+               group: int, prompts: int, micro_batch: int, lr: float = 1e-6,
+               lora_rank: int = 16):
     """The job spec the trainer would run: GRPO with the spec's defaults (clip, KL
     to the reference, gradient clip), `engine`, tp 1, no packing. The megatron
     engine is validated as the torch one and swapped in, since a spec refuses
     megatron on CPU (which the bench runs to check the path)."""
     from rljob.api.spec import RLJobSpec
 
+    lora = {"rank": lora_rank, "alpha": 2 * lora_rank} if engine == "torch-lora" else None
     spec = RLJobSpec.model_validate({
         "model": {"path": f"random:{model_path}", "tokenizer": tokenizer,
-                  "dtype": "float32" if accelerator == "cpu" else "bfloat16"},
+                  "dtype": "float32" if accelerator == "cpu" else "bfloat16", "lora": lora},
         "dataset": {"path": "arith.jsonl"},  # not read: the samples are synthetic
         "algorithm": {"groupSize": group, "promptsPerStep": prompts,
                       "samplesPerMicroBatch": micro_batch, "lr": lr},
         "trainer": {"engine": "torch"},
         "accelerator": {"type": accelerator},
     })
-    if engine != "torch":
+    if engine == "megatron":
         spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(
             update={"engine": engine})})
     return spec
@@ -183,9 +186,38 @@ def _weights(policy) -> list[torch.Tensor]:
     return [p.detach().to("cpu", torch.float32, copy=True) for p in policy.parameters()]
 
 
+class HostPeak:
+    """This process's peak resident memory above what it held at the start (a thread
+    reads /proc/self/statm every few ms): what a CPU trainer's step adds."""
+
+    def __init__(self, every: float = 0.005):
+        import os
+        import threading
+
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self.start = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _watch(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.peak = max(self.peak, self._rss())
+
+    def stop(self) -> float:
+        """The peak growth in GB."""
+        self._stop.set()
+        self._thread.join()
+        return (max(self.peak, self._rss()) - self.start) / 1e9
+
+
 def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: int,
                prompt_len: int, response_len: int, group: int, micro_batch: int,
-               micro_batches: int, seed: int = 0) -> dict:
+               micro_batches: int, seed: int = 0, lora_rank: int = 16) -> dict:
     from rljob.infra.device import activate, cores_given, resolve
     from rljob.inputs.models import load_tokenizer
     from rljob.trainer import mcore  # noqa: F401 - registers trainer.engine megatron
@@ -207,7 +239,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
             (tmp / "config.json").write_text(json.dumps(cfg))
             model_path, tokenizer = str(tmp), None
         spec = bench_spec(engine, accelerator, model_path, tokenizer, group, prompts,
-                          micro_batch)
+                          micro_batch, lora_rank=lora_rank)
         tok = (load_tokenizer(spec.model) if tokenizer
                else IdTokenizer(cfg["vocab_size"], QWEN2_EOS))
         if engine == "megatron":
@@ -216,8 +248,12 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
         if device.kind == "gpu":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        gc.collect()
+        host = HostPeak()
         t0 = time.perf_counter()
         policy = make_policy(spec, tok, device, torch_device, 0, 1)
+        if spec.model.lora is not None:  # as the worker does, after its warm-up
+            policy.add_adapter()
         policy.freeze_reference()
         opt = make_optimizer(policy, spec.algorithm.lr)
         _sync(device)
@@ -244,6 +280,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
                 seconds.append(time.perf_counter() - t0)
             last = {**sums, "grad_norm": grad_norm}
         peak = torch.cuda.max_memory_allocated() if device.kind == "gpu" else None
+        host_peak = host.stop()
         after = _weights(policy)
         change = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(after, before)))
         norm = math.sqrt(sum(float((b ** 2).sum()) for b in before))
@@ -255,6 +292,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
             "tokens_per_s": tokens / step_seconds,
             "samples_per_s": prompts * group / step_seconds,
             "peak_memory_gb": peak / 1e9 if peak is not None else None,
+            "peak_host_gb": host_peak,
             "optimizer_state_mb": optimizer_state_bytes(opt) / 1e6,
             "parameters": sum(p.numel() for p in policy.parameters()),
             "build_seconds": build_seconds,
@@ -268,9 +306,10 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
     return result
 
 
-def run(engines: tuple[str, ...] = ENGINES, accelerator: str = "cpu", model: str = "tiny",
-        steps: int = 5, warmup: int = 2, prompt_len: int = 16, response_len: int = 32,
-        group: int = 8, micro_batch: int = 8, micro_batches: int = 2) -> dict:
+def run(engines: tuple[str, ...] = DEFAULT_ENGINES, accelerator: str = "cpu",
+        model: str = "tiny", steps: int = 5, warmup: int = 2, prompt_len: int = 16,
+        response_len: int = 32, group: int = 8, micro_batch: int = 8, micro_batches: int = 2,
+        lora_rank: int = 16) -> dict:
     """Every engine in `engines`, one after the other. An engine that fails (mcore
     missing, a kernel it lacks on this device) is reported with its error; the
     others still run."""
@@ -293,11 +332,17 @@ def run(engines: tuple[str, ...] = ENGINES, accelerator: str = "cpu", model: str
         try:
             results["engines"][engine] = run_engine(
                 engine, accelerator, model, steps, warmup, prompt_len, response_len, group,
-                micro_batch, micro_batches)
+                micro_batch, micro_batches, lora_rank=lora_rank)
         except Exception as exc:  # noqa: BLE001 - reported in the results, next engine
             results["engines"][engine] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    results["job"]["lora_rank"] = lora_rank if "torch-lora" in engines else None
     e = results["engines"]
-    if all("step_seconds" in e.get(n, {}) for n in ENGINES):
+    if all("step_seconds" in e.get(n, {}) for n in ("torch", "torch-lora")):
+        results["lora_over_torch"] = {
+            k: e["torch-lora"][k] / e["torch"][k] if e["torch"][k] else None
+            for k in ("step_seconds", "optimizer_state_mb", "peak_host_gb", "peak_memory_gb")
+            if e["torch"][k] is not None}
+    if all("step_seconds" in e.get(n, {}) for n in DEFAULT_ENGINES):
         results["megatron_over_torch"] = {
             "step_seconds": e["megatron"]["step_seconds"] / e["torch"]["step_seconds"],
             "peak_memory": (e["megatron"]["peak_memory_gb"] / e["torch"]["peak_memory_gb"]
@@ -320,8 +365,8 @@ def render(results: dict) -> None:
     j = results["job"]
     table = Table(title=f"trainer step: {j['model']} on {j['accelerator']} ({j['device']}), "
                   f"{j['dtype']}; medians of {j['steps']} steps after {j['warmup']}")
-    for col in ("engine", "step s", "tokens/s", "peak GB", "optimizer MB", "loss", "KL",
-                "grad norm", "weights Δ", "build s"):
+    for col in ("engine", "step s", "tokens/s", "peak GB", "host peak GB", "optimizer MB",
+                "loss", "KL", "grad norm", "weights Δ", "build s"):
         table.add_column(col, justify="right")
 
     def f(v, fmt="{:.3f}"):
@@ -330,11 +375,12 @@ def render(results: dict) -> None:
     errors = []
     for name, e in results["engines"].items():
         if "error" in e:
-            table.add_row(name, *["-"] * 9)
+            table.add_row(name, *["-"] * 10)
             errors.append(f"{name}: {e['error']}")
             continue
         table.add_row(name, f(e["step_seconds"], "{:.4f}"), f(e["tokens_per_s"], "{:.0f}"),
-                      f(e["peak_memory_gb"], "{:.2f}"), f(e["optimizer_state_mb"], "{:.1f}"),
+                      f(e["peak_memory_gb"], "{:.2f}"), f(e["peak_host_gb"], "{:.2f}"),
+                      f(e["optimizer_state_mb"], "{:.1f}"),
                       f(e["loss"], "{:.2e}"), f(e["kl"], "{:.2e}"), f(e["grad_norm"], "{:.3f}"),
                       f(e["weight_change"], "{:.2e}"), f(e["build_seconds"], "{:.1f}"))
     console = Console(width=max(120, Console().width))
@@ -350,3 +396,7 @@ def render(results: dict) -> None:
     if r:
         mem = f", peak memory {r['peak_memory']:.2f}x" if r["peak_memory"] else ""
         console.print(f"megatron / torch: step seconds {r['step_seconds']:.2f}x{mem}")
+    r = results.get("lora_over_torch")
+    if r:
+        console.print(f"torch-lora (r={j['lora_rank']}) / torch: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.2f}x" for k, v in r.items() if v is not None))

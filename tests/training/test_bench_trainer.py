@@ -60,6 +60,26 @@ def test_bench_trainer_times_both_engines_and_prints_their_figures(capsys):
         assert f"{res['engines'][name]['step_seconds']:.4f}" in row
 
 
+def test_bench_trainer_sets_a_lora_step_beside_the_full_one():
+    """torch-lora: the torch engine's step with model.lora (r=8): it trains the adapter
+    alone (its optimizer state and parameters a fraction of the full step's), moves it,
+    and both peaks of host memory are read."""
+    out = subprocess.run([sys.executable, "-m", "rljob", "bench", "trainer", "--model",
+                          "tiny", "--engines", "torch-lora,torch", "--lora-rank", "8",
+                          "--steps", "2", "--warmup", "1", "--prompt-len", "8",
+                          "--response-len", "16", "--group", "4", "--micro-batch", "4",
+                          "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout)
+    lora, full = res["engines"]["torch-lora"], res["engines"]["torch"]
+    assert res["job"]["lora_rank"] == 8
+    assert lora["parameters"] == 65_536 and full["parameters"] == 604_800
+    assert lora["optimizer_state_mb"] < full["optimizer_state_mb"] / 5
+    assert 0 < lora["weight_change"] and lora["peak_host_gb"] > 0 < full["peak_host_gb"]
+    r = res["lora_over_torch"]
+    assert r["optimizer_state_mb"] == lora["optimizer_state_mb"] / full["optimizer_state_mb"]
+
+
 def test_a_step_is_whole_groups_of_on_policy_samples():
     import numpy as np
 

@@ -85,3 +85,25 @@ def test_a_lora_job_trains_its_adapter_alone_resumes_and_saves_it_with_merged_we
     with torch.no_grad():
         assert torch.allclose(lora(input_ids=ids).logits, merged(input_ids=ids).logits,
                               atol=1e-5)
+    # `rljob export`: any checkpoint's adapter alone, or merged (the newest is final/'s)
+    import subprocess
+    import sys
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-m", "rljob", "export", str(run_dir), *args],
+                              capture_output=True, text=True, timeout=300)
+
+    out = export(str(tmp_path / "step4"), "--step", "4")
+    assert out.returncode == 0 and "adapter in PEFT's format" in out.stdout, out.stderr
+    adapter4 = load_file(str(tmp_path / "step4" / "adapter_model.safetensors"))
+    assert adapter4 and all(ADAPTER.search(k) for k in adapter4)
+    assert all(torch.equal(v, ck4["model"][k.replace(".weight", ".default.weight")])
+               for k, v in adapter4.items())
+    out = export(str(tmp_path / "merged"), "--merge")
+    assert out.returncode == 0 and "step 6" in out.stdout, out.stderr
+    again = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert again.keys() == load_file(str(final / "model.safetensors")).keys()
+    assert all(torch.equal(v, merged.state_dict()[k]) for k, v in again.items())
+    out = export(str(tmp_path / "none"), "--step", "3")
+    assert out.returncode == 1 and out.stderr.strip() == (
+        f"--step 3: {run_dir} has checkpoints of steps 2, 4, 6")

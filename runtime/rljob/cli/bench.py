@@ -274,7 +274,8 @@ def bench_weight_memory(
 @bench_app.command("trainer")
 def bench_trainer(
     engines: str = typer.Option("torch,megatron", help="Trainer engines, comma-separated "
-                                "(torch, megatron)."),
+                                "(torch, megatron, torch-lora: the torch engine training "
+                                "a LoRA adapter)."),
     accelerator: str = typer.Option("cpu", help="cpu, or gpu (the first CUDA device)."),
     model: str = typer.Option("tiny", help="tiny (examples/models/tiny-qwen2) or qwen2-0.5b "
                               "(Qwen2-0.5B's shapes); random init either way."),
@@ -288,16 +289,19 @@ def bench_trainer(
                                     help="Samples per micro-batch."),
     micro_batches: int = typer.Option(2, "--micro-batches", min=1,
                                       help="Micro-batches per optimizer step."),
+    lora_rank: int = typer.Option(16, "--lora-rank", min=1, help="torch-lora's adapter "
+                                  "rank (alpha twice it)."),
     json_out: bool = JSON_OUT,
 ) -> None:
-    """The trainer's GRPO step with each trainer engine (torch, megatron) side by side:
-    step seconds, trained tokens/s, peak device memory, optimizer state."""
+    """The trainer's GRPO step with each trainer engine (torch, megatron, torch-lora) side
+    by side: step seconds, trained tokens/s, peak device and host memory, optimizer
+    state."""
     from rljob_bench import trainer as bench
 
     names = tuple(e.strip() for e in engines.split(",") if e.strip())
     try:
         results = bench.run(names, accelerator, model, steps, warmup, prompt_len, response_len,
-                            group, micro_batch, micro_batches)
+                            group, micro_batch, micro_batches, lora_rank)
     except ValueError as exc:
         typer.echo(f"bench trainer: {exc}", err=True)
         raise typer.Exit(2) from None

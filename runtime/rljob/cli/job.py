@@ -257,3 +257,24 @@ def run(
         raise typer.Exit(status)
 
 
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="A run directory of `rljob run`."),
+    out: Path = typer.Argument(..., help="Where to write the model (a new directory)."),
+    step: int = typer.Option(None, "--step", min=0, help="The checkpoint's step (default "
+                             "the newest)."),
+    merge: bool = typer.Option(False, "--merge", help="A LoRA job's: the model with the "
+                               "adapter merged in, not the adapter alone."),
+) -> None:
+    """Write a checkpoint as Hugging Face loads it: the model and its tokenizer, or a
+    LoRA job's adapter in PEFT's format (with --merge, the merged model, which
+    transformers and vLLM load as they are)."""
+    from ..trainer.export import ExportError, export as write
+
+    try:
+        typer.echo(f"wrote {out}: {write(run_dir, out, step, merge)}")
+    except ExportError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None

@@ -11,6 +11,7 @@ PEFT is imported only here, and only for a job that sets model.lora."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -153,6 +154,21 @@ def load_into(model, state: dict) -> None:
         want = sum(1 for k in model.state_dict() if is_adapter(k))
         if len(adapter) != want:
             raise ValueError(f"an adapter of {len(adapter)} weights for {want} in the model")
+
+
+def save_merged(model, path, dtype: torch.dtype = torch.float32) -> None:
+    """A PEFT `model` with its adapter merged in, at `path` as transformers and vLLM load
+    a model (config.json, generation_config.json, model.safetensors in `dtype`)."""
+    from safetensors.torch import save_file
+
+    base = model.get_base_model()
+    base.config.save_pretrained(path)
+    if base.generation_config is not None:
+        base.generation_config.save_pretrained(path)
+    # a copy each: safetensors refuses tensors that share storage (a tied head)
+    save_file({k: v.to(dtype).to("cpu").contiguous().clone()
+               for k, v in merged_tensors(model)},
+              str(Path(path) / "model.safetensors"), metadata={"format": "pt"})
 
 
 class AdapterOff(torch.nn.Module):

@@ -273,19 +273,10 @@ class TorchPolicy(Policy):
         if self.rank != 0:
             return
         if self.adapted:
-            from safetensors.torch import save_file
-
-            from .lora import merged_tensors
+            from .lora import save_merged
 
             self.model.save_pretrained(path / "adapter")
-            base = self.model.get_base_model()
-            base.config.save_pretrained(path)
-            if base.generation_config is not None:
-                base.generation_config.save_pretrained(path)
-            # a copy each: safetensors refuses tensors that share storage (a tied head)
-            save_file({k: v.to(self.compute).to("cpu").contiguous().clone()
-                       for k, v in merged_tensors(self.model)},
-                      str(path / "model.safetensors"), metadata={"format": "pt"})
+            save_merged(self.model, path, self.compute)
         else:
             self.model.save_pretrained(path)
         tok.save_pretrained(path)
