@@ -195,3 +195,20 @@ def test_an_adapter_update_reaches_a_peft_engine_in_place_and_a_plain_one_merged
     assert set(again) == set(want)
     assert all(torch.equal(again[k], want[k]) for k in want)
     assert any(not torch.equal(merged[k], again[k]) for k in want)
+
+
+def test_vllm_is_started_to_serve_the_adapters_rank():
+    """vLLM sizes its LoRA buffers for a rank it allows (1, 8, 16, 32, ...): the
+    smallest at or above the adapter's; no LoRA set-up for a job without one."""
+    from rljob.api.spec import RolloutSpec
+    from rljob.rollout.vllm_engine import engine_args
+
+    def args(lora):
+        spec = ModelSpec(path=f"random:{TINY}", tokenizer="builtin:char", dtype="float32",
+                         lora=lora)
+        return engine_args(spec, RolloutSpec(engine="vllm"), "cpu", 100, 0)
+
+    assert "enable_lora" not in args(None)
+    for rank, served in ((1, 1), (4, 8), (16, 16), (17, 32), (300, 320)):
+        a = args(LoraSpec(rank=rank, alpha=2 * rank))
+        assert (a["enable_lora"], a["max_loras"], a["max_lora_rank"]) == (True, 1, served)

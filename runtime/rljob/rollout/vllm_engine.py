@@ -45,6 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from ..inputs.models import model_config, turn_end_ids
 from ..workflow.versions import changed
 from .engine import Generation, RolloutEngine, SamplingParams, register_engine
+from .vllm_memory import device_memory, memory_plan
 
 log = logging.getLogger("rljob.rollout.vllm")
 
@@ -52,22 +53,6 @@ EXTENSION = "rljob.rollout.vllm_ext.WeightUpdateExtension"
 # the adapter ranks vLLM 0.32 sizes its LoRA buffers for (config/lora.py MaxLoRARanks)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ADAPTER_NAME, ADAPTER_ID = "rljob", 1  # model.lora: the one adapter, swapped in place
-
-
-def memory_plan(model_spec, rollout_spec, accelerator: str, device_bytes: float | None = None):
-    """A rollout device's budget for this job (`rollout.memory.rollout_memory`): vLLM's
-    share is `rollout.memoryUtilization` or what the arithmetic leaves after a weight
-    update's buffers and the runtime's (pure but for reading config.json). None on CPU
-    or without a config.json to size from. `device_bytes`: the device's memory (the
-    datasheet's for the accelerator type when not given)."""
-    from .memory import for_rollout
-    from ..weights.collective import BUCKET_BYTES
-
-    cfg = model_config(model_spec) if accelerator != "cpu" else None
-    if cfg is None:
-        return None
-    return for_rollout(cfg, model_spec.dtype, rollout_spec, accelerator, BUCKET_BYTES,
-                       device_bytes)
 
 
 def engine_args(model_spec, rollout_spec, accelerator: str, vocab_size: int,
@@ -194,21 +179,6 @@ def _in_process_worker(wanted: bool):
     finally:
         for name in added:
             os.environ.pop(name, None)
-
-
-def device_memory(accelerator: str) -> float | None:
-    """The rollout device's memory as vLLM's platform reads it without initialising the
-    device in this process (NVML on NVIDIA); None where the platform does not say
-    (vllm-ascend 0.23.0 refuses to, so that torch_npu is initialised once, in the
-    workers: vllm_ascend/platform.py:275-281)."""
-    if accelerator == "cpu":
-        return None
-    try:
-        from vllm.platforms import current_platform
-
-        return float(current_platform.get_device_total_memory(0))
-    except Exception:  # noqa: BLE001 - NotImplementedError, no NVML: the datasheet's
-        return None
 
 
 @register_engine("vllm")
