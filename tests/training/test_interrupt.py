@@ -291,3 +291,45 @@ def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_nex
             assert float((got_lp[at:] - ln[at:]).abs().max()) < 1e-4
             assert float((lo[at:] - ln[at:]).abs().max()) > 1e-3  # the weights did change
         model.load_state_dict(old)
+
+
+def test_an_adapter_update_interrupts_generation_and_the_rows_go_on_under_the_new_adapter():
+    """model.lora on the hf engine: the engine carries the PEFT adapter; version 0 (the
+    base and an adapter) generates, and mid-generation version 1, the adapter alone, is
+    loaded in place through the gate. The rows go on under the new adapter: their
+    tokens after the change point have its log-probs, before it the old one's."""
+    from types import SimpleNamespace
+
+    from rljob.api.spec import LoraSpec
+    from rljob.trainer.lora import adapter_tensors, load_into
+
+    tok, model = tiny()
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = HFEngine.create(SimpleNamespace(lora=LoraSpec(rank=4, alpha=8)), None, tok,
+                             model, "cpu", 0).interruptible()
+
+    def adapter(seed):
+        g = torch.Generator().manual_seed(seed)
+        return {k: 0.2 * torch.randn(v.shape, generator=g)
+                for k, v in adapter_tensors(engine.model)}
+
+    v0, v1 = adapter(1), adapter(2)
+    engine.load_weights({**base, **v0}, 0, epoch=5)
+    prompt = tok.encode("12+30=")
+    params = SamplingParams(n=4, max_new_tokens=40, seed=3, temperature=1.0, top_p=1.0)
+    dist = TokenDistribution(1.0, 1.0, vocab=len(tok))
+    group = _updated_midway(engine, model, prompt, params,
+                            lambda: engine.load_weights(v1, 1, epoch=5))
+    interrupted = [g for g in group if len(g.versions) == 2]
+    assert engine.version == 1 and interrupted, [g.versions for g in group]
+    under = []
+    for state in (v0, v1):
+        load_into(engine.model, state)
+        under.append(_logprobs(engine.model, prompt, [g.response_ids for g in interrupted],
+                               dist))
+    for g, lo, ln in zip(interrupted, *under):
+        at = g.versions[1][0]
+        got_lp = torch.tensor(g.logprobs)
+        assert float((got_lp[:at] - lo[:at]).abs().max()) < 1e-4
+        assert float((got_lp[at:] - ln[at:]).abs().max()) < 1e-4
+        assert float((lo[at:] - ln[at:]).abs().max()) > 1e-3  # the adapter did change

@@ -12,7 +12,7 @@ import yaml
 from .test_runtime import REPO, job, metrics, rljob_run
 
 ADAPTER = re.compile(r"\.lora_[AB]\.")
-UPDATE = re.compile(r"weights: version (\d+) in \(([\d.]+) MB\)")
+UPDATE = re.compile(r"loaded version (\d+) \(([\d.]+) MB\)")
 
 
 def _optimizer_mb(run_dir) -> float:

@@ -168,7 +168,7 @@ def test_a_lora_job_on_vllm_serves_its_adapter_per_version_through_partial_rollo
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = (run / "logs" / "rollout-0.log").read_text()
     assert "enable_lora" in log  # vLLM's own LoRA serving
-    sizes = [float(mb) for mb in re.findall(r"weights: version \d+ in \(([\d.]+) MB\)", log)]
+    sizes = [float(mb) for mb in re.findall(r"loaded version \d+ \(([\d.]+) MB\)", log)]
     print("update sizes (MB):", sizes)
     assert len(sizes) >= 8 and sizes[0] > 2.5 and max(sizes[1:]) < 0.3
     ms = [json.loads(line) for line in (run / "metrics.jsonl").open()]

@@ -95,8 +95,9 @@ class RolloutEngine(ABC):
     can_interrupt: bool = False
     gate: UpdateGate | None = None
     keep_cache: bool = False  # interruptCache keep: the rows go on from their KV cache
-    # model.lora: an engine that serves the adapter on its base takes updates of the
-    # adapter alone (`lora.split_adapter`); the others are sent the merged weights
+    # model.lora: an engine that serves the adapter on its base takes each update as
+    # it comes, the adapter alone; the others' receivers merge it into the base
+    # (`weights.adapter.AdapterMerge`) and hand them whole weights
     takes_adapter: bool = False
 
     def interruptible(self, keep: bool = False) -> RolloutEngine:

@@ -93,7 +93,7 @@ class WeightReceiver:
                 swap_in()
         self.swap_seconds.append((t0, ended[0], version))
         self.update_bytes.append(nbytes)
-        log.info("weights: version %d in (%.3f MB)", version, nbytes / 1e6)
+        log.info("loaded version %d (%.3f MB)", version, nbytes / 1e6)
         self.drain_seconds.append(engine.drain_seconds + waited[0])
         self.transfer_seconds.append(engine.transfer_seconds if transfer is None else transfer)
         with self.swapped:
