@@ -186,6 +186,32 @@ def _weights(policy) -> list[torch.Tensor]:
     return [p.detach().to("cpu", torch.float32, copy=True) for p in policy.parameters()]
 
 
+def _train(policy, opt, batches, tok, spec, device, micro_batch: int, micro_batches: int,
+           warmup: int) -> tuple[list[float], dict]:
+    """The worker's steps over `batches`: the seconds of each after `warmup`, and the
+    last step's figures."""
+    from rljob.trainer.step import micro_step, step_figures
+
+    seconds, last = [], {}
+    for t, samples in enumerate(batches):
+        _sync(device)
+        t0 = time.perf_counter()
+        figures = []
+        opt.zero_grad()
+        for j in range(micro_batches):
+            chunk = samples[j * micro_batch:(j + 1) * micro_batch]
+            figures.append(micro_step(policy, chunk, t, tok, spec,
+                                      last=j == micro_batches - 1))
+        sums, _ = step_figures(figures, policy.data_world)
+        grad_norm = policy.clip_grad_norm(spec.algorithm.max_grad_norm)
+        opt.step()
+        _sync(device)
+        if t >= warmup:
+            seconds.append(time.perf_counter() - t0)
+        last = {**sums, "grad_norm": grad_norm}
+    return seconds, last
+
+
 class HostPeak:
     """This process's peak resident memory above what it held at the start (a thread
     reads /proc/self/statm every few ms): what a CPU trainer's step adds."""
@@ -223,7 +249,6 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
     from rljob.trainer import mcore  # noqa: F401 - registers trainer.engine megatron
     from rljob.trainer.checkpoint import make_optimizer, optimizer_state_bytes
     from rljob.trainer.policy import make_policy
-    from rljob.trainer.step import micro_step, step_figures
 
     device = resolve(accelerator)
     torch_device = activate(device)
@@ -262,23 +287,8 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
         batches = [synthetic_step(t, prompts, group, prompt_len, response_len, len(tok), rng)
                    for t in range(warmup + steps)]
         before = _weights(policy)
-        seconds, last = [], {}
-        for t, samples in enumerate(batches):
-            _sync(device)
-            t0 = time.perf_counter()
-            figures = []
-            opt.zero_grad()
-            for j in range(micro_batches):
-                chunk = samples[j * micro_batch:(j + 1) * micro_batch]
-                figures.append(micro_step(policy, chunk, t, tok, spec,
-                                          last=j == micro_batches - 1))
-            sums, _ = step_figures(figures, policy.data_world)
-            grad_norm = policy.clip_grad_norm(spec.algorithm.max_grad_norm)
-            opt.step()
-            _sync(device)
-            if t >= warmup:
-                seconds.append(time.perf_counter() - t0)
-            last = {**sums, "grad_norm": grad_norm}
+        seconds, last = _train(policy, opt, batches, tok, spec, device, micro_batch,
+                               micro_batches, warmup)
         peak = torch.cuda.max_memory_allocated() if device.kind == "gpu" else None
         host_peak = host.stop()
         after = _weights(policy)
