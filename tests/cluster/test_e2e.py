@@ -379,6 +379,17 @@ def _pod_ready(pod: dict) -> bool:
                for c in pod.get("status", {}).get("conditions", []))
 
 
+def _in_cluster(example: str, name: str) -> dict:
+    """examples/`example` named `name`, with the cluster example's image, accelerator and
+    TransferQueue requests (the CPU image, sized for the 2-core node)."""
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
+    cluster = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
+    doc["metadata"]["name"] = name
+    for key in ("image", "accelerator", "transferQueue"):
+        doc["spec"][key] = cluster["spec"][key]
+    return doc
+
+
 def _scrape(pod: dict, metric: str, port: int = 9090) -> float | None:
     """A counter from a pod's /metrics, read from the node (pod IPs are routable here)."""
     ip = pod.get("status", {}).get("podIP")
@@ -414,12 +425,8 @@ def test_an_mcp_job_in_pods_calls_the_tool_of_its_server(operator_release, names
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
                  "resources": {"requests": {"storage": "1Gi"}}}}))
-    doc = yaml.safe_load((REPO / "examples/agentic-tools.yaml").read_text())
-    cluster = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
-    doc["metadata"]["name"] = name
+    doc = _in_cluster("agentic-tools.yaml", name)
     spec = doc["spec"]
-    for key in ("image", "accelerator", "transferQueue"):  # the CPU image, its requests
-        spec[key] = cluster["spec"][key]
     spec["model"] = {"path": "/models/tool-caller", "pvc": "models", "dtype": "float32"}
     del spec["dataset"]["warmupPath"]  # warmed up already: no warm-up here
     spec["algorithm"].update({"promptsPerStep": 4, "maxSteps": 3})
@@ -454,12 +461,8 @@ def test_a_lora_job_in_pods_sends_its_rollouts_the_adapter_alone(operator_releas
     plane = operator_release
     ns, _ = namespace
     name = "lora-cluster"
-    doc = yaml.safe_load((REPO / "examples/quickstart-lora.yaml").read_text())
-    cluster = yaml.safe_load((REPO / "examples/quickstart-cluster.yaml").read_text())
-    doc["metadata"]["name"] = name
+    doc = _in_cluster("quickstart-lora.yaml", name)
     spec = doc["spec"]
-    for key in ("image", "accelerator", "transferQueue"):  # the CPU image, its requests
-        spec[key] = cluster["spec"][key]
     spec["model"]["warmupSteps"] = 20
     spec["algorithm"]["maxSteps"] = 4
     _apply(plane, ns, doc)

@@ -609,5 +609,36 @@ def test_a_lora_adapter_is_served_per_version_in_place_and_its_base_once_a_life(
               f"(adapter only), {err2:.1e} (new base), {err3:.1e}; vs the base {off:.2f}")
         assert max(err0, err1, err2, err3) < 1e-4
         assert off > 1e-2
+        # interruptCache keep: an adapter update while samples stream pauses them with
+        # their cache; each sample's tokens before its change point are the old
+        # adapter's, the one at it the new adapter's
+        before = {k: v.clone() for k, v in plain.state_dict().items()}
+        new = _adapter(plain, 4, 6)
+        after = _policy(tok, seed=0)
+        after.load_state_dict(merge(new))
+        engine.interruptible(keep=True)
+        many = [tok.encode(f"{i}+{3 * i}=") for i in range(16)]
+        try:
+            results = _updated_while_streaming(engine, many,
+                                               SamplingParams(n=4, max_new_tokens=120),
+                                               lambda: engine.load_weights(new, 3, epoch=9))
+        finally:
+            engine.interrupting = engine.keeping = False
+        plain.load_state_dict(before)
+        midway = 0
+        for prompt, (group, _, _) in zip(many, results):
+            for gen in group:
+                lo, ln = _logprobs_under((plain, after), prompt, gen, tok)
+                got = torch.tensor(gen.logprobs)
+                assert [v for _, v, _ in gen.versions] in ([2], [3], [2, 3]), gen.versions
+                p = next((q for q, v, _ in gen.versions if v == 3), len(gen.response_ids))
+                if p:
+                    assert (got[:p] - lo[:p]).abs().max().item() < 1e-4, gen.versions
+                if 0 < p < len(gen.response_ids):
+                    midway += 1
+                    assert (got[p] - lo[p]).abs().item() > 1e-4, (p, gen.versions)
+        print(f"LoRA keeping update: {midway} of {4 * len(many)} samples went on midway "
+              f"under the new adapter")
+        assert midway > 0
     finally:
         engine.close()
