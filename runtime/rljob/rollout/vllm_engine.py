@@ -508,7 +508,11 @@ class VLLMEngine(RolloutEngine):
             tensors[k] = v.clone() if v.data_ptr() in seen else v
             seen.add(v.data_ptr())
         path = version_file(sum(t.numel() * t.element_size() for t in tensors.values()))
-        save_file(tensors, path)
+        try:
+            save_file(tensors, path)
+        except BaseException:
+            os.unlink(path)
+            raise
         return path
 
     def _write_adapter(self, adapter: dict) -> None:
