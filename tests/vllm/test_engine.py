@@ -337,6 +337,30 @@ def _logprobs_under(models, prompt, gen, tok) -> list:
         return [token_logprobs(m, b)[0][b.mask[0].bool()] for m in models]
 
 
+def _kept_change_points(prompts, results, old, new, tok, tol: float):
+    """A keeping update's samples checked against (model, version) `old` and `new`:
+    each sample's versions are old, new or old then new; its tokens before the change
+    point have the old model's log-probs (within `tol`), the token at it not. Returns
+    how many went on midway, and how far each one's new tokens are from a fresh
+    prefix's log-probs under the new model."""
+    (old_model, v_old), (new_model, v_new) = old, new
+    midway, stale = 0, []
+    for prompt, (group, _, _) in zip(prompts, results):
+        for gen in group:
+            lo, ln = _logprobs_under((old_model, new_model), prompt, gen, tok)
+            got = torch.tensor(gen.logprobs)
+            assert [v for _, v, _ in gen.versions] in ([v_old], [v_new], [v_old, v_new]), \
+                gen.versions
+            p = next((q for q, v, _ in gen.versions if v == v_new), len(gen.response_ids))
+            if p:  # the old weights' tokens, exactly those
+                assert (got[:p] - lo[:p]).abs().max().item() < tol, gen.versions
+            if 0 < p < len(gen.response_ids):
+                midway += 1
+                assert (got[p] - lo[p]).abs().item() > tol, (p, gen.versions)
+                stale.append((got[p:] - ln[p:]).abs().max().item())
+    return midway, stale
+
+
 def _updated_while_streaming(engine, prompts, params, load, calls=None):
     """Every prompt's group submitted, `load` run once tokens stream back (how many
     does not matter to the checks; a fixed sleep came before the first token on a
@@ -386,19 +410,7 @@ def test_a_keeping_update_pauses_the_requests_with_their_cache_and_marks_each_to
     finally:
         engine.interrupting = engine.keeping = False
     assert len(calls) == len(prompts), calls  # one request a group: none submitted again
-    midway, stale = 0, []
-    for prompt, (group, _, _) in zip(prompts, results):
-        for gen in group:
-            lo, ln = _logprobs_under((old, new), prompt, gen, tok)
-            got = torch.tensor(gen.logprobs)
-            assert [v for _, v, _ in gen.versions] in ([30], [31], [30, 31]), gen.versions
-            p = next((q for q, v, _ in gen.versions if v == 31), len(gen.response_ids))
-            if p:  # the old weights' tokens, exactly those
-                assert (got[:p] - lo[:p]).abs().max().item() < TOL, gen.versions
-            if 0 < p < len(gen.response_ids):
-                midway += 1
-                assert (got[p] - lo[p]).abs().item() > TOL, (p, gen.versions)
-                stale.append((got[p:] - ln[p:]).abs().max().item())
+    midway, stale = _kept_change_points(prompts, results, (old, 30), (new, 31), tok, TOL)
     print(f"keeping update: {midway} of {4 * len(prompts)} samples went on midway on their "
           f"cache; pause and load {engine.drain_seconds * 1e3:.0f} + "
           f"{engine.reload_seconds * 1e3:.0f} ms; the new weights' tokens differ from a "
@@ -559,7 +571,7 @@ def test_an_update_while_episodes_wait_on_their_tool_loads_at_once_and_their_nex
           f"versions of each episode's tokens {[e.versions for e in group]}")
 
 
-def _adapter(model, rank: int, seed: int) -> dict:
+def _adapter(model, rank: int, seed: int, scale: float = 0.1) -> dict:
     """A LoRA adapter on every linear module of `model`'s layers under PEFT's saved
     names, as if trained (B away from zero)."""
     g = torch.Generator().manual_seed(seed)
@@ -567,8 +579,9 @@ def _adapter(model, rank: int, seed: int) -> dict:
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and ".layers." in name:
             stem = f"base_model.model.{name}"
-            out[f"{stem}.lora_A.weight"] = 0.1 * torch.randn(rank, m.in_features, generator=g)
-            out[f"{stem}.lora_B.weight"] = 0.1 * torch.randn(m.out_features, rank, generator=g)
+            out[f"{stem}.lora_A.weight"] = scale * torch.randn(rank, m.in_features, generator=g)
+            out[f"{stem}.lora_B.weight"] = scale * torch.randn(m.out_features, rank,
+                                                               generator=g)
     return out
 
 
@@ -611,9 +624,11 @@ def test_a_lora_adapter_is_served_per_version_in_place_and_its_base_once_a_life(
         assert off > 1e-2
         # interruptCache keep: an adapter update while samples stream pauses them with
         # their cache; each sample's tokens before its change point are the old
-        # adapter's, the one at it the new adapter's
+        # adapter's, the one at it the new adapter's (small adapters on the seed-0
+        # base: its samples run long, so most are under way when the update comes)
+        check({**base, **_adapter(plain, 4, 6, scale=0.03)}, 2, epoch=10)
         before = {k: v.clone() for k, v in plain.state_dict().items()}
-        new = _adapter(plain, 4, 6)
+        new = _adapter(plain, 4, 7, scale=0.03)
         after = _policy(tok, seed=0)
         after.load_state_dict(merge(new))
         engine.interruptible(keep=True)
@@ -621,22 +636,11 @@ def test_a_lora_adapter_is_served_per_version_in_place_and_its_base_once_a_life(
         try:
             results = _updated_while_streaming(engine, many,
                                                SamplingParams(n=4, max_new_tokens=120),
-                                               lambda: engine.load_weights(new, 3, epoch=9))
+                                               lambda: engine.load_weights(new, 3, epoch=10))
         finally:
             engine.interrupting = engine.keeping = False
         plain.load_state_dict(before)
-        midway = 0
-        for prompt, (group, _, _) in zip(many, results):
-            for gen in group:
-                lo, ln = _logprobs_under((plain, after), prompt, gen, tok)
-                got = torch.tensor(gen.logprobs)
-                assert [v for _, v, _ in gen.versions] in ([2], [3], [2, 3]), gen.versions
-                p = next((q for q, v, _ in gen.versions if v == 3), len(gen.response_ids))
-                if p:
-                    assert (got[:p] - lo[:p]).abs().max().item() < 1e-4, gen.versions
-                if 0 < p < len(gen.response_ids):
-                    midway += 1
-                    assert (got[p] - lo[p]).abs().item() > 1e-4, (p, gen.versions)
+        midway, _ = _kept_change_points(many, results, (plain, 2), (after, 3), tok, 1e-4)
         print(f"LoRA keeping update: {midway} of {4 * len(many)} samples went on midway "
               f"under the new adapter")
         assert midway > 0
