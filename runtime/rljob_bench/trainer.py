@@ -30,6 +30,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from .examples import example
+from .weight_memory import RssSampler
 from .weights import QWEN2_05B
 
 MODELS = ("tiny", "qwen2-0.5b")
@@ -212,35 +214,6 @@ def _train(policy, opt, batches, tok, spec, device, micro_batch: int, micro_batc
     return seconds, last
 
 
-class HostPeak:
-    """This process's peak resident memory above what it held at the start (a thread
-    reads /proc/self/statm every few ms): what a CPU trainer's step adds."""
-
-    def __init__(self, every: float = 0.005):
-        import os
-        import threading
-
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        self.start = self.peak = self._rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(every,), daemon=True)
-        self._thread.start()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self._page
-
-    def _watch(self, every: float) -> None:
-        while not self._stop.wait(every):
-            self.peak = max(self.peak, self._rss())
-
-    def stop(self) -> float:
-        """The peak growth in GB."""
-        self._stop.set()
-        self._thread.join()
-        return (max(self.peak, self._rss()) - self.start) / 1e9
-
-
 def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: int,
                prompt_len: int, response_len: int, group: int, micro_batch: int,
                micro_batches: int, seed: int = 0, lora_rank: int = 16) -> dict:
@@ -274,7 +247,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         gc.collect()
-        host = HostPeak()
+        host = RssSampler({"trainer": os.getpid()})  # this process's resident memory
         t0 = time.perf_counter()
         policy = make_policy(spec, tok, device, torch_device, 0, 1)
         if spec.model.lora is not None:  # as the worker does, after its warm-up
@@ -290,7 +263,7 @@ def run_engine(engine: str, accelerator: str, model: str, steps: int, warmup: in
         seconds, last = _train(policy, opt, batches, tok, spec, device, micro_batch,
                                micro_batches, warmup)
         peak = torch.cuda.max_memory_allocated() if device.kind == "gpu" else None
-        host_peak = host.stop()
+        host_peak = host.stop()["trainer"][1] * 2**20 / 1e9  # VmRSS growth, MiB -> GB
         after = _weights(policy)
         change = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(after, before)))
         norm = math.sqrt(sum(float((b ** 2).sum()) for b in before))

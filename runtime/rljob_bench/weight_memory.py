@@ -30,7 +30,7 @@ SHAPE = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12
          "num_attention_heads": 16, "num_key_value_heads": 4}
 
 
-class _Sampler:
+class RssSampler:
     """Peak RssAnon / VmRSS growth of some processes while it runs (kB)."""
 
     def __init__(self, pids: dict[str, int], every: float = 0.002):
@@ -158,7 +158,7 @@ def _measure_in(tmp: Path, tp: int, bucket_mb: int, shape: dict | None) -> dict:
             sender.publish(version, state)
             if transport == "collective":  # join first: its set-up is not the update
                 receiver._join(engine)
-            sampler = _Sampler({"rollout process": os.getpid(), **_workers(before)})
+            sampler = RssSampler({"rollout process": os.getpid(), **_workers(before)})
             t0 = time.monotonic()
             assert receiver.load_latest(engine, version, wait=300) == version
             seconds = time.monotonic() - t0

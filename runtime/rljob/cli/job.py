@@ -257,8 +257,6 @@ def run(
         raise typer.Exit(status)
 
 
-
-
 @app.command()
 def export(
     run_dir: Path = typer.Argument(..., help="A run directory of `rljob run`."),

@@ -155,15 +155,15 @@ class TrainerWorker:
         # collective (megatron gathers tensor-parallel shards): the critic starts
         # from the policy's weights; the sender copies them a tensor at a time
         state = tensors = None
+        base = self.policy.base_tensors()  # model.lora: sent with this life's first version
         if spec.algorithm.critic:  # one collective: rank 0 gets the dict, the rest None
             state = self.policy.hf_state()  # a LoRA policy's merged
-        if not spec.algorithm.critic or self.policy.base_tensors() is not None:
+        if not spec.algorithm.critic or base is not None:
             tensors = self.policy.hf_tensors()
             if rank != 0:
                 drain(tensors)
-        if rank == 0:  # model.lora's adapter-only sync: the base goes with it, once a life
-            self.sender.publish(self.start, state if tensors is None else tensors,
-                                base=self.policy.base_tensors())
+        if rank == 0:
+            self.sender.publish(self.start, state if tensors is None else tensors, base=base)
             self.published_at[self.start] = time.time()
             self.consumer = Consumer.join(self.tq_address, tasks_for(spec))
             if self.consumer.released:  # what an earlier life of this rank held

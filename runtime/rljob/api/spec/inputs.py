@@ -74,8 +74,8 @@ class ModelSpec(ApiModel):
         None,
         description="Train a LoRA adapter instead of every weight (trainer.engine torch). "
         "The warm-up, where there is one, trains every weight first; the adapter "
-        "starts after it, at zero. Rollouts receive the weights with the adapter "
-        "merged in.",
+        "starts after it, at zero. Each update sends the rollouts the adapter alone "
+        "(the base once a trainer life), which both rollout engines serve.",
     )
 
     @property
