@@ -113,6 +113,7 @@ WORKER_FLAGS = {
     "driver": ("job", "tq", "weights", "run_dir", "start_step", "max_steps", "metrics_port",
                "stay"),
     "rollout": ("job", "tq", "weights", "replica", "run_dir", "metrics_port"),
+    "reward": ("job", "tq", "replica", "run_dir", "metrics_port"),
     "trainer": ("job", "tq", "weights_listen", "rank", "world_size", "master", "run_dir",
                 "resume", "max_steps", "metrics_port"),
     "preflight": ("job", "termination_log"),

@@ -347,6 +347,9 @@ class LocalRun:
             self._spawn(f"rollout-{i}", worker_argv(
                 "rollout", **self._common, tq=self.tq_address, weights=self.weights_address,
                 replica=i))
+        for i in range(spec.reward.replicas if spec.reward.streamed else 0):
+            self._spawn(f"reward-{i}", worker_argv("reward", **self._common,
+                                                   tq=self.tq_address, replica=i))
         start_step = self.resume_step() if resume else 0
         self._spawn("driver", worker_argv(
             "driver", **self._common, max_steps=self.steps, tq=self.tq_address,

@@ -101,7 +101,7 @@ def test_the_worker_command_line_is_the_parsers():
 # workers, the workers on the workflow and the TransferQueue; the benchmarks are a
 # package of their own, rljob_bench, beside the runtime)
 ORDER = ("contract", "api", "infra", "sampling", "inputs", "transferqueue", "weights",
-         "reward", "tools", "environments", "workflow", "trainer", "rollout", "planner",
+         "reward", "tools", "environments", "workflow", "scorer", "trainer", "rollout", "planner",
          "preflight", "profiler", "progress", "local", "liveview", "cli", "__main__")
 # imports that run up, each with its reason (none today)
 KNOWN: dict[tuple[str, str], str] = {}

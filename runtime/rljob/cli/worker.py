@@ -1,5 +1,5 @@
 """`rljob worker ROLE`: the pods' entrypoints (transferqueue, trainer, rollout,
-driver, preflight), whose flags `contract.worker_argv` writes."""
+reward, driver, preflight), whose flags `contract.worker_argv` writes."""
 
 from __future__ import annotations
 
@@ -148,6 +148,28 @@ def worker_rollout(
     _worker_logging()
     tune_allocator()
     run_rollout(_job_spec(job, "rollout", replica), tq, weights, replica, run_dir, metrics_port)
+
+
+@worker_app.command("reward")
+def worker_reward(
+    job: Path = typer.Option(..., help="RLJob YAML (the resolved spec)."),
+    tq: str = typer.Option(..., help="TransferQueue controller address."),
+    replica: int = typer.Option(0, help="Replica index."),
+    run_dir: Path = typer.Option(None, help="Where to log spans."),
+    metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
+) -> None:
+    """One reward replica (reward.url): scores the finished samples."""
+    from ..infra.heap import importing
+
+    with importing():
+        from ..scorer.worker import run_reward
+
+    _worker_logging()
+    spec = _job_spec(job, "reward", replica)
+    if spec.reward.url is None:
+        typer.echo("reward: the job has no reward.url: its rollouts score the samples", err=True)
+        raise typer.Exit(2)
+    run_reward(spec, tq, replica, run_dir, metrics_port)
 
 
 @worker_app.command("driver")

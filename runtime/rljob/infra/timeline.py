@@ -18,14 +18,14 @@ from .rundir import RunDir
 
 COLORS = {"generate": "#4C72B0", "train": "#55A868", "optimizer": "#C44E52",
           "reference": "#DD8452", "weight-sync": "#8172B2", "tool": "#CCB974",
-          "value": "#64B5CD", "value-update": "#8C8C8C"}
+          "value": "#64B5CD", "value-update": "#8C8C8C", "score": "#DA8BC3"}
 # drawn as a thin bar at the foot of its worker's row: a tool call runs inside an
 # episode's generate span
 THIN = ("tool",)
 # drawn as a thin bar at the top of its worker's row: ppo's critic scores and learns in
 # a thread of the trainer, beside the policy's own spans
 TOP = ("value", "value-update")
-WORK = ("generate", "train", "optimizer", "reference", "value", "value-update")
+WORK = ("generate", "train", "optimizer", "reference", "value", "value-update", "score")
 
 
 # what a step spends between its compute (`rljob bench overhead` names them): a
@@ -43,7 +43,8 @@ GC_SPAN = 0.001
 @dataclass
 class Span:
     worker: str
-    kind: str  # generate | train | optimizer | reference | weight-sync | tool | DATA's
+    kind: str  # generate | train | optimizer | reference | weight-sync | tool | score
+    # (a reward replica's batch: reward.url) | DATA's
     start: float
     end: float
     step: int

@@ -33,7 +33,8 @@ class WorkerMetrics:
     def __init__(self, worker: str, port: int | None):
         reg = self.registry = CollectorRegistry()
         role = worker.split("-")[0]
-        verb = {"rollout": "generated", "trainer": "trained"}.get(role, "processed")
+        verb = {"rollout": "generated", "trainer": "trained", "reward": "scored"}.get(
+            role, "processed")
 
         def one(kind, name: str, doc: str):
             return kind(name, doc, ["worker"], registry=reg).labels(worker)
@@ -43,7 +44,8 @@ class WorkerMetrics:
         self.tokens = one(Counter, f"rljob_{verb}_tokens",
                           f"Response tokens {verb} by this worker")
         self.dropped = one(Counter, "rljob_dropped_samples",
-                           "Generated samples refused because their lease had expired")
+                           "Generated (reward: scored) samples refused because their lease "
+                           "had expired")
         self.given_back = one(Counter, "rljob_rows_given_back",
                               "Claimed rows given back unstarted: their step was beyond what "
                               "the weights held may train within maxStaleness")
@@ -74,6 +76,14 @@ class WorkerMetrics:
         self.weight_bytes = one(Counter, "rljob_weight_update_bytes", "Bytes of the weight "
                                 "versions a rollout loaded (model.lora: the adapter's, the "
                                 "base once a trainer life)")
+        # reward.url: a reward replica's calls of the scoring service
+        self.reward_request = Histogram(
+            "rljob_reward_request_seconds", "One call of the scoring service (reward.url), "
+            "each attempt", ["worker"], buckets=buckets, registry=reg).labels(worker)
+        self.reward_retries = one(Counter, "rljob_reward_retries", "Calls of the scoring "
+                                  "service tried again (no connection, time limit, 5xx, 429)")
+        self.reward_failures = one(Counter, "rljob_reward_failures", "Samples that scored "
+                                   "reward.url.failureScore: their call failed for good")
         # episodes (rollout.environment): a rollout's tool calls and turns
         self.tool_calls = one(Counter, "rljob_tool_calls", "Tool calls the environments "
                               "answered in this worker's episodes")

@@ -44,7 +44,8 @@ from ..weights.adapter import AdapterMerge
 from ..weights.collective import BACKENDS
 from ..workflow.dispatch import rollout_claim_policy
 from ..workflow.release import ReleaseRule
-from ..workflow.tasks import ROLLOUT_READS, interrupting, rollout_batch_rows, tasks_for
+from ..workflow.tasks import (ROLLOUT_READS, interrupting, reward_task, rollout_batch_rows,
+                              tasks_for)
 from . import vllm_engine  # noqa: F401 - registers rollout.engine vllm
 from .engine import SamplingParams, make_engine
 from .episodes import Episode, episode_record, run_episodes, summary
@@ -157,6 +158,7 @@ class RolloutWorker:
                 rows=32, compute=lambda: computing(self.cores),
                 spans=self.spans)
         self.reward_fn = get_reward(spec.reward.name)  # a file's path is absolute here
+        self.streamed = reward_task(spec)  # reward.url: the reward replicas score
         lora = spec.model.lora  # its updates are the adapter: merged for an engine
         merge = (AdapterMerge(lora.rank, lora.alpha)  # that loads whole weights only
                  if lora is not None and not self.engine.takes_adapter else None)
@@ -288,8 +290,10 @@ class RolloutWorker:
         return (self.spec.workflow.mode != "async"
                 and self.receiver.holds(batch.rows[0].partition))
 
-    def score(self, batch: Batch, first: int, samples: list) -> list:
-        """The rewards of `samples`, generated for the batch's rows from `first` on."""
+    def score(self, batch: Batch, first: int, samples: list) -> tuple[list[str], list]:
+        """The texts `samples` are scored on and their rewards (reward.name's, an
+        episode's environment reward added), generated for the batch's rows from
+        `first` on."""
         # an episode's: the turns its environment says the reward scores
         texts = [x.text if isinstance(x, Episode) else self.tok.decode(x.response_ids)
                  for x in samples]
@@ -304,7 +308,7 @@ class RolloutWorker:
         if errors:
             log.warning("reward failed for %d of %d samples: %s", len(errors), len(samples),
                         errors[0])
-        return scored
+        return texts, scored
 
     def score_and_write(self, batch: Batch, first: int, flat: list, version: int, epoch: int,
                         span: tuple[float, float], indices: list[int] | None = None,
@@ -314,8 +318,17 @@ class RolloutWorker:
         self.write(batch, flat, self.score(batch, first, flat), version, epoch, span,
                    indices, last, calls)
 
-    def write(self, batch: Batch, flat: list, scored: list, version: int, epoch: int,
-              span: tuple[float, float], indices: list[int] | None = None,
+    def reward_columns(self, texts: list[str], scored: list) -> dict[str, list]:
+        """The rule's scores as the table takes them: the reward itself, or, where the
+        reward is a task of its own (reward.url), the rule's score and the text the
+        reward replicas score."""
+        if self.streamed:
+            return {"rule_reward": [s.score for s in scored],
+                    "rule_error": [s.error for s in scored], "response_text": list(texts)}
+        return {"reward": [s.score for s in scored], "reward_error": [s.error for s in scored]}
+
+    def write(self, batch: Batch, flat: list, scored: tuple[list[str], list], version: int,
+              epoch: int, span: tuple[float, float], indices: list[int] | None = None,
               last: bool = True, calls: list[dict] = ()) -> None:
         """Publish generated rows (`indices`, default the whole batch) under their
         lease (fenced), acked by the same notify; `last`: the batch's keep-alive ends; `calls`:
@@ -339,8 +352,7 @@ class RolloutWorker:
             self.consumer.tq.write(indices, {**episodes,
                 "response_ids": [np.asarray(x.response_ids, np.int32) for x in flat],
                 "rollout_logp": [np.asarray(x.logprobs, np.float32) for x in flat],
-                "reward": [s.score for s in scored],
-                "reward_error": [s.error for s in scored],
+                **self.reward_columns(*scored),
                 "started_at": [span[0]] * len(flat),
                 "finished_at": [span[1]] * len(flat),
                 "weights_epoch": [cs[0][2] for cs in changes],

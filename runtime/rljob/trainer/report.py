@@ -17,8 +17,8 @@ import numpy as np
 
 from ..contract import LIVE_PROFILE_SKIP, LIVE_PROFILE_STEPS
 from ..environments import episode_figures
-from ..workflow.timing import (generation_queue_seconds, generation_seconds, profile_record,
-                               spread, training_seconds)
+from ..workflow.timing import (busy_seconds, generation_queue_seconds, generation_seconds,
+                               profile_record, spread, training_seconds)
 from .algorithms import OffPolicyStats
 from .source import Sample, prompts_digest
 
@@ -140,8 +140,21 @@ def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0,
         **{k: (v if math.isfinite(v) else None) for k, v in sums.items()},
         # episodes (rollout.environment): none for single-turn samples
         **episode_figures([s.episode for s in samples if s.episode]),
+        **scoring_figures(samples),
     }
 
+
+def scoring_figures(samples) -> dict:
+    """reward.url's figures of a step (none where the rollouts scored): the rule's
+    mean score (reward.name, whether combined or only watched), the samples whose call
+    failed for good (they scored failureScore), and the reward replicas' busy seconds
+    (the union of their batches' spans)."""
+    scored = [s.scoring for s in samples if s.scoring is not None]
+    if not scored:
+        return {}
+    return {"rule_reward_mean": float(np.mean([x[0] for x in scored])),
+            "reward_failed": sum(1 for x in scored if x[1]),
+            "reward_seconds": busy_seconds([(x[2], x[3]) for x in scored])}
 
 
 class Reporter:

@@ -50,6 +50,9 @@ SCALARS = {
     "filtered_share": "dynamic_sampling/filtered_share",
     "extra_prompts": "dynamic_sampling/extra_prompts",
     "groups_filled": "dynamic_sampling/groups_filled",
+    # reward.url (the reward replicas')
+    "rule_reward_mean": "reward/rule_mean", "reward_failed": "reward/failed",
+    "reward_seconds": "time/reward_seconds",
     # episodes (rollout.environment)
     "turns_mean": "episodes/turns_mean",
     "tool_calls": "episodes/tool_calls",

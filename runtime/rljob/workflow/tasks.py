@@ -21,6 +21,12 @@ reference: prompt_ids, response_ids → ref_logp (float32, one per response toke
 train   : response_ids, reward (+ the row's policy version in its metadata), and
           ref_logp when the reference task runs
 lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
+reward  : response_text → reward, reward_error, reward_started_at / reward_finished_at
+          (float64: the batch's scoring span): with reward.url only, scored by the
+          reward replicas (reward/task.py); the rollout then writes rule_reward (float32:
+          reward.name's score, an episode's environment reward added), rule_error (json)
+          and response_text (json: the text the reward scores) in place of reward and
+          reward_error, and train waits for the reward task's column
 critic  : response_ids, reward → values, advantages, returns (float32, one per
           response token: the critic's values and GAE over them), critic_version
           (int64: the critic that scored the row); algorithm ppo only, and then
@@ -58,6 +64,14 @@ CRITIC = TaskSpec("critic", ["response_ids", "reward"], [tensor("values", "float
                                                     tensor("returns", "float32"),
                                                     scalar("critic_version", "int64")])
 TRAIN_PPO = TaskSpec("train", ["response_ids", "reward", "advantages"])
+# reward.url: the reward replicas score each finished sample (the rollout writes the
+# rule's score and the text in place of the reward)
+REWARD = TaskSpec("reward", ["response_text"], [scalar("reward", "float32"),
+                                                json_column("reward_error"),
+                                                scalar("reward_started_at", "float64"),
+                                                scalar("reward_finished_at", "float64")])
+RULE_COLUMNS = [scalar("rule_reward", "float32"), json_column("rule_error"),
+                json_column("response_text")]
 TASKS = (DRIVER, ROLLOUT, TRAIN)
 
 
@@ -112,16 +126,27 @@ def interrupting(spec) -> bool:
     return spec.workflow.update_policy == "interrupt"
 
 
+def reward_task(spec) -> bool:
+    """Whether the reward is a task of its own (reward.url), which the reward replicas
+    take."""
+    return spec.reward.streamed
+
+
 def tasks_for(spec) -> tuple:
     """The job's tasks: every worker registers the same ones."""
     train = TRAIN_PPO if spec.algorithm.critic else TRAIN
     if reference_task(spec):
         train = TaskSpec("train", [*train.consumes, "ref_logp"])
+    produces = ROLLOUT.produces
+    if reward_task(spec):  # the rule's score and the text; the reward is the task's
+        produces = [c for c in produces if c.name not in ("reward", "reward_error")] + \
+            RULE_COLUMNS
     rollout = TaskSpec("rollout", ROLLOUT.consumes, [
-        *ROLLOUT.produces, *(EPISODE_COLUMNS if spec.rollout.episodic else ()),
+        *produces, *(EPISODE_COLUMNS if spec.rollout.episodic else ()),
         *(VERSION_COLUMNS if interrupting(spec) else ())])
     tasks = (DRIVER, rollout, train) + ((CRITIC,) if spec.algorithm.critic else ())
     tasks += (REFERENCE,) if reference_task(spec) else ()
+    tasks += (REWARD,) if reward_task(spec) else ()
     return tasks + ((LENGTHS,) if spec.rollout.dispatch == "skew_aware" else ())
 
 
@@ -131,7 +156,8 @@ def train_reads(spec) -> list[str]:
     return (TRAIN_READS + (["advantages", "critic_version"] if spec.algorithm.critic else [])
             + (["ref_logp"] if reference_task(spec) else [])
             + (["loss_mask", "episode"] if spec.rollout.episodic else [])
-            + (["weight_versions"] if interrupting(spec) else []))
+            + (["weight_versions"] if interrupting(spec) else [])
+            + (SCORING_READS if reward_task(spec) else []))
 
 
 def critic_reads(spec) -> list[str]:
@@ -143,6 +169,9 @@ TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "
                "started_at", "finished_at", "weights_epoch", "gen_calls"]
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
 REFERENCE_READS = ["prompt_ids", "response_ids"]
+REWARD_READS = ["prompt", "answer", "extra", "response_text", "rule_reward"]
+# reward.url: what the trainer reports of the reward task (trainer/report.py)
+SCORING_READS = ["rule_reward", "reward_error", "reward_started_at", "reward_finished_at"]
 
 
 PERIODIC_PIECES = 4  # periodic: rollout batches a step at least, so they overlap training

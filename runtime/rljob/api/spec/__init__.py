@@ -21,7 +21,8 @@ from .common import (
     ComputeResources,
     HcclSpec,
 )
-from .inputs import REWARD_PATTERN, DatasetSpec, LoraSpec, ModelSpec, RewardSpec
+from .inputs import (REWARD_PATTERN, DatasetSpec, LoraSpec, ModelSpec, RemoteRewardSpec,
+                     RewardSpec)
 from .job import (
     LoggingSpec,
     RedisSpec,
@@ -57,6 +58,7 @@ __all__ = [
     "PodTemplateOverride",
     "RLJobSpec",
     "RedisSpec",
+    "RemoteRewardSpec",
     "RewardSpec",
     "McpServerSpec",
     "RolloutSpec",

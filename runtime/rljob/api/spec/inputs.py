@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import ApiModel
+from ..base import ApiModel, Rule
 from .common import DNS_SUBDOMAIN_PATTERN
 
 # Reward functions: a built-in name or an importable `module:function`.
@@ -118,8 +118,46 @@ class DatasetSpec(ApiModel):
         return self.model_copy(update={"path": self.warmup_path}), "dataset.warmupPath"
 
 
+class RemoteRewardSpec(ApiModel):
+    """A scoring service the user runs, called by the reward replicas for each sample:
+    a JSON POST of {prompt, response, answer} and the dataset row's other keys, whose
+    JSON answer holds the score (rljob/reward/remote.py; `rljob reward serve` serves a
+    reward function this way)."""
+
+    endpoint: str = Field(
+        min_length=8, max_length=2048, pattern=r"^https?://[^\s/?#]+[^\s]*$",
+        description="The service's URL (http:// or https://). An API key, where the "
+        "service wants one, is sent as 'Authorization: Bearer KEY' from the "
+        "RLJOB_REWARD_API_KEY environment variable; it never appears in the spec.")
+    score_key: str = Field(
+        "score", min_length=1, max_length=128,
+        description="The field of the answer's JSON object that holds the score (a number).")
+    concurrency: int = Field(
+        16, ge=1, le=1024,
+        description="Requests each reward replica has in flight at most.")
+    timeout_seconds: float = Field(
+        30.0, gt=0, le=3600,
+        description="Wall-clock limit of one attempt: connecting, sending and reading the "
+        "answer.")
+    max_retries: int = Field(
+        3, ge=0, le=10,
+        description="Attempts after the first for a call that failed in a way another try "
+        "may mend: no connection, the timeout, a 5xx or 429 answer (never another 4xx, "
+        "nor an answer without a number).")
+    backoff_seconds: float = Field(
+        1.0, ge=0, le=60,
+        description="The wait before the first retry, doubled for each next one (30 s at "
+        "most), with up to as much again at random.")
+    failure_score: float = Field(
+        0.0, ge=-1e6, le=1e6,
+        description="The score of a sample whose call failed for good; the error is kept "
+        "with the sample (reward_error) and counted (rljob_reward_failures_total).")
+
+
 class RewardSpec(ApiModel):
-    """How a response is scored."""
+    """How a response is scored: by a function the rollout replicas call
+    (`name`, the rule), and, where `url` is set, by a scoring service the job's reward
+    replicas call, a task of its own in the TransferQueue."""
 
     name: str = Field(
         "exact_match",
@@ -128,5 +166,49 @@ class RewardSpec(ApiModel):
         description="A built-in verifier name, a custom 'module:function' on the image, or "
         "'path/to/reward.py:function' (relative to the job file on this machine; in the "
         "pods, a path on the dataset's PVC such as /data/reward.py:score). Called as "
-        "fn(prompt, response, answer, **row) with the dataset row's other keys it names.",
+        "fn(prompt, response, answer, **row) with the dataset row's other keys it names. "
+        "With reward.url it is the rule that reward.combine weighs or gates with the "
+        "service's score (combine none: computed and logged, rule_reward_mean, not trained on).",
     )
+    url: RemoteRewardSpec | None = Field(
+        None,
+        description="Score with a remote service: the reward replicas (reward.replicas) "
+        "claim each finished sample from the TransferQueue, call the service and write "
+        "its reward, which the trainer waits for.")
+    combine: Literal["none", "weighted", "gate"] = Field(
+        "none",
+        description="How the rule (reward.name) and the service's score make the reward: "
+        "none, the service's score alone; weighted, ruleWeight x rule + scoreWeight x "
+        "score; gate, the rule's score where it is below gateThreshold (the service is "
+        "not called for that sample), else the service's.")
+    rule_weight: float = Field(1.0, ge=-1e6, le=1e6,
+                               description="The rule's weight (combine weighted).")
+    score_weight: float = Field(1.0, ge=-1e6, le=1e6,
+                                description="The service's score's weight (combine weighted).")
+    gate_threshold: float = Field(
+        1.0, ge=-1e6, le=1e6,
+        description="combine gate: the least rule score for which the service is asked.")
+    replicas: int = Field(
+        1, ge=1, le=256,
+        description="Reward replicas (with reward.url): each a consumer of the reward "
+        "task, scoring the batches it claims.")
+    batch_size: int = Field(
+        64, ge=1, le=4096,
+        description="Rows a reward replica claims at most at once (with reward.url): it "
+        "takes the rows that are ready, from one on, scores them and writes their rewards "
+        "together.")
+
+    rules = (
+        Rule(
+            cel="self.combine == 'none' || has(self.url)",
+            message="reward.combine weighs or gates a scorer's score with the rule: set "
+            "reward.url, or combine none",
+            check=lambda r: r.combine == "none" or r.url is not None,
+            field_path=".combine",
+        ),
+    )
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the reward is a task of its own, scored by the reward replicas."""
+        return self.url is not None

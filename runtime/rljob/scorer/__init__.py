@@ -1,0 +1,1 @@
+"""The reward replicas (reward.url): a worker that takes the reward task."""

@@ -1,0 +1,218 @@
+"""The reward task (reward.url) on a real TransferQueue over Redis, with real
+`rljob worker reward` processes and a real scoring service on loopback: a reward
+replica SIGKILLed mid-batch, or paused past its lease, loses no row and scores none
+twice; the trainer's claim takes a group once its rewards are written."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from rljob.api import RLJob
+from rljob.reward import get_reward
+from rljob.reward.remote import RemoteScorer
+from rljob.reward.server import make_server
+from rljob.scorer.worker import RewardWorker
+from rljob.transferqueue import TransferQueueClient
+from rljob.transferqueue.consumer import Consumer
+from rljob.workflow.tasks import tasks_for
+from tests.integration.conftest import TQServer
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS, ROWS = 2, 32  # rows a step: 4 groups of 8
+ARITH = get_reward("arith_partial")
+
+
+def job_file(tmp_path: Path, endpoint: str, name: str, **reward) -> Path:
+    doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["model"]["path"] = f"random:{EXAMPLES / 'models/tiny-qwen2'}"
+    doc["spec"]["dataset"]["path"] = str(EXAMPLES / "data/arith.jsonl")
+    doc["spec"]["algorithm"]["klCoef"] = 0.0  # no reference task: train waits for rewards
+    doc["spec"]["reward"] = {"name": "arith_partial", "batchSize": 8,
+                             "url": {"endpoint": endpoint, "timeoutSeconds": 600,
+                                     "backoffSeconds": 0.05}, **reward}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def spec_of(path: Path):
+    return RLJob.model_validate(yaml.safe_load(path.read_text())).spec
+
+
+class Served:
+    """arith_partial served on reward.url's protocol, each answer `delay` late."""
+
+    def __init__(self, delay: float = 0.0):
+        def slow(prompt, response, answer):
+            time.sleep(delay)
+            return ARITH(prompt, response, answer)
+
+        self.server = make_server(slow)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def fill(tq: TransferQueueClient, spec) -> dict[int, tuple[str, str]]:
+    """STEPS steps of rows put and generated (as a rollout replica writes them);
+    global index → (response text, answer)."""
+    tq.register(*tasks_for(spec))
+    rng = np.random.default_rng(0)
+    for step in range(STEPS):
+        answers = [str(int(x)) for x in rng.integers(10, 99, ROWS)]
+        tq.put(step, {"prompt": [f"{a}+0=" for a in answers], "answer": answers,
+                      "extra": [{}] * ROWS,
+                      "prompt_ids": [np.arange(4, dtype=np.int32)] * ROWS,
+                      "slot": list(range(ROWS)), "released_at": [time.time()] * ROWS},
+               group_size=8)
+    texts = {}
+    batch = tq.claim_get("rollout", STEPS * ROWS, ["answer"])
+    got = batch.data
+    responses = [a if i % 3 else a[::-1] for i, a in enumerate(got["answer"])]
+    for i, r, a in zip(batch.indices, responses, got["answer"]):
+        texts[i] = (r, a)
+    n = len(batch)
+    tq.write(batch.indices, {
+        "response_ids": [np.ones(3, np.int32)] * n, "rollout_logp": [np.zeros(3, np.float32)] * n,
+        "rule_reward": [ARITH("", r, a) for r, a in zip(responses, got["answer"])],
+        "rule_error": [""] * n, "response_text": responses,
+        "started_at": [0.0] * n, "finished_at": [1.0] * n, "weights_epoch": [0] * n,
+        "gen_calls": [[]] * n}, versions=[0] * n, length_column="response_ids",
+        lease=batch, ack=True)
+    return texts
+
+
+def replica(path: Path, address: str, name: str, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, POD_NAME=name)
+    return subprocess.Popen([sys.executable, "-m", "rljob", "worker", "reward", "--job",
+                             str(path), "--tq", address], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+
+
+def holds(tq: TransferQueueClient, consumer: str) -> bool:
+    return any(c.consumer == consumer and c.task == "reward" and c.claimed
+               for c in tq.stats().consumers)
+
+
+def until(what, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        assert proc is None or proc.poll() is None, f"exited with {proc.returncode}"
+        time.sleep(0.02)
+
+
+def survivor(spec, address: str) -> tuple[RewardWorker, threading.Thread]:
+    """A second replica, in a thread of the test (its setup without the SIGTERM handler)."""
+    worker = RewardWorker(spec, address, 1)
+    worker.scorer = RemoteScorer(spec.reward.url)
+    worker.consumer = Consumer.join(address, tasks_for(spec))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def trained(tq: TransferQueueClient, texts) -> Counter:
+    """Every row the trainer claims, by index, its reward checked against the rule."""
+    seen = Counter()
+    for step in range(STEPS):
+        batch = tq.claim_get("train", ROWS, ["reward", "reward_error"], policy="group",
+                             partition=step, min_count=ROWS, wait=10.0)
+        got = batch.data
+        for i, reward, error in zip(batch.indices, got["reward"], got["reward_error"]):
+            response, answer = texts[i]
+            assert float(reward) == np.float32(ARITH("", response, answer)) and not error
+            seen[i] += 1
+        tq.ack(batch)
+    return seen
+
+
+def check(tq, texts, worker, victim_claimed: int) -> None:
+    reward = {s.name: s for s in tq.stats().tasks}["reward"]
+    assert reward.acked == STEPS * ROWS and reward.expired >= victim_claimed
+    seen = trained(tq, texts)
+    assert sorted(seen) == sorted(texts) and max(seen.values()) == 1
+    assert worker.scored == STEPS * ROWS
+
+
+def test_a_reward_replica_killed_mid_batch_loses_and_doubles_nothing(redis_units, tmp_path):
+    hang = socket.socket()  # a service that takes the call and never answers
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)
+    served = Served()
+    server = TQServer(redis_units, lease_seconds=1.5)
+    worker = None
+    try:
+        victim_job = job_file(tmp_path, f"http://127.0.0.1:{hang.getsockname()[1]}/", "kill")
+        spec = spec_of(job_file(tmp_path, served.url, "kill"))
+        with TransferQueueClient(server.address) as tq:
+            texts = fill(tq, spec)
+            # the train task may not take a row before its reward is written
+            assert not tq.claim("train", ROWS, policy="group", partition=0, wait=0.2).rows
+            victim = replica(victim_job, server.address, "reward-victim", tmp_path / "v.log")
+            until(lambda: holds(tq, "reward-victim"), proc=victim)
+            claimed = sum(c.claimed for c in tq.stats().consumers if c.consumer == "reward-victim")
+            victim.kill()  # SIGKILL mid-batch: no write, no release
+            victim.wait()
+            worker, thread = survivor(spec, server.address)
+            until(lambda: worker.scored == STEPS * ROWS)
+            check(tq, texts, worker, claimed)
+            assert claimed == 8  # its batch (reward.batchSize), given back by expiry
+    finally:
+        if worker is not None:
+            worker.stop.set()
+            thread.join(10)
+            worker.close()
+        server.stop()
+        served.close()
+        hang.close()
+
+
+def test_a_reward_replica_paused_past_its_lease_cannot_write(redis_units, tmp_path):
+    slow, served = Served(delay=0.5), Served()
+    server = TQServer(redis_units, lease_seconds=1.5)
+    worker = None
+    try:
+        spec = spec_of(job_file(tmp_path, served.url, "pause"))
+        victim_job = job_file(tmp_path, slow.url, "pause")
+        log = tmp_path / "v.log"
+        with TransferQueueClient(server.address) as tq:
+            texts = fill(tq, spec)
+            victim = replica(victim_job, server.address, "reward-victim", log)
+            until(lambda: holds(tq, "reward-victim"), proc=victim)
+            os.kill(victim.pid, signal.SIGSTOP)  # its calls take 0.5 s: it holds the batch
+            claimed = sum(c.claimed for c in tq.stats().consumers if c.consumer == "reward-victim")
+            time.sleep(3 * 1.5)  # three lease terms
+            worker, thread = survivor(spec, server.address)
+            until(lambda: worker.scored == STEPS * ROWS)
+            os.kill(victim.pid, signal.SIGCONT)  # its answers came: it writes, refused
+            until(lambda: "dropped the rewards" in log.read_text(), proc=victim)
+            victim.terminate()
+            assert victim.wait(20) == 0
+            check(tq, texts, worker, claimed)
+            text = log.read_text()
+            assert "is not held" in text or "no longer in the table" in text, text[-2000:]
+            assert "scored 0 rows (8 dropped)" in text, text[-2000:]
+    finally:
+        if worker is not None:
+            worker.stop.set()
+            thread.join(10)
+            worker.close()
+        server.stop()
+        served.close()
+        slow.close()
