@@ -121,7 +121,7 @@ class Demand:
 
 def job_demand(job: RLJob) -> list[Demand]:
     """The pods `job` starts with, as built: the TransferQueue, its storage units,
-    every trainer rank and `rollout.minReplicas` replicas."""
+    every trainer rank, `rollout.minReplicas` replicas and the reward replicas."""
     spec = job.spec
     tq = builders.build_tq_deployment(job)["spec"]["template"]
     redis = builders.build_redis_statefulset(job)["spec"]["template"]
@@ -130,7 +130,9 @@ def job_demand(job: RLJob) -> list[Demand]:
             + [Demand.of("trainer", builders.build_trainer_pod(job, r))
                for r in range(spec.trainer.num_nodes)]
             + [Demand.of("rollout", builders.build_rollout_pod(job, i))
-               for i in range(spec.rollout.min_replicas)])
+               for i in range(spec.rollout.min_replicas)]
+            + [Demand.of("reward", builders.build_reward_pod(job, i))
+               for i in range(builders.reward_replicas(job))])
 
 
 def _fmt(resource: str, amount: float) -> str:

@@ -36,7 +36,7 @@ from .workers import MeasuredExecutor
 
 # Keys of RLJob.status this operator owns (anything else is dropped on compare).
 STATUS_KEYS = ("observedGeneration", "conditions", "startTime", "completionTime", "progress",
-               "rollout", "trainer", "lastScale")
+               "rollout", "trainer", "reward", "lastScale")
 # Re-apply the long-lived children at least this often even without spec changes.
 REAPPLY_SECONDS = 60.0
 
@@ -278,7 +278,7 @@ class Operator:
         ended = next(((kind == "Succeeded", previous[kind].get("message", ""))
                       for kind in ("Succeeded", "Failed")
                       if previous.get(kind, {}).get("status") == "True"), None)
-        active = any(role_of(p) in ("trainer", "rollout") for p in pods)
+        active = any(role_of(p) in ("trainer", "rollout", "reward") for p in pods)
         scaled = None
         if elastic and wl is not None:  # its rollout count within its quota
             wl, scaled = self._slices(body, job, wl, k, pods, ended, previous, state, views)

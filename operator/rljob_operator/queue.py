@@ -64,7 +64,8 @@ def _template(obj: dict) -> dict:
 def pod_sets(job: RLJob) -> list[dict]:
     """One pod set per role, its template the pods the job runs (as built for its
     first run) and its count: the TransferQueue pod, the storage units, the trainer
-    gang's ranks and the rollout replicas (spec.rollout.replicas)."""
+    gang's ranks, the rollout replicas (spec.rollout.replicas) and, with reward.url,
+    the reward replicas."""
     spec = job.spec
     tq = builders.build_tq_deployment(job)["spec"]["template"]
     redis = builders.build_redis_statefulset(job)["spec"]["template"]
@@ -76,7 +77,9 @@ def pod_sets(job: RLJob) -> list[dict]:
          "template": _template(builders.build_trainer_pod(job, 0))},
         {"name": "rollout", "count": spec.rollout.replicas,
          "template": _template(builders.build_rollout_pod(job, 0))},
-    ]
+    ] + ([{"name": "reward", "count": builders.reward_replicas(job),
+           "template": _template(builders.build_reward_pod(job, 0))}]
+         if builders.reward_replicas(job) else [])
 
 
 def build_workload(job: RLJob, uid: str, queue: str,
@@ -161,7 +164,7 @@ def with_admission(job: RLJob, written: str | None) -> RLJob:
         return job
     added = []
     for role, a in sorted(json.loads(written).items()):
-        if role not in ("trainer", "rollout", "transferqueue", "storage") or not a:
+        if role not in ("trainer", "rollout", "reward", "transferqueue", "storage") or not a:
             continue
         added.append(PodTemplateOverride.model_validate({
             "roles": [role],

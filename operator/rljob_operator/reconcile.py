@@ -145,6 +145,7 @@ class Observed:
     by_role: dict[str, list[dict]]
     trainers: list[dict]  # not being deleted
     rollouts: list[dict]  # not being deleted
+    rewards: list[dict]  # not being deleted (reward.url's replicas)
     terminating: set[str]  # pod names being deleted
     restarts: int  # trainer gang restarts so far
     progressed: bool  # the job reported a step
@@ -172,6 +173,7 @@ def observe(raw_status: dict, pods: list[dict]) -> Observed:
         raw_status=raw_status, previous=previous, by_role=by_role,
         trainers=[p for p in by_role.get("trainer", []) if not deleting(p)],
         rollouts=[p for p in by_role.get("rollout", []) if not deleting(p)],
+        rewards=[p for p in by_role.get("reward", []) if not deleting(p)],
         terminating={p["metadata"]["name"] for p in pods if deleting(p)},
         restarts=int((raw_status.get("trainer") or {}).get("restarts", 0)),
         progressed=bool((raw_status.get("progress") or {}).get("step")),
@@ -248,7 +250,7 @@ def finished_pods(job: RLJob, obs: Observed, completed: datetime, now: datetime,
                   out: Plan) -> None:
     """A finished job frees the accelerators (finished trainer pods stay for their
     logs) and, past ttlSecondsAfterFinished, asks for every child to go."""
-    out.delete += [p["metadata"]["name"] for p in obs.rollouts]
+    out.delete += [p["metadata"]["name"] for p in obs.rollouts + obs.rewards]
     out.delete += [p["metadata"]["name"] for p in obs.trainers
                    if pod_phase(p) not in ("Succeeded", "Failed")]
     ttl = job.spec.run_policy.ttl_seconds_after_finished
@@ -298,6 +300,24 @@ def rollout_replicas(job: RLJob, obs: Observed, busy: dict[str, int], out: Plan)
             out.create.append(builders.build_rollout_pod(job, index))
 
 
+def reward_replicas(job: RLJob, obs: Observed, out: Plan) -> None:
+    """reward.url's replicas: a failed or evicted one is replaced, the count follows
+    reward.replicas (none without reward.url; the highest indices go first)."""
+    name, desired = job.metadata.name, builders.reward_replicas(job)
+    live = []
+    for p in obs.rewards:
+        if pod_phase(p) in ("Failed", "Succeeded"):
+            out.delete.append(p["metadata"]["name"])
+        else:
+            live.append(p)
+    by_index = sorted(live, key=lambda p: _int_label(p, builders.LABEL_REPLICA))
+    out.delete += [p["metadata"]["name"] for p in by_index[desired:]]
+    used = {_int_label(p, builders.LABEL_REPLICA) for p in by_index[:desired]}
+    for index in range(desired):
+        if index not in used and builders.reward_pod_name(name, index) not in obs.terminating:
+            out.create.append(builders.build_reward_pod(job, index))
+
+
 # status.lastScale's optional figures: a new record names each (None where it has
 # none), so that the merge patch the status goes out as removes the previous
 # scale's (its prediction check above all) instead of keeping them beside the new one
@@ -333,6 +353,7 @@ class Readiness:
     storage: int  # storage units ready
     trainer: int  # trainer nodes ready (and staying)
     rollout: int  # rollout replicas ready (and staying)
+    reward: int = 0  # reward replicas ready (and staying)
 
 
 def readiness(obs: Observed, out: Plan) -> Readiness:
@@ -340,7 +361,8 @@ def readiness(obs: Observed, out: Plan) -> Readiness:
         return sum(pod_ready(p) for p in pods if p["metadata"]["name"] not in out.delete)
     return Readiness(tq=any(pod_ready(p) for p in obs.by_role.get("transferqueue", [])),
                      storage=sum(pod_ready(p) for p in obs.by_role.get("storage", [])),
-                     trainer=kept(obs.trainers), rollout=kept(obs.rollouts))
+                     trainer=kept(obs.trainers), rollout=kept(obs.rollouts),
+                     reward=kept(obs.rewards))
 
 
 def conditions(job: RLJob, obs: Observed, ready_: Readiness, last_scale: dict,
@@ -365,6 +387,12 @@ def conditions(job: RLJob, obs: Observed, ready_: Readiness, last_scale: dict,
                    f"{ready_.rollout}/{desired} rollout replica(s) ready "
                    f"(minReplicas {minimum})", g, n),
     ]
+    if spec.reward.streamed:  # reward.url: its replicas are needed to train
+        rewards = builders.reward_replicas(job)
+        conds.append(_condition(previous, "RewardReady", ready_.reward >= rewards,
+                                "Ready" if ready_.reward >= rewards else "Waiting",
+                                f"{ready_.reward}/{rewards} reward replica(s) ready", g, n))
+    parts = len(conds)  # the components Ready waits for
     scaling = (not finished and not spec.suspend and bool(last_scale)
                and last_scale.get("to") == desired and ready_.rollout != desired)
     conds.append(_condition(
@@ -376,8 +404,9 @@ def conditions(job: RLJob, obs: Observed, ready_: Readiness, last_scale: dict,
                             "Suspended" if spec.suspend else "Running",
                             "spec.suspend is true: trainer and rollout pods deleted, "
                             "TransferQueue kept" if spec.suspend else "", g, n))
-    ready = (not finished and not spec.suspend and all(c["status"] == "True" for c in conds[:3]))
-    not_ready = [c["type"] for c in conds[:3] if c["status"] != "True"]
+    ready = (not finished and not spec.suspend
+             and all(c["status"] == "True" for c in conds[:parts]))
+    not_ready = [c["type"] for c in conds[:parts] if c["status"] != "True"]
     conds.insert(0, _condition(
         previous, "Ready", ready,
         "Running" if ready else ("Finished" if finished else "Suspended" if spec.suspend
@@ -403,7 +432,8 @@ def transition_events(previous: dict[str, dict], conds: list[dict]) -> list[Even
             for c in conds
             if (old := previous.get(c["type"])) is not None
             and old.get("status") != c["status"]
-            and c["type"] in ("Ready", "TransferQueueReady", "TrainerReady", "RolloutReady")]
+            and c["type"] in ("Ready", "TransferQueueReady", "TrainerReady", "RolloutReady",
+                              "RewardReady")]
 
 
 def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
@@ -442,16 +472,20 @@ def plan(job: RLJob, raw_status: dict, pods: list[dict], now: datetime,
     if finished:
         finished_pods(job, obs, completed, now, out)
     elif spec.suspend:
-        out.delete += [p["metadata"]["name"] for p in obs.trainers + obs.rollouts]
+        out.delete += [p["metadata"]["name"] for p in obs.trainers + obs.rollouts + obs.rewards]
     else:
         trainer_gang(job, obs, restarts, out)
         rollout_replicas(job, obs, busy or {}, out)
+        reward_replicas(job, obs, out)
 
     ready_ = readiness(obs, out)
     status["observedGeneration"] = generation
     status["rollout"] = {"replicas": spec.rollout.replicas, "readyReplicas": ready_.rollout,
                          "selector": builders.selector_string(job.metadata.name, "rollout")}
     status["trainer"] = {"readyNodes": ready_.trainer, "restarts": restarts}
+    if spec.reward.streamed:
+        status["reward"] = {"replicas": builders.reward_replicas(job),
+                            "readyReplicas": ready_.reward}
     last_scale = scale_record(job, obs, now, status, out)
     conds = conditions(job, obs, ready_, last_scale, finished, failed, succeeded, outcome,
                        generation, now)

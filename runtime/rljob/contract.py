@@ -55,7 +55,8 @@ LIFELINE_ENV = "RLJOB_DIE_WITH_PARENT"
 # what a role's podTemplate may not touch in the pods the operator builds (its
 # containers, volumes, mount paths, ports, environment and labels); a unit test checks
 # that every pod the builders make stays within these names
-OWN_CONTAINERS = ("trainer", "rollout", "transferqueue", "driver", "redis", "preflight")
+OWN_CONTAINERS = ("trainer", "rollout", "reward", "transferqueue", "driver", "redis",
+                  "preflight")
 OWN_VOLUMES = ("job", "models", "data", "dshm", "checkpoints", "tls", "ascend-driver",
                "ascend-dcmi", "npu-smi", "ascend-install-info")
 OWN_MOUNT_PATHS = ("/etc/rljob", "/etc/rljob-tls", "/models", "/data", "/dev/shm", "/checkpoints",

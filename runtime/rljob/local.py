@@ -55,7 +55,8 @@ CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSecon
                 "trainer.checkpointPvc", "transferQueue.storageUnits", "transferQueue.redis",
                 "transferQueue.resources", "transferQueue.driverResources",
                 "accelerator.resourceName", "accelerator.nodeSelector", "accelerator.hccl",
-                "podTemplateOverrides", "managedBy")
+                "podTemplateOverrides", "managedBy", "reward.resources",
+                "reward.url.apiKeySecret")
 
 
 def cluster_only_fields(job: RLJob) -> list[str]:

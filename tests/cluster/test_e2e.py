@@ -451,13 +451,36 @@ def test_an_mcp_job_in_pods_calls_the_tool_of_its_server(operator_release, names
     assert answered >= 4, counted  # calls its server answered, of 32 episodes a step
 
 
+def _scorer(plane, ns: str, image: str, key: str) -> str:
+    """`rljob reward serve arith_partial` in a pod of the runtime image behind a Service
+    (a scoring service a user runs beside the job), its API key from a Secret; the
+    endpoint."""
+    plane.kubectl("create", "secret", "generic", "-n", ns, "scorer-key",
+                  f"--from-literal=apiKey={key}")
+    labels = {"app": "scorer"}
+    _apply(plane, ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "scorer", "labels": labels}, "spec": {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+        "containers": [{"name": "scorer", "image": image, "imagePullPolicy": "IfNotPresent",
+                        "command": ["rljob", "reward", "serve", "arith_partial", "--host",
+                                    "0.0.0.0", "--port", "8000"],
+                        "env": [{"name": "RLJOB_REWARD_API_KEY", "valueFrom": {
+                            "secretKeyRef": {"name": "scorer-key", "key": "apiKey"}}}],
+                        "ports": [{"containerPort": 8000}],
+                        "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}}]}})
+    _apply(plane, ns, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "scorer"},
+                       "spec": {"selector": labels, "ports": [{"port": 8000}]}})
+    return f"http://scorer.{ns}.svc:8000/score"
+
+
 @pytest.mark.timeout(900)
-def test_a_lora_job_in_pods_sends_its_rollouts_the_adapter_alone(operator_release, namespace):
+def test_a_lora_job_scored_by_a_service_in_pods(operator_release, namespace):
     """examples/quickstart-lora.yaml in pods (the CPU image carries PEFT), with the
-    cluster example's image and requests: the trainer trains the adapter, each rollout
-    pod takes the base once and then the adapter alone each version (its
-    rljob_weight_update_bytes_total: whole weights every version would be several
-    times more), and the job succeeds."""
+    cluster example's image and requests, its reward from a scoring service
+    (reward.url, the key from reward.url.apiKeySecret) in a reward pod: the trainer
+    trains the adapter, each rollout pod takes the base once and then the adapter alone
+    each version (its rljob_weight_update_bytes_total: whole weights every version would
+    be several times more), the reward pod scores every sample and the job succeeds."""
     plane = operator_release
     ns, _ = namespace
     name = "lora-cluster"
@@ -465,9 +488,13 @@ def test_a_lora_job_in_pods_sends_its_rollouts_the_adapter_alone(operator_releas
     spec = doc["spec"]
     spec["model"]["warmupSteps"] = 20
     spec["algorithm"]["maxSteps"] = 4
+    spec["reward"]["url"] = {"endpoint": _scorer(plane, ns, spec["image"], "rm-key-7c2e"),
+                             "apiKeySecret": "scorer-key", "timeoutSeconds": 10}
+    spec["reward"]["resources"] = {"cpu": "100m", "memory": "256Mi"}
     _apply(plane, ns, doc)
     watch = Watch(plane, ns, name)
     seen: dict[str, tuple[float, float]] = {}  # pod -> (bytes, version)
+    scoring: dict[str, float] = {}
 
     def on_poll(job: dict) -> None:
         for pod in _pods(plane, ns, f"rljob.dev/name={name},rljob.dev/role=rollout"):
@@ -476,10 +503,17 @@ def test_a_lora_job_in_pods_sends_its_rollouts_the_adapter_alone(operator_releas
             if None not in got:
                 seen[pod["metadata"]["name"]] = max(seen.get(pod["metadata"]["name"],
                                                              (0.0, 0.0)), got)
+        for pod in _pods(plane, ns, f"rljob.dev/name={name},rljob.dev/role=reward"):
+            for metric in ("rljob_scored_samples_total", "rljob_reward_failures_total"):
+                value = _scrape(pod, metric)
+                if value is not None:
+                    scoring[metric] = max(scoring.get(metric, 0.0), value)
+        if _condition(job, "RewardReady") == "True":
+            scoring["ready"] = 1.0
 
     done = watch.until_succeeded(600, on_poll)
-    print(f"\nLoRA job Succeeded {done:.0f}s after apply; rollout pods' (bytes, version) "
-          f"{seen}")
+    print(f"\nLoRA job scored by a service Succeeded {done:.0f}s after apply; rollout pods' "
+          f"(bytes, version) {seen}; the reward pod's {scoring}")
     base, adapter = 617_600 * 4, 65_536 * 4  # the model as sent (tied head too), r = 8
     loaded = {pod: (b, v) for pod, (b, v) in seen.items() if v >= 2}
     assert loaded, seen
@@ -487,6 +521,9 @@ def test_a_lora_job_in_pods_sends_its_rollouts_the_adapter_alone(operator_releas
         # the base once, an adapter a version loaded (the counter may be a swap ahead
         # of the version gauge)
         assert base < nbytes <= base + (version + 2) * adapter, (pod, nbytes, version)
+    # 128 samples a step, scored by the service with its key (a refused key fails them)
+    assert scoring.get("rljob_scored_samples_total", 0) >= 2 * 128, scoring
+    assert scoring.get("rljob_reward_failures_total") == 0 and scoring.get("ready"), scoring
 
 
 @pytest.mark.timeout(600)

@@ -187,6 +187,7 @@ def test_ppo_defaults_to_one_response_per_prompt_and_adds_the_critic_task():
                                           "max_replicas": None, "max_num_seqs": 256})()
             self.trainer = type("T", (), {"engine": engine})()
             self.workflow = type("W", (), {"update_policy": "drain", "mode": mode})()
+            self.reward = type("Rw", (), {"streamed": False})()
             self.accelerator_for = lambda role: type("A", (), {"type": accelerator})()
 
     names = {t.name: t for t in tasks_for(Spec(ppo))}

@@ -14,6 +14,7 @@ CONDITION_TYPES = (
     "TransferQueueReady",
     "RolloutReady",
     "TrainerReady",
+    "RewardReady",
     "Scaling",
     "Suspended",
     "ProfileTrusted",
@@ -54,6 +55,11 @@ class RolloutStatus(ApiModel):
     selector: str = Field("", max_length=1024, description="Label selector of rollout pods.")
 
 
+class RewardStatus(ApiModel):
+    replicas: int = Field(0, ge=0, description="Reward replicas the job runs (reward.url).")
+    ready_replicas: int = Field(0, ge=0)
+
+
 class TrainerStatus(ApiModel):
     ready_nodes: int = Field(0, ge=0)
     restarts: int = Field(0, ge=0)
@@ -89,6 +95,7 @@ class RLJobStatus(ApiModel):
     progress: ProgressStatus | None = None
     rollout: RolloutStatus | None = None
     trainer: TrainerStatus | None = None
+    reward: RewardStatus | None = None
     last_scale: ScaleEvent | None = None
 
     def condition(self, type_: str) -> Condition | None:

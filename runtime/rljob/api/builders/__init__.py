@@ -18,6 +18,7 @@ Children of RLJob NAME (deterministic names, all owned by the RLJob):
     NAME-ingress        NetworkPolicy  who may connect to the job's pods
     NAME-trainer-R      Pod          trainer rank R (one pod per node)
     NAME-rollout-I      Pod          rollout replica I (added/removed one at a time)
+    NAME-reward-I       Pod          reward replica I (reward.url)
 
 Trainer and rollout replicas are bare pods owned by the RLJob, not a
 StatefulSet: the operator restarts the trainer gang as a whole (every rank
@@ -25,7 +26,7 @@ resumes from one checkpoint) and picks which rollout replica to remove.
 
 One module per part: common.py (names, labels, addresses, pod pieces),
 transferqueue.py (Secret, ConfigMap, Redis units, controller and driver),
-workers.py (trainer gang, rollout replicas), network.py (the NetworkPolicy),
+workers.py (trainer gang, rollout and reward replicas), network.py (the NetworkPolicy),
 job.py (the sets, YAML).
 """
 
@@ -56,6 +57,7 @@ from .common import (
     JOB_DIR,
     JOB_FILE,
     PASSWORD_KEY,
+    REWARD_KEY,
     TLS_KEYS,
     TOKEN_KEY,
     VOLCANO_GROUP_ANNOTATION,
@@ -67,6 +69,7 @@ from .common import (
     quantity,
     redis_name,
     redis_urls,
+    reward_pod_name,
     rollout_pod_name,
     secret_name,
     selector,
@@ -94,9 +97,11 @@ from .transferqueue import (
 from .workers import (
     build_pod_group,
     build_preflight_container,
+    build_reward_pod,
     build_rollout_pod,
     build_trainer_pod,
     build_trainer_service,
+    reward_replicas,
     trainer_command,
 )
 
@@ -117,6 +122,7 @@ __all__ = [
     "METRICS_PORT",
     "PASSWORD_ENV",
     "PASSWORD_KEY",
+    "REWARD_KEY",
     "TLS_KEYS",
     "TOKEN_KEY",
     "PREFLIGHT_CONTAINER",
@@ -134,6 +140,7 @@ __all__ = [
     "build_preflight_container",
     "build_redis_service",
     "build_redis_statefulset",
+    "build_reward_pod",
     "build_rollout_pod",
     "build_secret",
     "build_services",
@@ -153,6 +160,8 @@ __all__ = [
     "redis_urls",
     "resolved_job",
     "quantity",
+    "reward_pod_name",
+    "reward_replicas",
     "rollout_pod_name",
     "secret_name",
     "selector",

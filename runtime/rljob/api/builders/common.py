@@ -36,6 +36,8 @@ TOKEN_KEY = "token"  # the job's token (infra/auth.py), in the same Secret
 # with transferQueue.tls, the job's CA and server certificate (infra/tls.py), there too
 TLS_KEYS = {TLS_CA_ENV: CA_FILE, TLS_CERT_ENV: CERT_FILE, TLS_KEY_ENV: KEY_FILE}
 WANDB_KEY = "apiKey"  # the key of logging.wandb.apiKeySecret holding the W&B API key
+REWARD_KEY = "apiKey"  # the key of reward.url.apiKeySecret holding the service's key
+REWARD_KEY_ENV = "RLJOB_REWARD_API_KEY"  # where a reward pod reads it (reward/remote.py)
 
 # Host paths the Ascend driver stack needs inside a container (what the
 # Ascend device plugin does not mount by itself).
@@ -77,6 +79,10 @@ def trainer_pod_name(job: str, rank: int) -> str:
 
 def rollout_pod_name(job: str, index: int) -> str:
     return f"{job}-rollout-{index}"
+
+
+def reward_pod_name(job: str, index: int) -> str:
+    return f"{job}-reward-{index}"
 
 
 def labels(job: str, role: str) -> dict[str, str]:
@@ -201,6 +207,15 @@ def _wandb_env(job: RLJob) -> list[dict]:
         return []
     return [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
         "name": cfg.api_key_secret, "key": WANDB_KEY}}}]
+
+
+def _reward_key_env(job: RLJob) -> list[dict]:
+    """The scoring service's key from `reward.url.apiKeySecret` (key `apiKey`)."""
+    url = job.spec.reward.url
+    if url is None or not url.api_key_secret:
+        return []
+    return [{"name": REWARD_KEY_ENV, "valueFrom": {"secretKeyRef": {
+        "name": url.api_key_secret, "key": REWARD_KEY}}}]
 
 
 def _restricted() -> dict:

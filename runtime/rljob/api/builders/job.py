@@ -17,7 +17,8 @@ from .transferqueue import (
     build_tq_deployment,
     build_tq_service,
 )
-from .workers import build_pod_group, build_rollout_pod, build_trainer_pod, build_trainer_service
+from .workers import (build_pod_group, build_reward_pod, build_rollout_pod, build_trainer_pod,
+                      build_trainer_service, reward_replicas)
 
 
 def build_services(job: RLJob, access: NetworkAccess = NetworkAccess()) -> list[dict]:
@@ -72,4 +73,5 @@ def build_all(job: RLJob, password: str, trainer_restarts: int = 0,
         *build_services(job, access),
         *[build_trainer_pod(job, r, trainer_restarts) for r in range(job.spec.trainer.num_nodes)],
         *[build_rollout_pod(job, i) for i in range(job.spec.rollout.replicas)],
+        *[build_reward_pod(job, i) for i in range(reward_replicas(job))],
     ]

@@ -1,5 +1,6 @@
 """The workers' objects: the trainer gang (headless Service, Volcano PodGroup, one
-pod per rank, rank 0's preflight init container) and the rollout replicas' pods."""
+pod per rank, rank 0's preflight init container), the rollout replicas' pods and the
+reward replicas' (reward.url)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,16 @@ from .common import (
     _http_probe,
     _meta,
     _metrics_port,
+    _non_root_pod,
     _requests,
     _restricted,
+    _reward_key_env,
     _scheduling,
     _volumes,
     _wandb_env,
     _worker_resources,
     master_host,
+    reward_pod_name,
     rollout_pod_name,
     tq_address,
     trainer_name,
@@ -58,7 +62,8 @@ def build_pod_group(job: RLJob) -> dict:
     scheduled together, or none is (replicas beyond them join the group as room
     allows: the autoscaler's)."""
     name, spec_ = job.metadata.name, job.spec
-    spec: dict[str, Any] = {"minMember": spec_.trainer.num_nodes + spec_.rollout.min_replicas}
+    spec: dict[str, Any] = {"minMember": spec_.trainer.num_nodes + spec_.rollout.min_replicas
+                            + reward_replicas(job)}
     if spec_.scheduling.queue:
         spec["queue"] = spec_.scheduling.queue
     if spec_.scheduling.priority_class_name:
@@ -209,4 +214,48 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
     meta = _meta(job, rollout_pod_name(name, index), "rollout", {LABEL_REPLICA: str(index)},
                  annotations)
     with_overrides(job, "rollout", meta, spec, ("rollout",))
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def reward_replicas(job: RLJob) -> int:
+    """The reward pods the job runs: reward.replicas with reward.url, else none."""
+    return job.spec.reward.replicas if job.spec.reward.streamed else 0
+
+
+def build_reward_pod(job: RLJob, index: int) -> dict:
+    """A reward replica (reward.url): a CPU pod that claims finished samples and calls
+    the scoring service; its key, where there is one, from reward.url.apiKeySecret."""
+    name = job.metadata.name
+    vols, mounts = _volumes(job, shm=False)
+    container = {
+        "name": "reward",
+        "image": job.spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["rljob", *worker_argv("reward", job=JOB_FILE, tq=tq_address(job),
+                                          replica=index, metrics_port=METRICS_PORT)],
+        "env": [*_env_common(job), *_reward_key_env(job)],
+        "ports": [_metrics_port()],
+        "readinessProbe": _http_probe(METRICS_PORT),
+        "volumeMounts": mounts,
+        "resources": _worker_resources(job, "reward", 0, job.spec.reward.resources),
+        "securityContext": _restricted(),
+    }
+    spec: dict[str, Any] = {
+        # a crashed replica restarts in place: its leased rows return to the task when
+        # the lease lapses, and another replica (or its next life) scores them
+        "restartPolicy": "Always",
+        "containers": [container],
+        "volumes": vols,
+        "securityContext": _non_root_pod(),
+        "enableServiceLinks": False,
+    }
+    _scheduling(job, spec, "reward")
+    annotations = None
+    if volcano(job):  # one gang with the trainer ranks (build_pod_group)
+        annotations = {VOLCANO_GROUP_ANNOTATION: trainer_name(name)}
+        if job.spec.scheduling.queue:
+            annotations[VOLCANO_QUEUE_ANNOTATION] = job.spec.scheduling.queue
+    meta = _meta(job, reward_pod_name(name, index), "reward", {LABEL_REPLICA: str(index)},
+                 annotations)
+    with_overrides(job, "reward", meta, spec, ("reward",))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

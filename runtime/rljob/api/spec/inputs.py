@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..base import ApiModel, Rule
-from .common import DNS_SUBDOMAIN_PATTERN
+from .common import DNS_SUBDOMAIN_PATTERN, ComputeResources
 
 # Reward functions: a built-in name or an importable `module:function`.
 REWARD_PATTERN = (r"^([a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
@@ -126,9 +126,12 @@ class RemoteRewardSpec(ApiModel):
 
     endpoint: str = Field(
         min_length=8, max_length=2048, pattern=r"^https?://[^\s/?#]+[^\s]*$",
-        description="The service's URL (http:// or https://). An API key, where the "
-        "service wants one, is sent as 'Authorization: Bearer KEY' from the "
-        "RLJOB_REWARD_API_KEY environment variable; it never appears in the spec.")
+        description="The service's URL (http:// or https://).")
+    api_key_secret: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="A Secret of the job's namespace whose key apiKey the reward pods send "
+        "as 'Authorization: Bearer KEY' (a local run sends RLJOB_REWARD_API_KEY from its "
+        "environment); unset: no key (the environment variable's, where set).")
     score_key: str = Field(
         "score", min_length=1, max_length=128,
         description="The field of the answer's JSON object that holds the score (a number).")
@@ -197,6 +200,10 @@ class RewardSpec(ApiModel):
         description="Rows a reward replica claims at most at once (with reward.url): it "
         "takes the rows that are ready, from one on, scores them and writes their rewards "
         "together.")
+    resources: ComputeResources = Field(
+        default_factory=ComputeResources,
+        description="CPU and memory of each reward container (with reward.url), as requests "
+        "and limits; unset: none.")
 
     rules = (
         Rule(

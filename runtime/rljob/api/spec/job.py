@@ -196,7 +196,10 @@ class RLJobSpec(ApiModel):
         return [o for o in self.pod_template_overrides if role in o.roles]
 
     def accelerator_for(self, role: str) -> AcceleratorSpec:
-        """The accelerator of `role` (rollout, trainer): its own section, else the job's."""
+        """The accelerator of `role` (rollout, trainer): its own section, else the job's;
+        the reward replicas' (reward.url: calls of a service) none."""
+        if role == "reward":
+            return AcceleratorSpec()
         own = getattr(self, role).accelerator if role in ("rollout", "trainer") else None
         return own or self.accelerator
 

@@ -32,7 +32,7 @@ from ..base import ApiModel, Rule
 from .common import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 
 LIST = 16  # items of each list at most (bounds the apiserver's cost of the rules)
-ROLES = ("trainer", "rollout", "transferqueue", "storage")  # their rljob.dev/role labels
+ROLES = ("trainer", "rollout", "reward", "transferqueue", "storage")  # rljob.dev/role labels
 WHERE = "podTemplateOverrides[]"
 
 
@@ -254,10 +254,11 @@ class PodTemplateOverride(ApiModel):
     """Additions to the pods of the roles it names: metadata, pod spec, and the roles'
     own containers' environment and mounts."""
 
-    roles: list[Literal["trainer", "rollout", "transferqueue", "storage"]] = Field(
-        ..., min_length=1, max_length=4,
-        description="The roles whose pods it changes: trainer, rollout, transferqueue (the "
-        "controller and driver pod), storage (the Redis units).")
+    roles: list[Literal["trainer", "rollout", "reward", "transferqueue", "storage"]] = Field(
+        ..., min_length=1, max_length=5,
+        description="The roles whose pods it changes: trainer, rollout, reward (the reward "
+        "replicas of reward.url), transferqueue (the controller and driver pod), storage "
+        "(the Redis units).")
     metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata,
                                           description="Labels and annotations added.")
     spec: PodTemplateSpec = Field(default_factory=PodTemplateSpec,
