@@ -158,7 +158,7 @@ def worker_reward(
     run_dir: Path = typer.Option(None, help="Where to log spans."),
     metrics_port: int = typer.Option(None, help="Serve Prometheus metrics on this port."),
 ) -> None:
-    """One reward replica (reward.url): scores the finished samples."""
+    """One reward replica (reward.url, reward.model): scores the finished samples."""
     from ..infra.heap import importing
 
     with importing():
@@ -166,8 +166,9 @@ def worker_reward(
 
     _worker_logging()
     spec = _job_spec(job, "reward", replica)
-    if spec.reward.url is None:
-        typer.echo("reward: the job has no reward.url: its rollouts score the samples", err=True)
+    if not spec.reward.streamed:
+        typer.echo("reward: the job has no reward.url nor reward.model: its rollouts score "
+                   "the samples", err=True)
         raise typer.Exit(2)
     run_reward(spec, tq, replica, run_dir, metrics_port)
 

@@ -76,14 +76,17 @@ class WorkerMetrics:
         self.weight_bytes = one(Counter, "rljob_weight_update_bytes", "Bytes of the weight "
                                 "versions a rollout loaded (model.lora: the adapter's, the "
                                 "base once a trainer life)")
-        # reward.url: a reward replica's calls of the scoring service
+        # a reward replica's scorer: the service's calls (reward.url) or the model's
+        # forwards (reward.model)
         self.reward_request = Histogram(
-            "rljob_reward_request_seconds", "One call of the scoring service (reward.url), "
-            "each attempt", ["worker"], buckets=buckets, registry=reg).labels(worker)
+            "rljob_reward_request_seconds", "One call of the scorer: an attempt of the "
+            "scoring service's (reward.url), a batch's forward of the reward model "
+            "(reward.model)", ["worker"], buckets=buckets, registry=reg).labels(worker)
         self.reward_retries = one(Counter, "rljob_reward_retries", "Calls of the scoring "
                                   "service tried again (no connection, time limit, 5xx, 429)")
         self.reward_failures = one(Counter, "rljob_reward_failures", "Samples that scored "
-                                   "reward.url.failureScore: their call failed for good")
+                                   "reward.url.failureScore: their call failed for good "
+                                   "(reward.model: that its text could not be scored)")
         # episodes (rollout.environment): a rollout's tool calls and turns
         self.tool_calls = one(Counter, "rljob_tool_calls", "Tool calls the environments "
                               "answered in this worker's episodes")

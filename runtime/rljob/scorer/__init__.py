@@ -1,1 +1,1 @@
-"""The reward replicas (reward.url): a worker that takes the reward task."""
+"""The reward replicas (reward.url, reward.model): a worker that takes the reward task."""

@@ -1,12 +1,13 @@
 """`rljob worker reward`: one reward replica, a consumer of the reward task.
 
-With reward.url the reward is a task of its own in the TransferQueue
+With reward.url or reward.model the reward is a task of its own in the TransferQueue
 (workflow/tasks.py): the rollout replicas write each sample's text and its rule's
 score (reward.name), and the reward replicas claim the rows that are ready, from one
-up to reward.batchSize, ask the scoring service for each (reward/remote.py: a
-bounded number of calls in flight, a time limit, retries, a failure score), combine
-its score with the rule's (reward/combine.py) and write the rewards under the
-claim's lease, acked by the same notify. The trainer's claims take a group once its
+up to reward.batchSize, score them (reward/remote.py: the service, a bounded number
+of calls in flight, a time limit, retries, a failure score; reward/classifier.py: a
+reward model, one forward a batch), combine the score with the rule's
+(reward/combine.py) and write the rewards under the claim's lease, acked by the same
+notify. The trainer's claims take a group once its
 rewards are written, so scoring streams beside generation: a slow service delays its
 own rows, never the next generation.
 
@@ -26,7 +27,6 @@ import time
 from ..infra.timeline import SpanLog
 from ..infra.worker_metrics import WorkerMetrics
 from ..reward.combine import asks, combine
-from ..reward.remote import RemoteScorer
 from ..transferqueue import Batch
 from ..transferqueue.consumer import Consumer, ride_out, warn
 from ..transferqueue.dataplane import TransferQueueError
@@ -34,6 +34,21 @@ from ..workflow.tasks import REWARD_READS, tasks_for
 
 log = logging.getLogger("rljob.reward")
 CLAIM_WAIT_S = 0.5  # a claim's long poll: how soon a stop is seen while nothing is ready
+
+
+def make_scorer(spec):
+    """The reward replicas' scorer: reward.url's client or reward.model's model."""
+    if spec.reward.url is not None:
+        from ..reward.remote import RemoteScorer
+
+        return RemoteScorer(spec.reward.url)
+    from ..infra.device import cores_given
+    from ..reward.classifier import ClassifierScorer
+
+    import torch
+
+    torch.set_num_threads(cores_given())
+    return ClassifierScorer(spec.reward.model, spec.accelerator_for("reward").type)
 
 
 def payloads(data: dict, rows: list[int]) -> list[dict]:
@@ -62,13 +77,14 @@ class RewardWorker:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         for quiet in ("httpx2", "httpcore2"):  # a line per call otherwise
             logging.getLogger(quiet).setLevel(logging.WARNING)
-        self.scorer = RemoteScorer(self.spec.reward.url)
+        self.scorer = make_scorer(self.spec)
         self.consumer = Consumer.join(self.tq_address, tasks_for(self.spec))
         if self.consumer.released:
             log.info("gave back %d rows an earlier %s held", self.consumer.released, self.name)
-        log.info("scoring with %s (%d calls at most in flight), %d rows a claim",
-                 self.spec.reward.url.endpoint, self.spec.reward.url.concurrency,
-                 self.spec.reward.batch_size)
+        reward = self.spec.reward
+        log.info("scoring with %s, %d rows a claim", f"{reward.url.endpoint} ({reward.url."
+                 f"concurrency} calls at most in flight)" if reward.url else
+                 f"the {reward.model.kind} {reward.model.path}", reward.batch_size)
         return self
 
     def run(self) -> None:
@@ -112,7 +128,7 @@ class RewardWorker:
             scores[i], errors[i] = got.score, got.error
         if any(errors):
             first = next(e for e in errors if e)
-            log.warning("the scoring service failed for %d of %d samples: %s",
+            log.warning("scoring failed for %d of %d samples: %s",
                         sum(map(bool, errors)), n, first)
         return [combine(spec, r, s) for r, s in zip(rules, scores)], errors
 

@@ -22,11 +22,12 @@ train   : response_ids, reward (+ the row's policy version in its metadata), and
           ref_logp when the reference task runs
 lengths : response_ids (skew-aware dispatch: the length ranker reads prompt)
 reward  : response_text → reward, reward_error, reward_started_at / reward_finished_at
-          (float64: the batch's scoring span): with reward.url only, scored by the
-          reward replicas (reward/task.py); the rollout then writes rule_reward (float32:
-          reward.name's score, an episode's environment reward added), rule_error (json)
-          and response_text (json: the text the reward scores) in place of reward and
-          reward_error, and train waits for the reward task's column
+          (float64: the batch's scoring span): with reward.url or reward.model only,
+          scored by the reward replicas (scorer/worker.py); the rollout then writes
+          rule_reward (float32: reward.name's score, an episode's environment reward
+          added), rule_error (json) and response_text (json: the text the reward
+          scores) in place of reward and reward_error, and train waits for the reward
+          task's column
 critic  : response_ids, reward → values, advantages, returns (float32, one per
           response token: the critic's values and GAE over them), critic_version
           (int64: the critic that scored the row); algorithm ppo only, and then
@@ -64,8 +65,8 @@ CRITIC = TaskSpec("critic", ["response_ids", "reward"], [tensor("values", "float
                                                     tensor("returns", "float32"),
                                                     scalar("critic_version", "int64")])
 TRAIN_PPO = TaskSpec("train", ["response_ids", "reward", "advantages"])
-# reward.url: the reward replicas score each finished sample (the rollout writes the
-# rule's score and the text in place of the reward)
+# reward.url, reward.model: the reward replicas score each finished sample (the
+# rollout writes the rule's score and the text in place of the reward)
 REWARD = TaskSpec("reward", ["response_text"], [scalar("reward", "float32"),
                                                 json_column("reward_error"),
                                                 scalar("reward_started_at", "float64"),
@@ -127,8 +128,8 @@ def interrupting(spec) -> bool:
 
 
 def reward_task(spec) -> bool:
-    """Whether the reward is a task of its own (reward.url), which the reward replicas
-    take."""
+    """Whether the reward is a task of its own (reward.url, reward.model), which the
+    reward replicas take."""
     return spec.reward.streamed
 
 
@@ -170,7 +171,7 @@ TRAIN_READS = ["prompt_ids", "response_ids", "rollout_logp", "reward", "slot", "
 CRITIC_READS = ["prompt_ids", "response_ids", "reward", "slot"]
 REFERENCE_READS = ["prompt_ids", "response_ids"]
 REWARD_READS = ["prompt", "answer", "extra", "response_text", "rule_reward"]
-# reward.url: what the trainer reports of the reward task (trainer/report.py)
+# reward.url, reward.model: what the trainer reports of the reward task (trainer/report.py)
 SCORING_READS = ["rule_reward", "reward_error", "reward_started_at", "reward_finished_at"]
 
 

@@ -22,7 +22,7 @@ from .common import (
     HcclSpec,
 )
 from .inputs import (REWARD_PATTERN, DatasetSpec, LoraSpec, ModelSpec, RemoteRewardSpec,
-                     RewardSpec)
+                     RewardModelSpec, RewardSpec)
 from .job import (
     LoggingSpec,
     RedisSpec,
@@ -59,6 +59,7 @@ __all__ = [
     "RLJobSpec",
     "RedisSpec",
     "RemoteRewardSpec",
+    "RewardModelSpec",
     "RewardSpec",
     "McpServerSpec",
     "RolloutSpec",

@@ -157,6 +157,49 @@ class RemoteRewardSpec(ApiModel):
         "with the sample (reward_error) and counted (rljob_reward_failures_total).")
 
 
+class RewardModelSpec(ApiModel):
+    """A reward model the reward replicas serve: a sequence classifier (transformers'
+    AutoModelForSequenceClassification) whose output is the score."""
+
+    kind: Literal["classifier"] = Field(
+        "classifier",
+        description="classifier: the score is the model's logit (one label) or its "
+        "probability of reward.model.label (several).")
+    path: str = Field(
+        min_length=1, max_length=512,
+        description="The model: a local or PVC directory (reward.model.pvc mounts at "
+        "/reward-models) or a hub name.")
+    tokenizer: str | None = Field(
+        None, max_length=512,
+        description="Tokenizer path or name; defaults to reward.model.path. 'builtin:char' "
+        "is the character tokenizer built in code.")
+    pvc: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PersistentVolumeClaim holding the model, mounted read-only at "
+        "/reward-models in the reward pods.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Parameter dtype on the accelerator (CPU: float32).")
+    template: str = Field(
+        "{prompt}{response}", min_length=1, max_length=16384,
+        description="The text the model scores, from {prompt}, {response}, {answer} and "
+        "the dataset row's other keys; the tokenizer's chat template is not applied.")
+    max_length: int = Field(
+        1024, ge=8, le=131072,
+        description="Tokens of that text scored at most: a longer one keeps its last.")
+    label: int = Field(
+        1, ge=0, le=1023,
+        description="With several labels, the one whose probability is the score (e.g. 1: "
+        "'right' of wrong/right); with one label the score is its logit.")
+    npus_per_replica: int = Field(
+        1, ge=0, le=64,
+        description="Accelerators of each reward pod (the job's accelerator.type; none on "
+        "CPU).")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.path
+
+
 class RewardSpec(ApiModel):
     """How a response is scored: by a function the rollout replicas call
     (`name`, the rule), and, where `url` is set, by a scoring service the job's reward
@@ -178,44 +221,55 @@ class RewardSpec(ApiModel):
         description="Score with a remote service: the reward replicas (reward.replicas) "
         "claim each finished sample from the TransferQueue, call the service and write "
         "its reward, which the trainer waits for.")
+    model: RewardModelSpec | None = Field(
+        None,
+        description="Score with a reward model the reward replicas serve: they claim each "
+        "finished sample from the TransferQueue, score reward.batchSize at a time and "
+        "write the rewards, which the trainer waits for.")
     combine: Literal["none", "weighted", "gate"] = Field(
         "none",
-        description="How the rule (reward.name) and the service's score make the reward: "
-        "none, the service's score alone; weighted, ruleWeight x rule + scoreWeight x "
-        "score; gate, the rule's score where it is below gateThreshold (the service is "
-        "not called for that sample), else the service's.")
+        description="How the rule (reward.name) and the scorer's score (reward.url's or "
+        "reward.model's) make the reward: none, the score alone; weighted, ruleWeight x "
+        "rule + scoreWeight x score; gate, the rule's score where it is below "
+        "gateThreshold (the scorer is not asked for that sample), else the score.")
     rule_weight: float = Field(1.0, ge=-1e6, le=1e6,
                                description="The rule's weight (combine weighted).")
     score_weight: float = Field(1.0, ge=-1e6, le=1e6,
-                                description="The service's score's weight (combine weighted).")
+                                description="The scorer's score's weight (combine weighted).")
     gate_threshold: float = Field(
         1.0, ge=-1e6, le=1e6,
-        description="combine gate: the least rule score for which the service is asked.")
+        description="combine gate: the least rule score for which the scorer is asked.")
     replicas: int = Field(
         1, ge=1, le=256,
-        description="Reward replicas (with reward.url): each a consumer of the reward "
-        "task, scoring the batches it claims.")
+        description="Reward replicas (with reward.url or reward.model): each a consumer of "
+        "the reward task, scoring the batches it claims.")
     batch_size: int = Field(
         64, ge=1, le=4096,
-        description="Rows a reward replica claims at most at once (with reward.url): it "
+        description="Rows a reward replica claims at most at once: it "
         "takes the rows that are ready, from one on, scores them and writes their rewards "
         "together.")
     resources: ComputeResources = Field(
         default_factory=ComputeResources,
-        description="CPU and memory of each reward container (with reward.url), as requests "
-        "and limits; unset: none.")
+        description="CPU and memory of each reward container, as requests and limits (a CPU "
+        "limit also caps a reward model's compute threads); unset: none.")
 
     rules = (
         Rule(
-            cel="self.combine == 'none' || has(self.url)",
+            cel="self.combine == 'none' || has(self.url) || has(self.model)",
             message="reward.combine weighs or gates a scorer's score with the rule: set "
-            "reward.url, or combine none",
-            check=lambda r: r.combine == "none" or r.url is not None,
+            "reward.url or reward.model, or combine none",
+            check=lambda r: r.combine == "none" or r.streamed,
             field_path=".combine",
+        ),
+        Rule(
+            cel="!(has(self.url) && has(self.model))",
+            message="reward.url and reward.model are two scorers: give one of them",
+            check=lambda r: r.url is None or r.model is None,
+            field_path=".model",
         ),
     )
 
     @property
     def streamed(self) -> bool:
         """Whether the reward is a task of its own, scored by the reward replicas."""
-        return self.url is not None
+        return self.url is not None or self.model is not None

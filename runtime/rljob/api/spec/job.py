@@ -197,9 +197,9 @@ class RLJobSpec(ApiModel):
 
     def accelerator_for(self, role: str) -> AcceleratorSpec:
         """The accelerator of `role` (rollout, trainer): its own section, else the job's;
-        the reward replicas' (reward.url: calls of a service) none."""
+        the reward replicas' the job's for a reward model, none for reward.url's calls."""
         if role == "reward":
-            return AcceleratorSpec()
+            return self.accelerator if self.reward.model is not None else AcceleratorSpec()
         own = getattr(self, role).accelerator if role in ("rollout", "trainer") else None
         return own or self.accelerator
 
