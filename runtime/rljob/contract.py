@@ -58,10 +58,10 @@ LIFELINE_ENV = "RLJOB_DIE_WITH_PARENT"
 OWN_CONTAINERS = ("trainer", "rollout", "reward", "transferqueue", "driver", "redis",
                   "preflight")
 OWN_VOLUMES = ("job", "models", "data", "dshm", "checkpoints", "tls", "ascend-driver",
-               "ascend-dcmi", "npu-smi", "ascend-install-info")
+               "ascend-dcmi", "npu-smi", "ascend-install-info", "reward-models")
 OWN_MOUNT_PATHS = ("/etc/rljob", "/etc/rljob-tls", "/models", "/data", "/dev/shm", "/checkpoints",
                    "/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
-                   "/etc/ascend_install.info")
+                   "/etc/ascend_install.info", "/reward-models")
 OWN_PORTS = (TQ_PORT, WEIGHTS_PORT, MASTER_PORT, METRICS_PORT, DRIVER_METRICS_PORT, REDIS_PORT,
              HEALTH_PORT)
 OWN_ENV_PREFIX = "RLJOB_"

@@ -56,7 +56,7 @@ CLUSTER_ONLY = ("image", "suspend", "scheduling", "runPolicy.activeDeadlineSecon
                 "transferQueue.resources", "transferQueue.driverResources",
                 "accelerator.resourceName", "accelerator.nodeSelector", "accelerator.hccl",
                 "podTemplateOverrides", "managedBy", "reward.resources",
-                "reward.url.apiKeySecret")
+                "reward.url.apiKeySecret", "reward.model.pvc")
 
 
 def cluster_only_fields(job: RLJob) -> list[str]:

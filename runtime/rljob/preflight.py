@@ -85,6 +85,11 @@ def resolve_paths(job: RLJob, base: Path) -> RLJob:
             changes["tokenizer"] = _model_like(model.tokenizer, base)
     dataset = spec.dataset
     reward = spec.reward.model_copy(update={"name": _file_ref(spec.reward.name, base)})
+    scorer = spec.reward.model
+    if scorer is not None and not scorer.pvc:  # reward.model: as model.path is read
+        reward = reward.model_copy(update={"model": scorer.model_copy(update={
+            "path": _model_like(scorer.path, base),
+            "tokenizer": scorer.tokenizer and _model_like(scorer.tokenizer, base)})})
     rollout = spec.rollout.model_copy(update={
         "environment": _file_ref(spec.rollout.environment, base),
         "tools": [_file_ref(t, base) for t in spec.rollout.tools],
@@ -195,6 +200,51 @@ def _check_reward(spec, examples, problems: list[str]) -> None:
         if failed:
             problems.append(f"reward.name: {spec.reward.name} fails on the dataset's first "
                             f"row: {' '.join(failed.split())}")
+
+
+def _check_reward_model(spec, where: str, examples, problems: list[str]) -> None:
+    """reward.model: a sequence classifier's directory (not one on its PVC, which only
+    the reward pods mount), its label, its tokenizer and the template's fields."""
+    from .reward.classifier import fields
+
+    scorer = spec.reward.model
+    if scorer is None:
+        return
+    keys = sorted((examples[0].extra or {}) if examples else {})
+    unknown = sorted(fields(scorer.template) - {"prompt", "response", "answer", *keys})
+    if unknown and examples:
+        problems.append(f"reward.model.template: {{{unknown[0]}}} is not a field of the "
+                        f"samples: use {{prompt}}, {{response}}, {{answer}} or a key of the "
+                        f"dataset's rows ({', '.join(keys) or 'it has none'})")
+    if scorer.pvc or _hub_id(scorer.path):
+        return
+    config = Path(scorer.path) / "config.json"
+    try:
+        doc = json.loads(config.read_text())
+    except OSError:
+        problems.append(f"reward.model.path: {scorer.path} has no config.json{where}: give a "
+                        "sequence classifier saved by transformers (save_pretrained)")
+        return
+    except ValueError as exc:
+        problems.append(f"reward.model.path: {config} is not valid JSON: {exc}")
+        return
+    kinds = doc.get("architectures") or []
+    if not any(k.endswith("ForSequenceClassification") for k in kinds):
+        problems.append(f"reward.model.path: {scorer.path} is a {', '.join(kinds) or 'model'}, "
+                        "not a sequence classifier (…ForSequenceClassification): its "
+                        "scores are what reward.model kind classifier serves")
+    labels = len(doc.get("id2label") or {}) or int(doc.get("num_labels", 2))
+    if labels > 1 and scorer.label >= labels:
+        problems.append(f"reward.model.label: {scorer.label}, but {scorer.path} has {labels} "
+                        f"labels (0 to {labels - 1})")
+    try:
+        from .inputs.models import load_tokenizer
+
+        load_tokenizer(scorer)
+    except Exception as exc:  # noqa: BLE001 - transformers' many ways to fail
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        problems.append(f"reward.model.tokenizer: cannot load a tokenizer from "
+                        f"{scorer.tokenizer_path}: {first}")
 
 
 def _check_length_predictor(spec, problems: list[str]) -> None:
@@ -375,6 +425,7 @@ def check(job: RLJob, base: Path | None = None, volumes_here: bool = False) -> l
     shown = (_check_dataset(spec, where, problems, warmup=True)
              if readable and spec.dataset.warmup_path and spec.model.warmup_steps else None)
     _check_reward(spec, examples, problems)
+    _check_reward_model(spec, where, examples, problems)
     _check_length_predictor(spec, problems)
     tools = _check_environment(spec, examples, tok, problems)
     problems += wandb_problems(spec)

@@ -18,7 +18,9 @@ def rljob(*args, input=None, cwd=REPO, env=None):
 
 
 def test_validate_accepts_examples():
-    examples = sorted(str(p) for p in (REPO / "examples").glob("*.yaml"))
+    # but the one whose reward model its script trains first (tests/unit/test_reward_model.py)
+    examples = sorted(str(p) for p in (REPO / "examples").glob("*.yaml")
+                      if p.name != "quickstart-reward-model.yaml")
     out = rljob("validate", *examples)
     assert out.returncode == 0, out.stderr
     assert len(examples) >= 4 and out.stdout.count(": valid") == len(examples)

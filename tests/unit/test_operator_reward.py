@@ -85,3 +85,21 @@ def test_kueue_and_the_capacity_wait_count_the_reward_replicas():
     assert demand.count("reward") == 3
     assert b.build_pod_group(j)["spec"]["minMember"] == \
         j.spec.trainer.num_nodes + j.spec.rollout.min_replicas + 3
+
+
+def test_a_reward_model_pod_has_its_accelerators_and_its_volume():
+    j = job()
+    j.spec.accelerator.type = "ascend"
+    j.spec.reward = RewardSpec(model={"path": "/reward-models/rm", "pvc": "rm-weights",
+                                      "npusPerReplica": 2}, replicas=1)
+    p = b.build_reward_pod(j, 0)
+    c = p["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"huawei.com/Ascend910": "2"}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/reward-models"] == "reward-models" and "/dev/shm" in mounts
+    claim = next(v for v in p["spec"]["volumes"] if v["name"] == "reward-models")
+    assert claim["persistentVolumeClaim"] == {"claimName": "rm-weights", "readOnly": True}
+    assert "/usr/local/Ascend/driver" in mounts  # the accelerator's host paths
+    assert "RLJOB_REWARD_API_KEY" not in {e["name"] for e in c["env"]}
+    # the rollout and trainer pods do not mount it
+    assert all(v["name"] != "reward-models" for v in b.build_rollout_pod(j, 0)["spec"]["volumes"])

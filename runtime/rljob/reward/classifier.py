@@ -62,7 +62,9 @@ class ClassifierScorer:
                 ids.append(self.encode(p))
                 rows.append(i)
             except (KeyError, ValueError) as exc:  # a template key the row lacks, a text
-                out[i] = Scored(0.0, f"reward.model: {_one_line(exc)}")  # the tokenizer refuses
+                # the tokenizer refuses
+                out[i] = Scored(0.0, f"reward.model: {_one_line(exc)}")
+                self.stats.failures += 1
         for i, value in zip(rows, self._forward(ids) if ids else []):
             out[i] = Scored(value)
         return out

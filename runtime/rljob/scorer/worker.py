@@ -82,9 +82,9 @@ class RewardWorker:
         if self.consumer.released:
             log.info("gave back %d rows an earlier %s held", self.consumer.released, self.name)
         reward = self.spec.reward
-        log.info("scoring with %s, %d rows a claim", f"{reward.url.endpoint} ({reward.url."
-                 f"concurrency} calls at most in flight)" if reward.url else
-                 f"the {reward.model.kind} {reward.model.path}", reward.batch_size)
+        what = (f"{reward.url.endpoint} ({reward.url.concurrency} calls at most in flight)"
+                if reward.url else f"the {reward.model.kind} {reward.model.path}")
+        log.info("scoring with %s, %d rows a claim", what, reward.batch_size)
         return self
 
     def run(self) -> None:

@@ -251,6 +251,11 @@ def _volumes(job: RLJob, shm: bool, role: str | None = None) -> tuple[list[dict]
         vols.append({"name": "data", "persistentVolumeClaim": {
             "claimName": job.spec.dataset.pvc, "readOnly": True}})
         mounts.append({"name": "data", "mountPath": "/data", "readOnly": True})
+    scorer = job.spec.reward.model
+    if role == "reward" and scorer is not None and scorer.pvc:
+        vols.append({"name": "reward-models", "persistentVolumeClaim": {
+            "claimName": scorer.pvc, "readOnly": True}})
+        mounts.append({"name": "reward-models", "mountPath": "/reward-models", "readOnly": True})
     if shm:
         # torch and the collective libraries pass tensors through /dev/shm;
         # the container runtime's 64 MiB default is far too small.

@@ -31,7 +31,6 @@ from .common import (
     _http_probe,
     _meta,
     _metrics_port,
-    _non_root_pod,
     _requests,
     _restricted,
     _reward_key_env,
@@ -223,10 +222,14 @@ def reward_replicas(job: RLJob) -> int:
 
 
 def build_reward_pod(job: RLJob, index: int) -> dict:
-    """A reward replica (reward.url): a CPU pod that claims finished samples and calls
-    the scoring service; its key, where there is one, from reward.url.apiKeySecret."""
+    """A reward replica: a pod that claims finished samples and scores them, with
+    reward.url a CPU pod calling the service (its key, where there is one, from
+    reward.url.apiKeySecret), with reward.model one serving the model on
+    reward.model.npusPerReplica of the job's accelerators."""
     name = job.metadata.name
-    vols, mounts = _volumes(job, shm=False)
+    scorer = job.spec.reward.model
+    accelerated = job.spec.accelerator_for("reward").type != "cpu"
+    vols, mounts = _volumes(job, shm=scorer is not None, role="reward")
     container = {
         "name": "reward",
         "image": job.spec.image,
@@ -237,8 +240,10 @@ def build_reward_pod(job: RLJob, index: int) -> dict:
         "ports": [_metrics_port()],
         "readinessProbe": _http_probe(METRICS_PORT),
         "volumeMounts": mounts,
-        "resources": _worker_resources(job, "reward", 0, job.spec.reward.resources),
-        "securityContext": _restricted(),
+        "resources": _worker_resources(job, "reward", scorer.npus_per_replica if scorer
+                                       else 0, job.spec.reward.resources),
+        "securityContext": _restricted() if not accelerated else
+        {"allowPrivilegeEscalation": False},
     }
     spec: dict[str, Any] = {
         # a crashed replica restarts in place: its leased rows return to the task when
@@ -246,7 +251,7 @@ def build_reward_pod(job: RLJob, index: int) -> dict:
         "restartPolicy": "Always",
         "containers": [container],
         "volumes": vols,
-        "securityContext": _non_root_pod(),
+        "securityContext": _accelerated_pod_security(job, "reward"),
         "enableServiceLinks": False,
     }
     _scheduling(job, spec, "reward")
