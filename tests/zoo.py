@@ -302,3 +302,21 @@ if __name__ == "__main__":
     else:
         for m in MODELS:
             print(build(m, Path(sys.argv[1])))
+
+
+def reward_classifier(out: Path) -> Path:
+    """A randomly initialised sequence classifier of examples/models/tiny-qwen2's shape
+    (two labels, the built-in character tokenizer): a reward model whose scores a test
+    compares with the model's own."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from rljob.inputs.models import CharTokenizer
+
+    tok = CharTokenizer()
+    config = AutoConfig.from_pretrained(Path(__file__).resolve().parents[1]
+                                        / "examples/models/tiny-qwen2")
+    config.vocab_size, config.num_labels, config.pad_token_id = len(tok), 2, tok.pad_token_id
+    config.architectures = ["Qwen2ForSequenceClassification"]
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

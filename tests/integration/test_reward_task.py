@@ -22,10 +22,11 @@ from rljob.api import RLJob
 from rljob.reward import get_reward
 from rljob.reward.remote import RemoteScorer
 from rljob.reward.server import make_server
-from rljob.scorer.worker import RewardWorker
+from rljob.scorer.worker import RewardWorker, make_scorer
 from rljob.transferqueue import TransferQueueClient
 from rljob.transferqueue.consumer import Consumer
 from rljob.workflow.tasks import tasks_for
+from tests import zoo
 from tests.integration.conftest import TQServer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -216,3 +217,59 @@ def test_a_reward_replica_paused_past_its_lease_cannot_write(redis_units, tmp_pa
         server.stop()
         served.close()
         slow.close()
+
+
+def test_a_reward_model_behind_the_rule_s_gate_scores_the_rows_it_lets_through(
+        redis_units, tmp_path):
+    """reward.model with combine gate: a row whose rule scored below the threshold keeps
+    the rule's score, the others get the classifier's probability, as the model gives
+    it for that text alone; every row once."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rljob.inputs.models import CharTokenizer
+
+    model_dir = zoo.reward_classifier(tmp_path / "rm")
+    path = job_file(tmp_path, "http://unused/", "gate")
+    doc = yaml.safe_load(path.read_text())
+    del doc["spec"]["reward"]["url"]
+    doc["spec"]["reward"].update({"model": {"path": str(model_dir), "tokenizer": "builtin:char",
+                                            "dtype": "float32"},
+                                  "combine": "gate", "gateThreshold": 1.0})
+    path.write_text(yaml.safe_dump(doc))
+    spec = spec_of(path)
+    server = TQServer(redis_units, lease_seconds=5)
+    worker = None
+    try:
+        with TransferQueueClient(server.address) as tq:
+            texts = fill(tq, spec)
+            worker = RewardWorker(spec, server.address, 0)
+            worker.scorer = make_scorer(spec)
+            worker.consumer = Consumer.join(server.address, tasks_for(spec))
+            thread = threading.Thread(target=worker.run, daemon=True)
+            thread.start()
+            until(lambda: worker.scored == STEPS * ROWS)
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+            tok, asked = CharTokenizer(), 0
+            for step in range(STEPS):
+                batch = tq.claim_get("train", ROWS, ["reward", "prompt", "rule_reward"],
+                                     policy="group", partition=step, min_count=ROWS, wait=10)
+                for i, reward, prompt, rule in zip(batch.indices, batch.data["reward"],
+                                                   batch.data["prompt"],
+                                                   batch.data["rule_reward"]):
+                    if rule < 1.0:
+                        assert reward == rule
+                        continue
+                    asked += 1
+                    ids = torch.tensor([tok.encode(prompt + texts[i][0])])
+                    with torch.inference_mode():
+                        p = torch.softmax(model(input_ids=ids).logits, -1)[0, 1].item()
+                    assert abs(float(reward) - p) < 1e-5
+                tq.ack(batch)
+            assert 0 < asked < STEPS * ROWS
+    finally:
+        if worker is not None:
+            worker.stop.set()
+            thread.join(10)
+            worker.close()
+        server.stop()
