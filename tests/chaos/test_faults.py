@@ -480,3 +480,96 @@ def test_a_sigkilled_run_takes_every_process_it_started_within_seconds(tmp_path)
     run.wait(10)
     print(f"\n`rljob run` SIGKILLed at step 2: its {len(everyone)} processes gone in {took:.2f}s")
     assert not worker_pids(run.name, run.run_dir)
+
+
+class Scorer:
+    """arith_partial served on reward.url's protocol in this process, each call `delay`
+    late (with `key`: refused without it); `hang`: a socket that takes calls and never
+    answers."""
+
+    def __init__(self, delay: float = 0.0, hang: bool = False, key: str | None = None):
+        import socket
+        import threading
+
+        from rljob.reward import get_reward
+        from rljob.reward.server import make_server
+
+        self.server = self.socket = None
+        if hang:
+            self.socket = socket.socket()
+            self.socket.bind(("127.0.0.1", 0))
+            self.socket.listen(1024)
+            port = self.socket.getsockname()[1]
+        else:
+            rule = get_reward("arith_partial")
+
+            def slow(prompt, response, answer):
+                time.sleep(delay)
+                return rule(prompt, response, answer)
+
+            self.server = make_server(slow, key=key)
+            threading.Thread(target=self.server.serve_forever, daemon=True).start()
+            port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{port}/score"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.socket is not None:
+            self.socket.close()
+
+
+def test_a_killed_reward_replica_is_restarted_and_its_rows_are_scored(tmp_path, monkeypatch):
+    """reward.url with two reward replicas, the service's calls 20 ms each (a batch is
+    in hand most of the time), its API key from the run's environment: reward-0
+    SIGKILLed at step 2 and step 5 is restarted, the rows it held are scored by the
+    other or its next life, and every step trains the service's rewards, which are its
+    rule's (nothing lost, nothing defaulted). The key reached the service (it refuses a
+    call without it) and no file of the run."""
+    key = "rm-key-5f1c9a"
+    monkeypatch.setenv("RLJOB_REWARD_API_KEY", key)
+    scorer = Scorer(delay=0.02, key=key)
+    try:
+        run = Run(make_job(tmp_path, "kill-reward", reward={
+            "name": "arith_partial", "replicas": 2, "batchSize": 32,
+            "url": {"endpoint": scorer.url, "concurrency": 8}}), tmp_path / "run")
+        for at_step in (2, 5):
+            run.wait_step(at_step)
+            os.kill(run.worker("reward-0"), signal.SIGKILL)
+            t = time.monotonic()
+            print(f"\nreward-0 SIGKILLed at step {at_step}: next step after "
+                  f"{recovery(run, at_step, t):.1f}s")
+        ms = check(run)
+    finally:
+        scorer.close()
+    assert run.events().count("reward-0 exited with -9") == 2, run.events()
+    for m in ms:
+        assert m["reward_failed"] == 0 and m["reward_mean"] == m["rule_reward_mean"], m
+        assert m["reward_seconds"] > 0
+    assert "scored" in (run.run_dir / "logs" / "reward-1.log").read_text()  # shared
+    for path in run.run_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 << 20:
+            assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_hanging_scoring_service_costs_its_time_limits_and_the_job_finishes(tmp_path):
+    """A service that takes every call and never answers: each call ends at its time
+    limit (0.5 s, one retry), every sample scores failureScore with the error, and
+    every step is trained: the job is slower by the limits, never stalled."""
+    scorer = Scorer(hang=True)
+    try:
+        run = Run(make_job(tmp_path, "hang-reward", reward={
+            "name": "arith_partial", "batchSize": 128,
+            "url": {"endpoint": scorer.url, "concurrency": 128, "timeoutSeconds": 0.5,
+                    "maxRetries": 1, "backoffSeconds": 0.1, "failureScore": -1.0}}),
+            tmp_path / "run")
+        ms = check(run)
+    finally:
+        scorer.close()
+    for m in ms:
+        assert m["reward_failed"] == 128 and m["reward_mean"] == -1.0, m
+        # the step's rows in at most a few batches, each within 2 x 0.5 s + 0.2 s of waits
+        assert m["reward_seconds"] < 4.0, m
+    log = (run.run_dir / "logs" / "reward-0.log").read_text()
+    assert "reward.url: no answer within 0.5 s (2 attempts)" in log, log[-2000:]

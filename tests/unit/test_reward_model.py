@@ -3,6 +3,7 @@ scorer, and `rljob validate`'s checks of it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from rljob.api.spec import RewardModelSpec
 from rljob.reward.classifier import ClassifierScorer, fields, render
+from tests import zoo
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples/quickstart-reward-model.yaml"
@@ -19,14 +21,20 @@ EXAMPLE = REPO / "examples/quickstart-reward-model.yaml"
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> Path:
-    """The example's script, 20 steps: a classifier of the example's shape."""
-    out = tmp_path_factory.mktemp("rm") / "classifier"
+    """A classifier of the example's shape (tests/zoo.py)."""
+    return zoo.reward_classifier(tmp_path_factory.mktemp("rm") / "classifier")
+
+
+def test_the_example_s_script_trains_and_saves_a_classifier(tmp_path):
+    out = tmp_path / "classifier"
     done = subprocess.run([sys.executable, str(REPO / "examples/reward-model/train_classifier.py"),
-                           str(out), "--steps", "20"], capture_output=True, text=True,
+                           str(out), "--steps", "5"], capture_output=True, text=True,
                           timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert (out / "config.json").is_file() and (out / "accuracy.json").is_file()
-    return out
+    accuracy = json.loads((out / "accuracy.json").read_text())
+    assert accuracy["steps"] == 5 and 0.0 <= accuracy["held_out_accuracy"] <= 1.0
+    spec = RewardModelSpec(path=str(out), tokenizer="builtin:char", dtype="float32")
+    assert not ClassifierScorer(spec).score(rows(("2+3=", "5")))[0].error
 
 
 def rows(*pairs):

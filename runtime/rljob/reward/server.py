@@ -65,11 +65,15 @@ def make_server(fn: RewardFn, host: str = "127.0.0.1", port: int = 0,
 
         def _answer(self, status: HTTPStatus, doc: dict) -> None:
             body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the caller went (a time
+                self.close_connection = True  # limit, a reward replica killed)
+                log.debug("%s went before its answer", self.client_address[0])
 
         def log_message(self, fmt: str, *args) -> None:
             log.debug(fmt, *args)
