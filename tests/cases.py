@@ -192,7 +192,8 @@ INVALID = [
             {"spec": {"podTemplateOverrides": [{"roles": ["rollout"], "spec": {
                 "volumes": [{"name": "dshm", "emptyDir": {}}]}}]}},
             'spec.podTemplateOverrides[0].spec.volumes: Invalid value: "object": job, models, '
-            "data, dshm, checkpoints, tls, ascend-driver, ascend-dcmi, npu-smi, ascend-install-info "
+            "data, dshm, checkpoints, tls, ascend-driver, ascend-dcmi, npu-smi, ascend-install-info, "
+            "reward-models "
             "are the operator's volume names; name yours otherwise"),
     Invalid("override-sets-the-rank",
             {"spec": {"podTemplateOverrides": [{"roles": ["trainer"], "container": {
