@@ -112,15 +112,15 @@ def test_a_lora_job_trains_its_adapter_alone_resumes_and_saves_it_with_merged_we
 
 def test_with_an_adapter_periodic_makes_bit_identical_updates_to_sync(tmp_path):
     """The on-policy modes with model.lora at temperature 0.8 and top-p 0.9: periodic
-    (adapter updates over gRPC, and broadcast over the collective path) trains the same
-    adapter as sync, bit for bit, step after step; the base stays the warmed model's;
-    the rollouts' log-probs of fresh samples are the trainer's to float32 rounding."""
+    (adapter updates over gRPC) trains the same adapter as sync (updates broadcast over
+    the collective path), bit for bit, step after step; the base stays the warmed
+    model's; the rollouts' log-probs of fresh samples are the trainer's to float32
+    rounding."""
     runs = {}
-    for mode, transport in (("sync", "grpc"), ("periodic", "grpc"),
-                            ("periodic-collective", "collective")):
+    for mode, transport in (("sync", "collective"), ("periodic", "grpc")):
         path = job(tmp_path, f"lora-{mode}", model={"lora": {"rank": 8, "alpha": 16}},
                    algorithm={"lr": 2.0e-3},
-                   workflow={"mode": mode.split("-")[0], "weightTransport": transport},
+                   workflow={"mode": mode, "weightTransport": transport},
                    rollout={"temperature": 0.8, "topP": 0.9})
         doc = yaml.safe_load(path.read_text())
         del doc["spec"]["workflow"]["maxStaleness"]
@@ -131,15 +131,14 @@ def test_with_an_adapter_periodic_makes_bit_identical_updates_to_sync(tmp_path):
            for m, d in runs.items()}
     ms = {m: metrics(d) for m, d in runs.items()}
     adapter = [k for k in cks["sync"] if ADAPTER.search(k)]
-    for other in ("periodic", "periodic-collective"):
-        assert cks[other].keys() == cks["sync"].keys()
-        assert all(torch.equal(cks[other][k], cks["sync"][k]) for k in cks["sync"]), other
-        assert [x["reward_mean"] for x in ms[other]] == [x["reward_mean"] for x in ms["sync"]]
+    assert cks["periodic"].keys() == cks["sync"].keys()
+    assert all(torch.equal(cks["periodic"][k], cks["sync"][k]) for k in cks["sync"])
+    assert [x["reward_mean"] for x in ms["periodic"]] == [x["reward_mean"] for x in ms["sync"]]
     assert any(float(cks["sync"][k].abs().max()) > 0 for k in adapter if ".lora_B." in k)
-    logs = sorted((runs["periodic-collective"] / "logs").glob("rollout-*.log"))
+    logs = sorted((runs["sync"] / "logs").glob("rollout-*.log"))
     assert logs and all("joined weight group" in p.read_text() for p in logs)
     mismatch = [x["logp_mismatch_max"] for m in ms.values() for x in m
                 if x.get("logp_mismatch_max") is not None]
     print(f"\nLoRA at T=0.8, top-p 0.9: rollout/trainer log-prob mismatch max "
           f"{max(mismatch):.2e} over {len(mismatch)} step(s)")
-    assert len(mismatch) >= 6 and max(mismatch) < 1e-4
+    assert len(mismatch) >= 4 and max(mismatch) < 1e-4

@@ -7,11 +7,11 @@ up to reward.batchSize, score them (reward/remote.py: the service, a bounded num
 of calls in flight, a time limit, retries, a failure score; reward/classifier.py: a
 reward model, one forward a batch), combine the score with the rule's
 (reward/combine.py) and write the rewards under the claim's lease, acked by the same
-notify. The trainer's claims take a group once its
-rewards are written, so scoring streams beside generation: a slow service delays its
-own rows, never the next generation.
+notify. The trainer's claims take a group once its rewards are written, so scoring
+streams beside generation: a slow scorer delays its own rows, never the next
+generation.
 
-A batch is held in the lease keeper while it is scored, so a service slower than a
+A batch is held in the lease keeper while it is scored, so a scorer slower than a
 lease term keeps it. A replica that dies mid-batch, or is paused past its lease,
 loses nothing and scores nothing twice: its lease expires, the rows go back to the
 task, another replica (or this one's next life) scores them, and the late write of
@@ -60,8 +60,9 @@ def payloads(data: dict, rows: list[int]) -> list[dict]:
 
 
 class RewardWorker:
-    """One reward replica: `setup()` joins the TransferQueue and opens the service's
-    client; `run()` claims, scores and writes until SIGTERM; `close()`."""
+    """One reward replica: `setup()` joins the TransferQueue and opens its scorer (the
+    service's client, or the model); `run()` claims, scores and writes until SIGTERM;
+    `close()`."""
 
     def __init__(self, spec, tq_address: str, replica: int, run_dir=None,
                  metrics_port: int | None = None):
@@ -117,8 +118,8 @@ class RewardWorker:
         self._count()
 
     def rewards(self, data: dict, n: int) -> tuple[list[float], list[str]]:
-        """Each row's reward and error ("" for none): the service asked for the rows
-        the gate lets through (reward.combine), its score combined with the rule's."""
+        """Each row's reward and error ("" for none): the scorer asked for the rows the
+        gate lets through (reward.combine), its score combined with the rule's."""
         spec = self.spec.reward
         rules = [float(x) for x in data["rule_reward"]]
         asked = [i for i in range(n) if asks(spec, rules[i])]
