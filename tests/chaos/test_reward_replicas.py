@@ -15,7 +15,8 @@ from rljob.transferqueue import TransferQueueClient
 from tests.integration.conftest import (  # noqa: F401 - the units and their password
     TQServer, _password, redis_units)
 from tests.integration.test_reward_task import (ROWS, STEPS, Served, check, fill, holds,
-                                                job_file, replica, spec_of, survivor, until)
+                                                job_file, replica, replica_thread, spec_of,
+                                                until)
 
 
 def test_a_reward_replica_killed_mid_batch_loses_and_doubles_nothing(redis_units, tmp_path):
@@ -24,7 +25,6 @@ def test_a_reward_replica_killed_mid_batch_loses_and_doubles_nothing(redis_units
     hang.listen(64)
     served = Served()
     server = TQServer(redis_units, lease_seconds=1.5)
-    worker = None
     try:
         victim_job = job_file(tmp_path, f"http://127.0.0.1:{hang.getsockname()[1]}/", "kill")
         spec = spec_of(job_file(tmp_path, served.url, "kill"))
@@ -37,15 +37,11 @@ def test_a_reward_replica_killed_mid_batch_loses_and_doubles_nothing(redis_units
             claimed = sum(c.claimed for c in tq.stats().consumers if c.consumer == "reward-victim")
             victim.kill()  # SIGKILL mid-batch: no write, no release
             victim.wait()
-            worker, thread = survivor(spec, server.address)
-            until(lambda: worker.scored == STEPS * ROWS)
-            check(tq, texts, worker, claimed)
+            with replica_thread(spec, server.address) as worker:
+                until(lambda: worker.scored == STEPS * ROWS)
+                check(tq, texts, worker, claimed)
             assert claimed == 8  # its batch (reward.batchSize), given back by expiry
     finally:
-        if worker is not None:
-            worker.stop.set()
-            thread.join(10)
-            worker.close()
         server.stop()
         served.close()
         hang.close()
@@ -54,7 +50,6 @@ def test_a_reward_replica_killed_mid_batch_loses_and_doubles_nothing(redis_units
 def test_a_reward_replica_paused_past_its_lease_cannot_write(redis_units, tmp_path):
     slow, served = Served(delay=0.5), Served()
     server = TQServer(redis_units, lease_seconds=1.5)
-    worker = None
     try:
         spec = spec_of(job_file(tmp_path, served.url, "pause"))
         victim_job = job_file(tmp_path, slow.url, "pause")
@@ -66,21 +61,17 @@ def test_a_reward_replica_paused_past_its_lease_cannot_write(redis_units, tmp_pa
             os.kill(victim.pid, signal.SIGSTOP)  # its calls take 0.5 s: it holds the batch
             claimed = sum(c.claimed for c in tq.stats().consumers if c.consumer == "reward-victim")
             time.sleep(3 * 1.5)  # three lease terms
-            worker, thread = survivor(spec, server.address)
-            until(lambda: worker.scored == STEPS * ROWS)
-            os.kill(victim.pid, signal.SIGCONT)  # its answers came: it writes, refused
-            until(lambda: "dropped the rewards" in log.read_text(), proc=victim)
-            victim.terminate()
-            assert victim.wait(20) == 0
-            check(tq, texts, worker, claimed)
+            with replica_thread(spec, server.address) as worker:
+                until(lambda: worker.scored == STEPS * ROWS)
+                os.kill(victim.pid, signal.SIGCONT)  # its answers came: it writes, refused
+                until(lambda: "dropped the rewards" in log.read_text(), proc=victim)
+                victim.terminate()
+                assert victim.wait(20) == 0
+                check(tq, texts, worker, claimed)
             text = log.read_text()
             assert "is not held" in text or "no longer in the table" in text, text[-2000:]
             assert "scored 0 rows (8 dropped)" in text, text[-2000:]
     finally:
-        if worker is not None:
-            worker.stop.set()
-            thread.join(10)
-            worker.close()
         server.stop()
         served.close()
         slow.close()

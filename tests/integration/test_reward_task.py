@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,6 @@ import yaml
 
 from rljob.api import RLJob
 from rljob.reward import get_reward
-from rljob.reward.remote import RemoteScorer
 from rljob.reward.server import make_server
 from rljob.scorer.worker import RewardWorker, make_scorer
 from rljob.transferqueue import TransferQueueClient
@@ -116,14 +116,21 @@ def until(what, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> 
         time.sleep(0.02)
 
 
-def survivor(spec, address: str) -> tuple[RewardWorker, threading.Thread]:
-    """A second replica, in a thread of the test (its setup without the SIGTERM handler)."""
+@contextmanager
+def replica_thread(spec, address: str):
+    """A reward replica in a thread of the test (its setup without the SIGTERM
+    handler), stopped and closed on the way out."""
     worker = RewardWorker(spec, address, 1)
-    worker.scorer = RemoteScorer(spec.reward.url)
+    worker.scorer = make_scorer(spec)
     worker.consumer = Consumer.join(address, tasks_for(spec))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
-    return worker, thread
+    try:
+        yield worker
+    finally:
+        worker.stop.set()
+        thread.join(10)
+        worker.close()
 
 
 def trained(tq: TransferQueueClient, texts) -> Counter:
@@ -169,15 +176,10 @@ def test_a_reward_model_behind_the_rule_s_gate_scores_the_rows_it_lets_through(
     path.write_text(yaml.safe_dump(doc))
     spec = spec_of(path)
     server = TQServer(redis_units, lease_seconds=5)
-    worker = None
     try:
-        with TransferQueueClient(server.address) as tq:
+        with TransferQueueClient(server.address) as tq, \
+                replica_thread(spec, server.address) as worker:
             texts = fill(tq, spec)
-            worker = RewardWorker(spec, server.address, 0)
-            worker.scorer = make_scorer(spec)
-            worker.consumer = Consumer.join(server.address, tasks_for(spec))
-            thread = threading.Thread(target=worker.run, daemon=True)
-            thread.start()
             until(lambda: worker.scored == STEPS * ROWS)
             model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
             tok, asked = CharTokenizer(), 0
@@ -198,8 +200,4 @@ def test_a_reward_model_behind_the_rule_s_gate_scores_the_rows_it_lets_through(
                 tq.ack(batch)
             assert 0 < asked < STEPS * ROWS
     finally:
-        if worker is not None:
-            worker.stop.set()
-            thread.join(10)
-            worker.close()
         server.stop()

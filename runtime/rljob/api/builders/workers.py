@@ -195,24 +195,32 @@ def build_rollout_pod(job: RLJob, index: int) -> dict:
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }
+    # a crashed replica restarts in place: its leased rows return to the queue when the
+    # lease lapses, and it fetches the latest weights first
+    return _replica_pod(job, "rollout", index, container, vols,
+                        rollout_pod_name(name, index))
+
+
+def _replica_pod(job: RLJob, role: str, index: int, container: dict, vols: list[dict],
+                 pod_name: str) -> dict:
+    """A replica's bare pod (rollout, reward): restarted in place (restartPolicy
+    Always), scheduled as the role's accelerator says, in the trainer's Volcano gang,
+    with the role's podTemplateOverrides."""
     spec: dict[str, Any] = {
-        # a crashed replica restarts in place: its leased rows return to the
-        # queue when the lease lapses, and it fetches the latest weights first
         "restartPolicy": "Always",
         "containers": [container],
         "volumes": vols,
-        "securityContext": _accelerated_pod_security(job, "rollout"),
+        "securityContext": _accelerated_pod_security(job, role),
         "enableServiceLinks": False,
     }
-    _scheduling(job, spec, "rollout")
+    _scheduling(job, spec, role)
     annotations = None
     if volcano(job):  # one gang with the trainer ranks (build_pod_group)
-        annotations = {VOLCANO_GROUP_ANNOTATION: trainer_name(name)}
+        annotations = {VOLCANO_GROUP_ANNOTATION: trainer_name(job.metadata.name)}
         if job.spec.scheduling.queue:
             annotations[VOLCANO_QUEUE_ANNOTATION] = job.spec.scheduling.queue
-    meta = _meta(job, rollout_pod_name(name, index), "rollout", {LABEL_REPLICA: str(index)},
-                 annotations)
-    with_overrides(job, "rollout", meta, spec, ("rollout",))
+    meta = _meta(job, pod_name, role, {LABEL_REPLICA: str(index)}, annotations)
+    with_overrides(job, role, meta, spec, (role,))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
@@ -245,22 +253,6 @@ def build_reward_pod(job: RLJob, index: int) -> dict:
         "securityContext": _restricted() if not accelerated else
         {"allowPrivilegeEscalation": False},
     }
-    spec: dict[str, Any] = {
-        # a crashed replica restarts in place: its leased rows return to the task when
-        # the lease lapses, and another replica (or its next life) scores them
-        "restartPolicy": "Always",
-        "containers": [container],
-        "volumes": vols,
-        "securityContext": _accelerated_pod_security(job, "reward"),
-        "enableServiceLinks": False,
-    }
-    _scheduling(job, spec, "reward")
-    annotations = None
-    if volcano(job):  # one gang with the trainer ranks (build_pod_group)
-        annotations = {VOLCANO_GROUP_ANNOTATION: trainer_name(name)}
-        if job.spec.scheduling.queue:
-            annotations[VOLCANO_QUEUE_ANNOTATION] = job.spec.scheduling.queue
-    meta = _meta(job, reward_pod_name(name, index), "reward", {LABEL_REPLICA: str(index)},
-                 annotations)
-    with_overrides(job, "reward", meta, spec, ("reward",))
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    # a crashed replica restarts in place: its leased rows return to the task when the
+    # lease lapses, and another replica (or its next life) scores them
+    return _replica_pod(job, "reward", index, container, vols, reward_pod_name(name, index))
