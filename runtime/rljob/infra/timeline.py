@@ -44,7 +44,7 @@ GC_SPAN = 0.001
 class Span:
     worker: str
     kind: str  # generate | train | optimizer | reference | weight-sync | tool | score
-    # (a reward replica's batch: reward.url) | DATA's
+    # (a reward replica's batch) | DATA's
     start: float
     end: float
     step: int

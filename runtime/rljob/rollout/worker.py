@@ -158,7 +158,7 @@ class RolloutWorker:
                 rows=32, compute=lambda: computing(self.cores),
                 spans=self.spans)
         self.reward_fn = get_reward(spec.reward.name)  # a file's path is absolute here
-        self.streamed = reward_task(spec)  # reward.url: the reward replicas score
+        self.streamed = reward_task(spec)  # reward.url, .model: the reward replicas score
         lora = spec.model.lora  # its updates are the adapter: merged for an engine
         merge = (AdapterMerge(lora.rank, lora.alpha)  # that loads whole weights only
                  if lora is not None and not self.engine.takes_adapter else None)
@@ -320,8 +320,8 @@ class RolloutWorker:
 
     def reward_columns(self, texts: list[str], scored: list) -> dict[str, list]:
         """The rule's scores as the table takes them: the reward itself, or, where the
-        reward is a task of its own (reward.url), the rule's score and the text the
-        reward replicas score."""
+        reward is a task of its own (reward.url, reward.model), the rule's score and the
+        text the reward replicas score."""
         if self.streamed:
             return {"rule_reward": [s.score for s in scored],
                     "rule_error": [s.error for s in scored], "response_text": list(texts)}

@@ -145,10 +145,11 @@ def step_metrics(t, samples, train_spans, wall, sums, released: float = 0.0,
 
 
 def scoring_figures(samples) -> dict:
-    """reward.url's figures of a step (none where the rollouts scored): the rule's
-    mean score (reward.name, whether combined or only watched), the samples whose call
-    failed for good (they scored failureScore), and the reward replicas' busy seconds
-    (the union of their batches' spans)."""
+    """The reward task's figures of a step (reward.url, reward.model; none where the
+    rollouts scored): the rule's mean score (reward.name, whether combined or only
+    watched), the samples whose scoring failed (a call that failed for good: they
+    scored failureScore), and the reward replicas' busy seconds (the union of their
+    batches' spans)."""
     scored = [s.scoring for s in samples if s.scoring is not None]
     if not scored:
         return {}

@@ -50,7 +50,7 @@ SCALARS = {
     "filtered_share": "dynamic_sampling/filtered_share",
     "extra_prompts": "dynamic_sampling/extra_prompts",
     "groups_filled": "dynamic_sampling/groups_filled",
-    # reward.url (the reward replicas')
+    # reward.url, reward.model (the reward task's)
     "rule_reward_mean": "reward/rule_mean", "reward_failed": "reward/failed",
     "reward_seconds": "time/reward_seconds",
     # episodes (rollout.environment)

@@ -54,7 +54,7 @@ class Sample:
     # the weights its tokens came from: (position, version, epoch) change points
     # (workflow.weightUpdate interrupt; workflow/versions.py); None: all `version`'s
     versions: list[tuple[int, int, int]] | None = None
-    # reward.url: (the rule's score, the scoring service's error or "", the reward
+    # reward.url, reward.model: (the rule's score, the scorer's error or "", the reward
     # replica's batch span start, end); None: the rollout scored it
     scoring: tuple[float, str, float, float] | None = None
 
@@ -196,7 +196,7 @@ class StepSource:
         if "weight_versions" in d:  # weightUpdate interrupt: each token's weights
             for i, s in enumerate(samples):
                 s.versions = [tuple(int(x) for x in c) for c in d["weight_versions"][i] or []]
-        if "rule_reward" in d:  # reward.url: the reward replicas scored them
+        if "rule_reward" in d:  # reward.url, .model: the reward replicas scored them
             for s, rule, error, t0, t1 in zip(samples, d["rule_reward"], d["reward_error"],
                                               d["reward_started_at"], d["reward_finished_at"]):
                 s.scoring = (float(rule), error or "", float(t0), float(t1))
