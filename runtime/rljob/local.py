@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from .api import RLJob
+from .api.builders import reward_replicas
 from .contract import LIFELINE_ENV, PASSWORD_ENV, TOKEN_ENV, worker_argv
 from .infra import auth, tls
 from .infra.cores import Layout, write_layout
@@ -348,7 +349,7 @@ class LocalRun:
             self._spawn(f"rollout-{i}", worker_argv(
                 "rollout", **self._common, tq=self.tq_address, weights=self.weights_address,
                 replica=i))
-        for i in range(spec.reward.replicas if spec.reward.streamed else 0):
+        for i in range(reward_replicas(self.job)):
             self._spawn(f"reward-{i}", worker_argv("reward", **self._common,
                                                    tq=self.tq_address, replica=i))
         start_step = self.resume_step() if resume else 0
